@@ -1,0 +1,98 @@
+"""Exceptions of the core, each carrying the stable exit code the CLI uses for it.
+
+Exit codes (documented in README.md, stable):
+    0  success, or nothing to do
+    1  unexpected internal error
+    2  usage error (Click)
+    3  refused: a hunk conflicts, no variant fits, an unsafe path, a binary diff
+    4  the target is locked by another applier run
+    5  drift: a file changed since apply (revert refuses without --force); status found lost/modified patches
+    6  verify: at least one check FAILed
+    7  the state folder is corrupt or from an unknown format
+    8  I/O: permission denied, disk full, a file that cannot be read or written
+    9  bad target: the folder does not exist or holds nothing applier recognises
+"""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_LOCKED = 4
+EXIT_DRIFT = 5
+EXIT_VERIFY_FAILED = 6
+EXIT_STATE_CORRUPT = 7
+EXIT_IO = 8
+EXIT_BAD_TARGET = 9
+
+
+class ApplierError(Exception):
+    """Base of every error the CLI reports as a message (never a traceback)."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class RefusedError(ApplierError):
+    exit_code = EXIT_REFUSED
+
+
+class DiffParseError(RefusedError):
+    """The patch text is not a unified diff we can apply (or it is a binary diff)."""
+
+
+class HunkConflict(RefusedError):
+    """A hunk matches neither the pre-image nor the post-image of the file."""
+
+    def __init__(self, path: str, hunk_index: int, header: str, expected: list[str],
+                 near_line: int | None, near_text: list[str], reason: str):
+        self.path = path
+        self.hunk_index = hunk_index
+        self.header = header
+        self.expected = expected
+        self.near_line = near_line
+        self.near_text = near_text
+        self.reason = reason
+        lines = [f"{path}: hunk #{hunk_index} {header}: {reason}", "  expected:"]
+        lines += [f"    |{line}" for line in expected]
+        if near_line is not None:
+            lines.append(f"  best near-match at line {near_line}:")
+            lines += [f"    |{line}" for line in near_text]
+        else:
+            lines.append("  no near-match found in the file")
+        super().__init__("\n".join(lines))
+
+
+class UnsafePathError(RefusedError):
+    pass
+
+
+class NoVariantError(RefusedError):
+    pass
+
+
+class LockedError(ApplierError):
+    exit_code = EXIT_LOCKED
+
+
+class DriftError(ApplierError):
+    exit_code = EXIT_DRIFT
+
+
+class StateCorruptError(ApplierError):
+    exit_code = EXIT_STATE_CORRUPT
+
+
+class IOFailure(ApplierError):
+    exit_code = EXIT_IO
+
+
+class BadTargetError(ApplierError):
+    exit_code = EXIT_BAD_TARGET
