@@ -1,0 +1,490 @@
+"""The command line: parse, call the core, print. The only module that prints."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from applier import __version__
+from applier.catalog import COMPONENTS, load_catalog, select_patches
+from applier.errors import EXIT_DRIFT, EXIT_INTERNAL, EXIT_VERIFY_FAILED, ApplierError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+def main() -> None:
+    cli.main(prog_name="applier")
+
+
+class ApplierGroup(click.Group):
+    """Turns ApplierError into a message and its stable exit code; any other exception into exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ApplierError as exc:
+            emit_error(ctx, exc.message, exc.hint, exc.exit_code, type(exc).__name__)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # a bug: say so plainly, keep the traceback for a report
+            import traceback
+            traceback.print_exc()
+            emit_error(ctx, f"internal error: {type(exc).__name__}: {exc}", "please report this with the "
+                       "traceback above", EXIT_INTERNAL, "InternalError")
+
+
+def emit_error(ctx, message: str, hint: str | None, code: int, kind: str):
+    if (ctx.obj or {}).get("json"):
+        click.echo(json.dumps({"ok": False, "error": {"kind": kind, "message": message, "hint": hint,
+                                                       "exit_code": code}}, indent=2))
+    else:
+        click.secho(f"error: {message}", fg="red", err=True)
+        if hint:
+            click.echo(f"  hint: {hint}", err=True)
+    ctx.exit(code)
+
+
+def remember_json(ctx, param, value):
+    """Errors raised below a command are printed by the group: it learns about --json through ctx.obj."""
+    if value:
+        ctx.ensure_object(dict)["json"] = True
+    return value
+
+
+def json_option(func):
+    return click.option("--json", "as_json", is_flag=True, callback=remember_json, expose_value=True,
+                        help="Machine-readable output.")(func)
+
+
+def target_options(func):
+    """--target, --python, --patches, --json: shared by every command that looks at a target."""
+    func = json_option(func)
+    func = click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path),
+                        help="Another catalog folder (default: the packaged patches/).")(func)
+    func = click.option("--python", "python", type=click.Path(dir_okay=False, path_type=Path),
+                        help="The target's interpreter (overrides detection).")(func)
+    func = click.option("--target", "-t", required=True, type=click.Path(path_type=Path),
+                        help="ComfyUI folder, portable install, or Python env.")(func)
+    return func
+
+
+def detect_target(target: Path, python: Path | None, *, gpu: bool = True):
+    from applier.detect import detect
+    return detect(target, python=python, gpu=gpu)
+
+
+def out_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group(cls=ApplierGroup, context_settings=CONTEXT)
+@click.version_option(__version__, "--version", prog_name="applier")
+@click.pass_context
+def cli(ctx):
+    """Managed, reversible, verifiable patches and kernel overlays for ComfyUI and PyTorch installs.
+
+    \b
+    applier detect --target ComfyUI/      what is installed
+    applier apply  --target ComfyUI/      all-or-nothing, backed up, journaled
+    applier verify --target ComfyUI/      prove the effect
+    applier revert --target ComfyUI/      byte-identical restore
+    """
+    ctx.ensure_object(dict)
+
+
+# ------------------------------------------------------------------ detect
+
+@cli.command()
+@target_options
+def detect(target, python, patches_dir, as_json):
+    """Show ComfyUI version and layout, its Python env, torch/CUDA/triton and GPU (never imports torch).
+
+    Example: applier detect --target ComfyUI/
+    """
+    found = detect_target(target, python)
+    if as_json:
+        return out_json(found.to_json())
+    rows = [
+        ("target", f"{found.root} ({found.layout})"),
+        ("ComfyUI", f"{found.comfyui_root or '-'}"),
+        ("ComfyUI version", f"{found.comfyui_version or 'unknown'} (from {found.comfyui_version_source})"
+                            + (f", commit {found.comfyui_commit}" if found.comfyui_commit else "")),
+        ("python", f"{found.python or '-'} ({found.python_source}"
+                   + (f", {found.python_version})" if found.python_version else ")")),
+        ("site-packages", str(found.site_packages or "-")),
+        ("torch", (found.torch_version or "not installed") + (f", CUDA {found.torch_cuda}" if found.torch_cuda
+                                                              else "")),
+        ("triton", found.triton_version or "not installed"),
+        ("GPU", ", ".join(f"{g.name} (sm {g.compute_capability})" for g in found.gpus) or "none found"),
+    ]
+    print_rows(rows)
+    for note in found.notes:
+        click.echo(f"note: {note}")
+
+
+def print_rows(rows):
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key.ljust(width)}  {value}")
+
+
+# ------------------------------------------------------------------ list / status
+
+@cli.command("list")
+@target_options
+def list_cmd(target, python, patches_dir, as_json):
+    """List the catalog: each patch, the variant that fits this install, and its status.
+
+    Example: applier list --target ComfyUI/
+    """
+    statuses, found, _ = compute_statuses(target, python, patches_dir)
+    catalog = {p.id: p for p in load_catalog(patches_dir)}
+    if as_json:
+        return out_json({"target": str(found.root), "patches": [
+            {**s.to_json(), "title": catalog[s.id].title if s.id in catalog else None,
+             "default": catalog[s.id].default if s.id in catalog else None,
+             "variants": [{"name": v.name, "versions": str(v.versions)} for v in catalog[s.id].variants]
+             if s.id in catalog else []} for s in statuses]})
+    for s in statuses:
+        patch = catalog.get(s.id)
+        title = patch.title if patch else "(not in the catalog any more)"
+        flag = "" if patch is None or patch.default else "  [opt-in: --only]"
+        click.echo(f"{s.id:32} {s.state:15} {('variant ' + s.variant) if s.variant else '':22} {title}{flag}")
+        if s.state in ("not-applicable", "conflict"):
+            click.echo(f"{'':32} {s.reason}")
+
+
+def compute_statuses(target, python, patches_dir):
+    from applier import journal
+    from applier.lock import target_lock
+    from applier.state import StateStore
+    from applier.status import compute_status
+    found = detect_target(target, python, gpu=False)
+    catalog = load_catalog(patches_dir)
+    store = StateStore(found.state_dir)
+    recovered = None
+    if store.journal_file.exists():
+        with target_lock(store.dir):
+            recovered = journal.recover(store)
+    return compute_status(found, catalog, store.load()), found, recovered
+
+
+@cli.command()
+@target_options
+def status(target, python, patches_dir, as_json):
+    """Per patch: applied / not applied / lost (an update replaced the file) / modified. Exit 5 on drift.
+
+    Example: applier status --target ComfyUI/
+    """
+    from applier.status import DRIFT
+    statuses, found, recovered = compute_statuses(target, python, patches_dir)
+    drift = [s for s in statuses if s.state in DRIFT]
+    if as_json:
+        out_json({"target": str(found.root), "recovered": recovered, "drift": bool(drift),
+                  "patches": [s.to_json() for s in statuses]})
+    else:
+        if recovered:
+            click.echo(recovered)
+        for s in statuses:
+            color = {"applied": "green", "lost": "yellow", "modified": "yellow", "conflict": "red"}.get(s.state)
+            click.echo(f"{s.id:32} " + click.style(f"{s.state:15}", fg=color) + f" {s.reason}")
+            for f in s.files:
+                if f.state != "applied":
+                    click.echo(f"{'':32}   {f.state}: {f.path} {f.note}")
+        if drift:
+            click.echo("drift found: `applier apply` re-applies lost patches; `applier revert --force` restores "
+                       "originals of modified files (saving the current bytes)")
+    if drift:
+        sys.exit(EXIT_DRIFT)
+
+
+# ------------------------------------------------------------------ apply / revert
+
+def selection_options(func):
+    func = click.option("--skip", multiple=True, metavar="ID", help="Leave this patch (or component) out.")(func)
+    func = click.option("--only", multiple=True, metavar="ID",
+                        help="Only this patch id, or a component (comfyui, torch). Repeatable.")(func)
+    return func
+
+
+@cli.command()
+@target_options
+@selection_options
+@click.option("--dry-run", is_flag=True, help="Plan and report; write nothing.")
+@click.option("--fuzz", type=click.IntRange(0, 3), default=0, show_default=True,
+              help="Context lines a hunk may ignore to find its place (fuzz can misplace hunks: off by default).")
+def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
+    """Apply the catalog's patches that fit this install: all or nothing, backed up, journaled.
+
+    Example: applier apply --target ComfyUI/ --only comfyui/max-resolution
+    """
+    from applier import operations
+    found = detect_target(target, python, gpu=False)
+    catalog = load_catalog(patches_dir)
+    chosen = select_patches(catalog, tuple(only), tuple(skip))
+    explicit = bool(only) and all(o not in COMPONENTS for o in only)
+    result = operations.apply(found, chosen, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
+    if as_json:
+        return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
+                         "warnings": result.warnings, "patches": [p.to_json() for p in result.plans]})
+    if result.recovered:
+        click.echo(result.recovered)
+    for plan in result.plans:
+        verb = {"apply": "would apply" if dry_run else "applied", "already-applied": "already applied",
+                "not-applicable": "not applicable"}[plan.action]
+        variant = f" (variant {plan.variant.name})" if plan.variant else ""
+        click.echo(f"{plan.patch.id:32} {verb}{variant}: {plan.reason}")
+        for change in plan.files:
+            for h in change.plan.hunks:
+                where = f"line {h.line}" if h.line else "new file"
+                extra = "".join([f", offset {h.offset:+d}" if h.offset else "", f", fuzz {h.fuzz}" if h.fuzz else "",
+                                 f" ({h.note})" if h.note else ""])
+                click.echo(f"    {change.relpath} hunk #{h.index}: {h.state.value} at {where}{extra}")
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}")
+    if not dry_run and result.applied:
+        click.echo(f"applied {len(result.applied)} patch(es); state in {found.state_dir}")
+    elif not result.applied:
+        click.echo("nothing to do")
+
+
+@cli.command()
+@target_options
+@click.option("--only", multiple=True, metavar="ID", help="Only this patch id, or a component. Repeatable.")
+@click.option("--force", is_flag=True,
+              help="Restore originals even of files edited since apply (their current bytes are saved first).")
+@click.option("--dry-run", is_flag=True, help="Report what would be restored; write nothing.")
+def revert(target, python, patches_dir, as_json, only, force, dry_run):
+    """Restore the exact original bytes of applied patches (latest first).
+
+    Example: applier revert --target ComfyUI/
+    """
+    from applier import operations
+    found = detect_target(target, python, gpu=False)
+    catalog = load_catalog(patches_dir)
+    result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run)
+    if as_json:
+        return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
+                         "displaced": str(result.displaced) if result.displaced else None,
+                         "patches": [{"id": r.id, "files": [vars(f) for f in r.files]} for r in result.reports]})
+    if result.recovered:
+        click.echo(result.recovered)
+    if not result.reports:
+        click.echo("nothing to revert")
+    for report in result.reports:
+        click.echo(f"{report.id}: {'would revert' if dry_run else 'reverted'}")
+        for f in report.files:
+            click.echo(f"    {f.action:14} {f.path}  {f.note}")
+    if result.displaced:
+        click.echo(f"current bytes of forced files saved in {result.displaced}")
+
+
+# ------------------------------------------------------------------ explain
+
+@cli.command()
+@click.argument("patch_id")
+@click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path))
+@json_option
+def explain(patch_id, patches_dir, as_json):
+    """What a patch changes, whom it reaches, its measured effect, risks, and how to revert it.
+
+    Example: applier explain torch/stream-priority
+    """
+    catalog = {p.id: p for p in load_catalog(patches_dir)}
+    if patch_id not in catalog:
+        raise click.BadParameter(f"no patch {patch_id!r}; known: {', '.join(sorted(catalog))}",
+                                 param_hint="PATCH_ID")
+    p = catalog[patch_id]
+    revert_hint = f"applier revert --target <TARGET> --only {p.id}"
+    if as_json:
+        return out_json({"id": p.id, "title": p.title, "summary": p.summary, "reach": p.reach,
+                         "measured": p.measured, "risks": p.risks, "revert": revert_hint,
+                         "effect_probe": p.effect_probe, "default": p.default,
+                         "variants": [{"name": v.name, "versions": str(v.versions), "tested": list(v.tested)}
+                                      for v in p.variants]})
+    click.echo(click.style(f"{p.id}: {p.title}", bold=True))
+    for heading, text in (("What it changes", p.summary), ("Whom it reaches", p.reach),
+                          ("Measured effect", p.measured or "not measured yet"), ("Risks", p.risks),
+                          ("How to revert", revert_hint)):
+        click.echo(f"\n{heading}:")
+        for line in (text or "-").splitlines():
+            click.echo(f"  {line}")
+    click.echo("\nVariants:")
+    for v in p.variants:
+        tested = f"; checked on {', '.join(v.tested)}" if v.tested else ""
+        click.echo(f"  {v.name}: {p.component} {v.versions}{tested}")
+    if not p.default:
+        click.echo(f"\nOpt-in: not applied by a plain `applier apply`; use --only {p.id}.")
+
+
+# ------------------------------------------------------------------ verify
+
+@cli.command()
+@target_options
+@click.option("--only", multiple=True, metavar="CHECK", help="Only this check. Repeatable.")
+@click.option("--kernels/--no-kernels", default=False, show_default=True,
+              help="Run kernel parity of installed overlays.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--real-import", is_flag=True, help="Import the target's ComfyUI nodes in its own interpreter.")
+@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds per check subprocess.")
+def verify(target, python, patches_dir, as_json, only, kernels, device, real_import, timeout):
+    """Prove the effect: MAX_RESOLUTION as the server sees it, each patch's behaviour, kernel parity.
+
+    Exit 0 only when no check FAILs (SKIP is never PASS). Example: applier verify --target ComfyUI/ --real-import
+    """
+    from applier.resources import load_verify
+    from applier.state import StateStore
+    verify_pkg = load_verify()
+    found = detect_target(target, python, gpu=False)
+    catalog = load_catalog(patches_dir)
+    state = StateStore(found.state_dir).load()
+    tty = sys.stderr.isatty() and not as_json
+
+    def progress(name):
+        if tty:
+            click.echo(f"... {name}", err=True)
+
+    options = verify_pkg.VerifyOptions(target=found, catalog=catalog, state=state, device=device, kernels=kernels,
+                                       real_import=real_import, only=tuple(only), timeout=timeout,
+                                       progress=progress)
+    results = verify_pkg.run_verify(options)
+    ok = verify_pkg.overall_ok(results)
+    if as_json:
+        out_json(verify_pkg.results_to_json(results, target=found))
+    else:
+        colors = {"PASS": "green", "FAIL": "red", "WARN": "yellow", "SKIP": "cyan"}
+        width = max((len(r.name) for r in results), default=10)
+        for r in results:
+            outcome = r.outcome.value if hasattr(r.outcome, "value") else str(r.outcome)
+            click.echo(f"{r.name.ljust(width)}  " + click.style(f"{outcome:4}", fg=colors.get(outcome))
+                       + f"  {r.reason}")
+        counts = {}
+        for r in results:
+            key = r.outcome.value if hasattr(r.outcome, "value") else str(r.outcome)
+            counts[key] = counts.get(key, 0) + 1
+        click.echo(", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "WARN", "SKIP")))
+    if not ok:
+        sys.exit(EXIT_VERIFY_FAILED)
+
+
+# ------------------------------------------------------------------ overlays
+
+@cli.group()
+def overlay():
+    """Install, list and uninstall operator overlays (fused Triton kernels + a ComfyUI node)."""
+
+
+@overlay.command("install")
+@target_options
+def overlay_install(target, python, patches_dir, as_json):
+    """Install the overlay pack into the target's site-packages and custom_nodes/ (tracked by a manifest).
+
+    Example: applier overlay install --target ComfyUI/
+    """
+    from applier import overlays
+    found = detect_target(target, python, gpu=False)
+    result = overlays.install(found)
+    if as_json:
+        return out_json({"ok": True, **result})
+    click.echo(f"installed overlay pack {result['pack']} {result['version']}: {len(result['files'])} files")
+    for where in result["roots"]:
+        click.echo(f"    {where}")
+
+
+@overlay.command("uninstall")
+@target_options
+@click.option("--force", is_flag=True, help="Also remove files edited since install (saved aside first).")
+def overlay_uninstall(target, python, patches_dir, as_json, force):
+    """Remove exactly the files the overlay install recorded.
+
+    Example: applier overlay uninstall --target ComfyUI/
+    """
+    from applier import overlays
+    found = detect_target(target, python, gpu=False)
+    result = overlays.uninstall(found, force=force)
+    if as_json:
+        return out_json({"ok": True, **result})
+    click.echo(f"removed {len(result['removed'])} files" if result["removed"] else "no overlay installed")
+
+
+@overlay.command("list")
+@target_options
+def overlay_list(target, python, patches_dir, as_json):
+    """Show the installed overlay pack and whether its files are intact.
+
+    Example: applier overlay list --target ComfyUI/
+    """
+    from applier import overlays
+    found = detect_target(target, python, gpu=False)
+    result = overlays.listing(found)
+    if as_json:
+        return out_json(result)
+    if not result["installed"]:
+        click.echo("no overlay installed")
+        return
+    click.echo(f"{result['pack']} {result['version']}: {result['intact']} intact, {result['modified']} modified, "
+               f"{result['missing']} missing")
+
+
+# ------------------------------------------------------------------ catalog maintenance
+
+@cli.group()
+def catalog():
+    """Maintainer commands: check coverage against upstream files, add variants."""
+
+
+@catalog.command("check")
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Upstream cache: <cache>/<component>/<version>/<files> (scripts/fetch_*_upstream.py fill it).")
+@click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path))
+@json_option
+def catalog_check(cache, patches_dir, as_json):
+    """Every variant must apply and revert cleanly on every upstream version it claims, and no other.
+
+    Example: applier catalog check --cache /work/cache
+    """
+    from applier.catalog_check import check_catalog
+    report = check_catalog(load_catalog(patches_dir), cache)
+    data = report.to_json() if hasattr(report, "to_json") else report
+    if as_json:
+        out_json(data)
+    else:
+        for row in getattr(report, "rows", []):
+            click.echo(" ".join(str(x) for x in (vars(row).values() if hasattr(row, "__dict__") else row)))
+        for problem in getattr(report, "problems", []):
+            click.echo(f"problem: {problem}")
+    if getattr(report, "problems", None):
+        sys.exit(3)
+
+
+@catalog.command("refresh")
+@click.argument("patch_id")
+@click.option("--upstream", type=click.Path(dir_okay=False, exists=True, path_type=Path), required=True,
+              help="The new release's pristine file.")
+@click.option("--edited", type=click.Path(dir_okay=False, exists=True, path_type=Path), required=True,
+              help="The same file with the patch's change made by hand.")
+@click.option("--path", "relpath", required=True, help="The file's path inside the component root.")
+@click.option("--versions", required=True, help='Specifier the new variant covers, e.g. ">=2.16,<2.17".')
+@click.option("--name", "variant_name", required=True, help="The new variant's name, e.g. 2.16.")
+@click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path))
+def catalog_refresh(patch_id, upstream, edited, relpath, versions, variant_name, patches_dir):
+    """Build a new variant's diff from an edited copy of a new upstream file and register it.
+
+    Example: applier catalog refresh torch/stream-priority --upstream new/streams.py --edited mine/streams.py
+    --path torch/cuda/streams.py --versions ">=2.16,<2.17" --name 2.16
+    """
+    from applier.authoring import add_variant
+    catalog = {p.id: p for p in load_catalog(patches_dir)}
+    if patch_id not in catalog:
+        raise click.BadParameter(f"no patch {patch_id!r}", param_hint="PATCH_ID")
+    diff_path = add_variant(catalog[patch_id], upstream.read_bytes(), edited.read_bytes(), relpath, versions,
+                            variant_name)
+    click.echo(f"wrote {diff_path} and its [[variant]] entry in {catalog[patch_id].folder / 'patch.toml'}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,244 @@
+"""apply and revert: plan everything first, then hand the file operations to the journal in one go."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from applier import __version__, diffengine, journal
+from applier.catalog import Patch
+from applier.diffengine import HunkState
+from applier.errors import DriftError, HunkConflict, RefusedError
+from applier.fsutil import atomic_write, read_bytes_or_none, sha256_bytes
+from applier.journal import FileOp
+from applier.lock import target_lock
+from applier.planner import PatchPlan, load_file_patches, plan_apply
+from applier.record import pristine_hashes
+from applier.state import AppliedFile, AppliedPatch, State, StateStore, exclude_from_git
+from applier.target import Target
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+@dataclass
+class ApplyResult:
+    plans: list[PatchPlan]
+    dry_run: bool
+    recovered: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def applied(self) -> list[PatchPlan]:
+        return [p for p in self.plans if p.action == "apply"]
+
+
+def apply(target: Target, patches: list[Patch], *, fuzz: int = 0, dry_run: bool = False,
+          explicit: bool = False) -> ApplyResult:
+    """Apply every selected patch or none. Already-applied patches are reported and left alone."""
+    store = StateStore(target.state_dir)
+    if dry_run and not store.dir.exists():
+        return ApplyResult(plan_apply(target, patches, fuzz=fuzz, explicit=explicit), dry_run=True)
+    with target_lock(store.dir):
+        recovered = journal.recover(store)
+        state = store.load()
+        plans = plan_apply(target, patches, fuzz=fuzz, explicit=explicit)
+        result = ApplyResult(plans, dry_run, recovered)
+        result.warnings += hardlink_warnings(plans)
+        if dry_run or not result.applied:
+            return result
+        ops = merge_ops(plans)
+        new_state = State(dict(state.applied))
+        seq = state.next_seq()
+        for plan in result.applied:
+            files = []
+            for change in plan.changes:
+                backup = None
+                if change.plan.old is not None:
+                    backup_path = store.backup_path(plan.patch.id, plan.patch.component, change.relpath)
+                    backup_path.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(backup_path, change.plan.old, mode=0o644)
+                    backup = str(backup_path.relative_to(store.dir))
+                files.append(AppliedFile(
+                    path=str(change.path), relpath=change.relpath,
+                    sha256_before=digest(change.plan.old), sha256_after=digest(change.plan.new),
+                    backup=backup, mode=file_mode(change.path)))
+            new_state.applied[plan.patch.id] = AppliedPatch(
+                id=plan.patch.id, variant=plan.variant.name, component=plan.patch.component, files=files,
+                component_version=plan.component_version, applied_at=now(), applier_version=__version__, seq=seq)
+            seq += 1
+        journal.execute(store, ops, new_state,
+                        f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
+        exclude_from_git(target.root)
+        return result
+
+
+def merge_ops(plans: list[PatchPlan]) -> list[FileOp]:
+    """One operation per file, from its bytes now to its bytes after every patch of the run."""
+    ops: dict[Path, FileOp] = {}
+    for plan in plans:
+        if plan.action != "apply":
+            continue
+        for change in plan.changes:
+            if change.path in ops:
+                ops[change.path].new = change.plan.new
+            else:
+                ops[change.path] = FileOp(change.path, change.plan.old, change.plan.new)
+    return list(ops.values())
+
+
+def hardlink_warnings(plans: list[PatchPlan]) -> list[str]:
+    out = []
+    for plan in plans:
+        for change in plan.changes:
+            try:
+                links = change.path.stat().st_nlink
+            except FileNotFoundError:
+                continue
+            if links > 1:
+                out.append(f"{change.path} has {links} hard links (a uv cache?): applier writes a new file and "
+                           "leaves the other links untouched")
+    return out
+
+
+def digest(data: bytes | None) -> str | None:
+    return None if data is None else sha256_bytes(data)
+
+
+def file_mode(path: Path) -> int | None:
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------- revert
+
+@dataclass
+class FileRevert:
+    path: str
+    action: str        # "restored" | "reversed-diff" | "deleted" | "unchanged" | "lost" | "forced"
+    note: str = ""
+
+
+@dataclass
+class RevertReport:
+    id: str
+    files: list[FileRevert]
+
+
+@dataclass
+class RevertResult:
+    reports: list[RevertReport]
+    recovered: str | None = None
+    displaced: Path | None = None
+
+
+def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, force: bool = False,
+           dry_run: bool = False) -> RevertResult:
+    """Restore the exact original bytes of every selected applied patch (latest first)."""
+    store = StateStore(target.state_dir)
+    if not store.state_file.exists() and not store.journal_file.exists():
+        if only:
+            raise RefusedError(f"nothing recorded as applied in {target.root}: cannot revert {', '.join(only)}")
+        return RevertResult([])
+    with target_lock(store.dir):
+        recovered = journal.recover(store)
+        state = store.load()
+        by_id = {p.id: p for p in catalog}
+        chosen = [rec for _, rec in state.in_order() if not only or rec.id in only or rec.component in only]
+        unknown = [name for name in only if name not in state.applied and name not in ("comfyui", "torch")]
+        if unknown:
+            raise RefusedError(f"not recorded as applied: {', '.join(unknown)}",
+                               hint="`applier status` lists what is applied")
+        pending: dict[Path, bytes | None] = {}
+        originals: dict[Path, bytes | None] = {}
+        displaced: list[tuple[Path, bytes]] = []
+        pristine = pristine_hashes(target.site_packages)
+        reports = []
+        for rec in reversed(chosen):
+            files = []
+            for f in rec.files:
+                path = Path(f.path)
+                if path not in pending:
+                    originals[path] = pending[path] = read_bytes_or_none(path)
+                outcome, new, note = revert_file(store, rec, f, pending[path], by_id.get(rec.id), pristine, force)
+                if outcome == "forced" and pending[path] is not None:
+                    displaced.append((path, pending[path]))
+                pending[path] = new
+                files.append(FileRevert(str(path), outcome, note))
+            reports.append(RevertReport(rec.id, files))
+        result = RevertResult(reports, recovered)
+        if dry_run:
+            return result
+        if displaced:
+            result.displaced = save_displaced(store, displaced)
+        ops = [FileOp(path, originals[path], pending[path]) for path in pending if originals[path] != pending[path]]
+        chosen_ids = {rec.id for rec in chosen}
+        new_state = State({k: v for k, v in state.applied.items() if k not in chosen_ids})
+        journal.execute(store, ops, new_state, f"revert {', '.join(r.id for r in chosen)} in {target.root}")
+        return result
+
+
+def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None,
+                patch: Patch | None, pristine: dict[str, str], force: bool) -> tuple[str, bytes | None, str]:
+    """(what was done, the file's bytes afterwards, a note) for one file of one applied patch."""
+    current_sha = digest(current)
+    backup = read_bytes_or_none(store.dir / f.backup) if f.backup else None
+    backup_ok = f.sha256_before is None or (backup is not None and sha256_bytes(backup) == f.sha256_before)
+    if current_sha == f.sha256_after and backup_ok:
+        if f.sha256_before is None:
+            return "deleted", None, "created by the patch"
+        return "restored", backup, "original bytes restored from the backup"
+    if current_sha == f.sha256_before:
+        return "unchanged", current, "already holds its original bytes"
+    found, reversed_bytes = reverse_in_place(rec, f, current, patch)
+    if found == "reversed":
+        note = ("backup missing or damaged: reversed the diff" if current_sha == f.sha256_after
+                else "file edited since apply: reversed only the patch's hunks, other edits kept")
+        return "reversed-diff", reversed_bytes, note
+    if found == "absent":
+        return "lost", current, "the patch is no longer in the file (an update or an edit removed it)"
+    if f.relpath in pristine and current_sha == pristine[f.relpath]:
+        return "lost", current, "an update replaced the file (matches RECORD); nothing to restore"
+    if not force:
+        raise DriftError(f"{f.path} changed since {rec.id} was applied and its patched region is not intact",
+                         hint="`applier status` shows the drift; `applier revert --force` restores the original "
+                              "bytes after saving the current ones under .applier/displaced/")
+    if not backup_ok:
+        raise DriftError(f"{f.path}: no intact backup to restore even with --force",
+                         hint=f"the backup {f.backup} is missing or damaged; restore the file by reinstalling")
+    return "forced", backup, "current bytes saved under .applier/displaced/, original restored"
+
+
+def reverse_in_place(rec: AppliedPatch, f: AppliedFile, current: bytes | None,
+                     patch: Patch | None) -> tuple[str | None, bytes | None]:
+    """("reversed", bytes with only this patch's hunks reversed) | ("absent", None) when none of its hunks is in
+    the file | (None, None) when that cannot be told (hunks not intact, the catalog lacks the variant)."""
+    if patch is None:
+        return None, None
+    try:
+        variant = patch.variant(rec.variant)
+        file_patches = [fp for fp in load_file_patches(patch, variant) if fp.path == f.relpath]
+    except RefusedError:
+        return None, None
+    if not file_patches:
+        return None, None
+    try:
+        plan = diffengine.plan_file(file_patches[0], current, reverse=True)
+    except HunkConflict:
+        return None, None
+    # Reversing reports APPLIED for a hunk whose original text is already there.
+    if all(h.state == HunkState.APPLIED for h in plan.hunks):
+        return "absent", None
+    return "reversed", plan.new
+
+
+def save_displaced(store: StateStore, displaced: list[tuple[Path, bytes]]) -> Path:
+    folder = store.displaced / time.strftime("%Y%m%d-%H%M%S")
+    for path, data in displaced:
+        dest = folder / str(path).lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(dest, data, mode=0o644)
+    return folder

@@ -1,0 +1,26 @@
+"""Path safety: every path a diff names must stay inside its component root, checked before any write."""
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+from applier.errors import UnsafePathError
+
+
+def resolve_inside(root: Path, relpath: str, *, patch_id: str = "") -> Path:
+    """The absolute path of `relpath` under `root`; UnsafePathError for absolute paths, `..`, drive letters,
+    or a symlink (anywhere on the way) that leads outside root."""
+    where = f"{patch_id}: " if patch_id else ""
+    if not relpath or "\x00" in relpath:
+        raise UnsafePathError(f"{where}empty or invalid path in diff: {relpath!r}")
+    if relpath.startswith(("/", "\\")) or (len(relpath) > 1 and relpath[1] == ":"):
+        raise UnsafePathError(f"{where}absolute path in diff refused: {relpath}")
+    parts = PurePosixPath(relpath.replace("\\", "/")).parts
+    if any(part == ".." for part in parts):
+        raise UnsafePathError(f"{where}path with '..' in diff refused: {relpath}")
+    root_real = Path(os.path.realpath(root))
+    candidate = Path(os.path.realpath(root_real.joinpath(*parts)))
+    if candidate != root_real and root_real not in candidate.parents:
+        raise UnsafePathError(f"{where}{relpath} resolves to {candidate}, outside {root_real} (symlink escape) - "
+                              "refused")
+    return root_real.joinpath(*parts)
