@@ -1,0 +1,108 @@
+"""Kill the process at every failpoint; the next command must leave each file fully original or fully patched,
+and revert must then restore the original bytes. Plus the lock and path safety."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from applier import failpoints
+from shelltools import REPO, cli_json, make_catalog, make_comfy, run_cli, tree_bytes, write_patch
+
+
+def patched_or_original(comfy, before) -> str:
+    now = tree_bytes(comfy)
+    if now == before:
+        return "original"
+    nodes, execution = now["nodes.py"], now["execution.py"]
+    assert b"MAX_RESOLUTION=40960" in nodes and b"retried once" in execution, "torn state: " + repr(now)
+    return "patched"
+
+
+@pytest.mark.parametrize("name", failpoints.NAMES)
+def test_apply_killed_at_each_failpoint_recovers(tmp_path, name):
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    before = tree_bytes(comfy)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog), env={"APPLIER_FAILPOINT": name})
+    assert proc.returncode == failpoints.EXIT_CODE, proc.stdout + proc.stderr
+    code, status = cli_json("status", "--target", str(comfy), "--patches", str(catalog))
+    assert code == 0, status
+    outcome = patched_or_original(comfy, before)
+    states = {p["id"]: p["state"] for p in status["patches"]}
+    expected = "applied" if outcome == "patched" else "not-applied"
+    assert set(states.values()) == {expected}
+    # a kill after the journal is committed is finished, never left half-done
+    if name in ("after-first-file", "after-files", "after-state"):
+        assert outcome == "patched"
+    assert not (comfy / ".applier" / "journal.json").exists()
+    run_cli("revert", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert tree_bytes(comfy) == before
+
+
+@pytest.mark.parametrize("name", failpoints.NAMES)
+def test_revert_killed_at_each_failpoint_recovers(tmp_path, name):
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    before = tree_bytes(comfy)
+    run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
+    proc = run_cli("revert", "--target", str(comfy), "--patches", str(catalog), env={"APPLIER_FAILPOINT": name})
+    assert proc.returncode == failpoints.EXIT_CODE
+    code, status = cli_json("status", "--target", str(comfy), "--patches", str(catalog))
+    assert code == 0, status
+    patched_or_original(comfy, before)
+    run_cli("revert", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert tree_bytes(comfy) == before
+
+
+def test_a_second_concurrent_run_waits_then_fails_clearly(tmp_path):
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys,time; from applier.lock import target_lock; from pathlib import Path\n"
+         f"with target_lock(Path({str(comfy / '.applier')!r})):\n"
+         "    print('held', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = tree_bytes(comfy)
+        start = time.monotonic()
+        proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog),
+                       env={"APPLIER_LOCK_TIMEOUT": "0.5"})
+        assert proc.returncode == 4 and "another applier run holds the lock" in proc.stderr
+        assert time.monotonic() - start < 20
+        assert tree_bytes(comfy) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
+
+
+@pytest.mark.parametrize("path,words", [
+    ("../outside.py", "'..'"),
+    ("/etc/passwd", "absolute path"),
+    ("sub/../../x.py", "'..'"),
+])
+def test_paths_leaving_the_component_root_are_refused(tmp_path, path, words):
+    comfy = make_comfy(tmp_path)
+    catalog = tmp_path / "catalog"
+    write_patch(catalog, "comfyui/evil", [("all", ">=0", f"--- {path}\n+++ {path}\n@@ -0,0 +1 @@\n+pwned\n")])
+    before = tree_bytes(tmp_path)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert words in proc.stderr
+    assert tree_bytes(tmp_path) == before
+
+
+def test_a_symlink_escaping_the_root_is_refused(tmp_path):
+    comfy = make_comfy(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.py").write_text("x = 1\n")
+    (comfy / "linked").symlink_to(outside)
+    catalog = tmp_path / "catalog"
+    write_patch(catalog, "comfyui/evil", [("all", ">=0", "--- a/linked/victim.py\n+++ b/linked/victim.py\n"
+                                                        "@@ -1 +1 @@\n-x = 1\n+x = 2\n")])
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog))
+    assert proc.returncode == 3 and "symlink escape" in proc.stderr
+    assert (outside / "victim.py").read_text() == "x = 1\n"
