@@ -134,6 +134,8 @@ def check_writable(path: Path) -> None:
     """Raise IOFailure now (before any change) when path's folder cannot take a new file or path cannot be read."""
     path = Path(path)
     folder = path.parent
+    while not folder.exists() and folder.parent != folder:  # folders a new file needs are created on the way
+        folder = folder.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise io_failure(PermissionError(errno.EACCES, "permission denied"), folder, "write into")
     if path.exists() and not os.access(path, os.R_OK):

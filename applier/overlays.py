@@ -8,7 +8,7 @@ from pathlib import Path
 
 from applier import journal
 from applier.errors import DriftError, RefusedError
-from applier.fsutil import read_bytes_or_none, sha256_bytes, sha256_file
+from applier.fsutil import atomic_write, read_bytes_or_none, sha256_bytes, sha256_file
 from applier.journal import FileOp
 from applier.lock import target_lock
 from applier.state import StateStore, dump_json, read_json
@@ -77,11 +77,11 @@ def install(target: Target, pack_dir: Path = DEFAULT_PACK) -> dict:
             if current is not None:
                 ops.append(FileOp(Path(stale), current, None))
         files = [{"path": str(p), "sha256": sha256_bytes(d)} for p, d in wanted]
+        new_hashes = {f["path"]: f["sha256"] for f in files}
         # The manifest names every file before any is written: an interrupted install can still be uninstalled.
-        all_paths = sorted({*wanted_paths, *ours})
         interim = {"pack": meta["name"], "version": meta["version"], "installing": True,
-                   "files": [{"path": p, "sha256": dict((f["path"], f["sha256"]) for f in files).get(p, ours.get(p))}
-                             for p in all_paths]}
+                   "files": [{"path": p, "sha256": new_hashes.get(p, ours.get(p))}
+                             for p in sorted(set(new_hashes) | set(ours))]}
         write_manifest(store, interim)
         journal.execute(store, ops, store.load(), f"install overlay pack {meta['name']} {meta['version']}")
         final = {"pack": meta["name"], "version": meta["version"], "package": meta["package"],
@@ -95,7 +95,6 @@ def install(target: Target, pack_dir: Path = DEFAULT_PACK) -> dict:
 
 
 def write_manifest(store: StateStore, data: dict) -> None:
-    from applier.fsutil import atomic_write
     store.dir.mkdir(parents=True, exist_ok=True)
     atomic_write(store.overlay_manifest, dump_json(data), mode=0o644)
 

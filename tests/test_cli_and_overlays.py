@@ -1,0 +1,142 @@
+"""The CLI surface (help, version, explain, refresh) and overlay install/uninstall by manifest."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from applier import __version__
+from applier.catalog import load_catalog
+from applier.detect import detect
+from applier.errors import DriftError, RefusedError
+from applier.overlays import install, listing, uninstall
+from shelltools import REPO, cli_json, make_comfy, make_torch_env, run_cli, tree_bytes, write_patch
+
+
+def test_help_lists_the_commands_and_version_works():
+    proc = run_cli("--help", check=True)
+    for command in ("detect", "list", "apply", "revert", "status", "verify", "explain", "overlay", "catalog"):
+        assert f"  {command}" in proc.stdout
+    assert run_cli("--version", check=True).stdout.strip() == f"applier, version {__version__}"
+    proc = subprocess.run([sys.executable, "-m", "applier", "--version"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and __version__ in proc.stdout
+
+
+def test_usage_errors_keep_click_exit_2():
+    assert run_cli("apply").returncode == 2                      # --target missing
+    assert run_cli("apply", "--target", ".", "--fuzz", "9").returncode == 2
+
+
+def test_shell_completion_script_is_generated():
+    proc = subprocess.run([sys.executable, "-m", "applier"], capture_output=True, text=True, cwd=REPO,
+                          env={"_APPLIER_COMPLETE": "bash_source", "PATH": "/usr/bin:/bin",
+                               "PYTHONPATH": str(REPO)})
+    assert "_applier_completion" in proc.stdout or "complete" in proc.stdout
+
+
+def test_explain_states_reach_and_how_to_revert():
+    catalog = load_catalog()
+    if not catalog:
+        pytest.skip("catalog not populated")
+    for patch in catalog:
+        code, out = cli_json("explain", patch.id)
+        assert code == 0
+        assert out["reach"], f"{patch.id} says nothing about whom it reaches"
+        assert out["revert"] == f"applier revert --target <TARGET> --only {patch.id}"
+        assert out["variants"]
+    proc = run_cli("explain", "nope/nope")
+    assert proc.returncode == 2 and "no patch" in proc.stderr
+
+
+def test_catalog_refresh_builds_a_variant_that_round_trips(tmp_path):
+    catalog = tmp_path / "catalog"
+    write_patch(catalog, "comfyui/maxres", [("old", "<0.3", "--- a/nodes.py\n+++ b/nodes.py\n@@ -1 +1 @@\n-a\n+b\n")])
+    upstream = tmp_path / "nodes.py"
+    upstream.write_bytes(b"import os\r\n\r\nMAX_RESOLUTION=16384\r\nx = 1")       # CRLF, no final newline
+    edited = tmp_path / "edited.py"
+    edited.write_bytes(b"import os\r\n\r\nMAX_RESOLUTION=40960\r\nx = 1")
+    proc = run_cli("catalog", "refresh", "comfyui/maxres", "--upstream", str(upstream), "--edited", str(edited),
+                   "--path", "nodes.py", "--versions", ">=0.4", "--name", "0.4", "--patches", str(catalog))
+    assert proc.returncode == 0, proc.stderr
+    patch = load_catalog(catalog)[0]
+    assert [v.name for v in patch.variants] == ["old", "0.4"]
+    comfy = make_comfy(tmp_path / "t", version="0.4.1")
+    (comfy / "nodes.py").write_bytes(upstream.read_bytes())
+    run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert (comfy / "nodes.py").read_bytes() == edited.read_bytes()
+    run_cli("revert", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert (comfy / "nodes.py").read_bytes() == upstream.read_bytes()
+
+
+def test_catalog_refresh_refuses_identical_files(tmp_path):
+    catalog = tmp_path / "catalog"
+    write_patch(catalog, "comfyui/x", [("old", "<0.3", "--- a/n.py\n+++ b/n.py\n@@ -1 +1 @@\n-a\n+b\n")])
+    same = tmp_path / "n.py"
+    same.write_text("a\n")
+    proc = run_cli("catalog", "refresh", "comfyui/x", "--upstream", str(same), "--edited", str(same), "--path",
+                   "n.py", "--versions", ">=1", "--name", "1", "--patches", str(catalog))
+    assert proc.returncode == 3 and "identical" in proc.stderr
+
+
+def make_pack(root):
+    pack = root / "pack"
+    (pack / "demo_pkg" / "ops").mkdir(parents=True)
+    (pack / "demo_pkg" / "__init__.py").write_text("VERSION = 1\n")
+    (pack / "demo_pkg" / "ops" / "k.py").write_text("def k(): return 1\n")
+    (pack / "demo_node").mkdir()
+    (pack / "demo_node" / "__init__.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
+    (pack / "pack.toml").write_text('name = "demo"\nversion = "1.0"\npackage = "demo_pkg"\nnode = "demo_node"\n')
+    return pack
+
+
+@pytest.fixture
+def overlay_target(tmp_path):
+    comfy = make_comfy(tmp_path)
+    env, site = make_torch_env(comfy)     # ComfyUI/venv
+    return detect(comfy, gpu=False), site
+
+
+def test_overlay_install_then_uninstall_removes_exactly_its_files(overlay_target, tmp_path):
+    target, site = overlay_target
+    pack = make_pack(tmp_path)
+    before_site, before_comfy = tree_bytes(site), tree_bytes(target.comfyui_root)
+    result = install(target, pack)
+    assert (site / "demo_pkg" / "ops" / "k.py").exists()
+    assert (target.comfyui_root / "custom_nodes" / "demo_node" / "__init__.py").exists()
+    assert len(result["files"]) == 3
+    assert listing(target)["intact"] == 3
+    # a file the user put into the installed folder is not ours: uninstall leaves it
+    (site / "demo_pkg" / "mine.txt").write_text("keep me")
+    uninstall(target)
+    assert (site / "demo_pkg" / "mine.txt").read_text() == "keep me"
+    (site / "demo_pkg" / "mine.txt").unlink()
+    (site / "demo_pkg").rmdir()
+    assert tree_bytes(site) == before_site
+    assert tree_bytes(target.comfyui_root) == before_comfy
+    assert listing(target) == {"installed": False}
+
+
+def test_overlay_install_never_overwrites_a_foreign_file(overlay_target, tmp_path):
+    target, site = overlay_target
+    (site / "demo_pkg").mkdir()
+    (site / "demo_pkg" / "__init__.py").write_text("somebody else's package\n")
+    with pytest.raises(RefusedError, match="not installed by applier"):
+        install(target, make_pack(tmp_path))
+    assert (site / "demo_pkg" / "__init__.py").read_text() == "somebody else's package\n"
+    assert not (site / "demo_pkg" / "ops").exists()
+
+
+def test_overlay_uninstall_refuses_edited_files_unless_forced(overlay_target, tmp_path):
+    target, site = overlay_target
+    install(target, make_pack(tmp_path))
+    edited = site / "demo_pkg" / "ops" / "k.py"
+    edited.write_text("def k(): return 2  # my fix\n")
+    with pytest.raises(DriftError):
+        uninstall(target)
+    assert edited.exists()
+    result = uninstall(target, force=True)
+    assert not edited.exists()
+    saved = list((target.state_dir / "displaced").rglob("k.py"))
+    assert saved and saved[0].read_text() == "def k(): return 2  # my fix\n"
+    assert result["displaced"]
