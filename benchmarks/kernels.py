@@ -1,0 +1,201 @@
+"""Kernel benchmark of the fused DiT ops on CUDA: eager, torch.compile of the eager chain, the Triton overlay.
+
+Bandwidth counts each input read once and each output written once, against a copy ceiling (x.copy_ of a large
+bf16 tensor) measured in the same run. CUDA-event timing, warm-up, median of repeats. `--sweep` first tries a
+few launch configurations per op at the largest L and keeps the fastest for the table.
+
+    PYTHONPATH=overlays:. python benchmarks/kernels.py --sweep --out benchmarks/results/
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from fused_dit.ops import adaln, gate_add, rms_rope
+
+DEVICE = "cuda"
+BF16 = torch.bfloat16
+FLUX_HEADS, HEAD_DIM, FLUX_C = 24, 128, 3072
+WAN_HEADS, WAN_C = 40, 5120
+_L2_FLUSH = None   # a 256 MiB buffer zeroed before each timed call (set in main)
+
+
+def time_ms(fn, warmup: int = 10, repeats: int = 50) -> float:
+    """Median per-call GPU time: CUDA events around each call, L2 flushed before each, no host sync inside.
+
+    A long `torch.cuda._sleep` first lets the host queue every call before the GPU starts, so the events time
+    the kernels and not Python's launch overhead (which the eager chain and the wrappers both have).
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    torch.cuda._sleep(100_000_000)
+    for start, end in zip(starts, ends):
+        _L2_FLUSH.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def nbytes(*tensors) -> int:
+    """Bytes of each distinct tensor read or written once (a broadcast modulation counts its own size)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def copy_ceiling_gbs() -> float:
+    src = torch.randn(512 * 1024 * 1024, device=DEVICE, dtype=BF16)   # 1 GiB
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=5, repeats=20)
+    del src, dst
+    return 2 * 1024 ** 3 / ms / 1e6
+
+
+def rotation_table(leading, half):
+    angle = torch.rand((*leading, half), device=DEVICE) * 2 * math.pi
+    cos, sin = angle.cos(), angle.sin()
+    return torch.stack([cos, -sin, sin, cos], dim=-1).view(*leading, half, 2, 2)
+
+
+def problems(L: int):
+    """(op, overlay fn, eager fn, bytes moved) at sequence length L with Flux (and Wan for rms_rope) shapes."""
+    qkv = torch.randn(1, L, 3 * FLUX_C, device=DEVICE, dtype=BF16)
+    q, k, _ = qkv.view(1, L, 3, FLUX_HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
+    sq, sk = torch.ones(HEAD_DIM, device=DEVICE, dtype=BF16), torch.ones(HEAD_DIM, device=DEVICE, dtype=BF16)
+    pe = rotation_table((1, 1, L), HEAD_DIM // 2)
+    flux_bytes = 2 * nbytes(q) + nbytes(pe) + 2 * nbytes(q)
+    yield ("rms_rope_flux", lambda: rms_rope.flux_rms_rope(q, k, sq, sk, pe),
+           lambda q, k, sq, sk, pe: rms_rope.flux_reference_comfy(q, k, sq, sk, pe), (q, k, sq, sk, pe), flux_bytes)
+
+    wq_in, wk_in = (torch.randn(1, L, WAN_C, device=DEVICE, dtype=BF16) for _ in range(2))
+    ww = torch.ones(WAN_C, device=DEVICE, dtype=BF16)
+    freqs = rotation_table((1, L, 1), HEAD_DIM // 2)
+    wan_bytes = 4 * nbytes(wq_in) + nbytes(freqs)
+    yield ("rms_rope_wan", lambda: rms_rope.wan_rms_rope(wq_in, wk_in, ww, ww, freqs, WAN_HEADS),
+           lambda q, k, wq, wk, f: rms_rope.wan_reference_comfy(q, k, wq, wk, f, WAN_HEADS),
+           (wq_in, wk_in, ww, ww, freqs), wan_bytes)
+
+    x = torch.randn(1, L, FLUX_C, device=DEVICE, dtype=BF16)
+    y = torch.randn_like(x)
+    e = torch.randn(1, 1, 6, FLUX_C, device=DEVICE, dtype=BF16)
+    shift, scale, gate = e[:, :, 0], e[:, :, 1], e[:, :, 2]
+    yield ("adaln", lambda: adaln.adaln(x, shift, scale), adaln.reference_comfy, (x, shift, scale),
+           2 * nbytes(x) + nbytes(shift, scale))
+    yield ("gate_add_wan", lambda: gate_add.gate_add(x, y, gate, gate_add.WAN),
+           lambda x, y, g: gate_add.reference_comfy(x, y, g, gate_add.WAN), (x, y, gate),
+           3 * nbytes(x) + nbytes(gate))
+    yield ("gate_add_flux", lambda: gate_add.gate_add(x, y, gate, gate_add.FLUX),
+           lambda x, y, g: gate_add.reference_comfy(x, y, g, gate_add.FLUX), (x, y, gate),
+           3 * nbytes(x) + nbytes(gate))
+
+
+SWEEPS = {
+    "rms_rope_flux": (rms_rope, {"FLUX_ROWS_PER_PROGRAM": (4, 8, 16, 32), "FLUX_NUM_WARPS": (2, 4, 8)}),
+    "rms_rope_wan": (rms_rope, {"WAN_NUM_WARPS_LARGE": (4, 8, 16, 32)}),
+    "adaln": (adaln, {"NUM_WARPS_LARGE": (4, 8, 16, 32)}),
+    "gate_add_wan": (gate_add, {"ELEMENTS_PER_PROGRAM": (2048, 4096, 8192), "MAX_BLOCK_C": (512, 1024),
+                                "NUM_WARPS": (4, 8)}),
+}
+
+
+def sweep(L: int) -> dict:
+    """Try each launch configuration at length L; leave the fastest set in the module and report all."""
+    report = {}
+    by_op = {p[0]: p for p in problems(L)}
+    for op, (module, grid) in SWEEPS.items():
+        overlay = by_op[op][1]
+        trials = []
+        for values in itertools.product(*grid.values()):
+            config = dict(zip(grid.keys(), values))
+            for name, value in config.items():
+                setattr(module, name, value)
+            try:
+                trials.append((time_ms(overlay, warmup=3, repeats=20), config))
+            except Exception as exc:  # a configuration the compiler rejects (registers) is reported, not fatal
+                trials.append((float("inf"), {**config, "error": f"{type(exc).__name__}: {exc}"[:200]}))
+        best_ms, best = min(trials, key=lambda t: t[0])
+        for name, value in best.items():
+            if name in grid:
+                setattr(module, name, value)
+        report[op] = {"L": L, "best": best, "best_ms": best_ms,
+                      "trials": [{"ms": ms, **cfg} for ms, cfg in trials]}
+        print(f"sweep {op}: best {best} {best_ms:.4f} ms", flush=True)
+    # gate_add_flux shares gate_add_wan's launch parameters
+    return report
+
+
+def comfy_kitchen_status() -> str:
+    try:
+        import comfy_kitchen  # noqa: F401
+    except Exception as exc:
+        return f"not importable ({type(exc).__name__}: {exc})"
+    return "importable (no adapter here: its op signatures are not wired into this benchmark)"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="JSON file, or a folder for kernels-<date>.json")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--sweep", action="store_true", help="tune launch configurations first")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels: no CUDA device", file=sys.stderr)
+        return 2
+    import triton
+    global _L2_FLUSH
+    _L2_FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=DEVICE)
+    ceiling = copy_ceiling_gbs()
+    print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
+    sweep_report = sweep(max(args.lengths)) if args.sweep else None
+    rows = []
+    for L in args.lengths:
+        for op, overlay, eager, inputs, moved in problems(L):
+            row = {"op": op, "L": L, "bytes": moved}
+            candidates = {"eager": lambda: eager(*inputs), "overlay": overlay}
+            if not args.no_compile:
+                compiled = torch.compile(eager, dynamic=False)
+                candidates["torch_compile"] = lambda: compiled(*inputs)
+            for name, fn in candidates.items():
+                ms = time_ms(fn)
+                row[name] = {"ms": ms, "gbs": moved / ms / 1e6, "of_copy_ceiling": moved / ms / 1e6 / ceiling}
+            if "torch_compile" in row:
+                row["overlay_vs_compile"] = row["torch_compile"]["ms"] / row["overlay"]["ms"]
+            row["overlay_vs_eager"] = row["eager"]["ms"] / row["overlay"]["ms"]
+            rows.append(row)
+            print(f"{op:14s} L={L:6d} " + "  ".join(
+                f"{n} {row[n]['ms']:.4f} ms {row[n]['gbs']:.0f} GB/s" for n in candidates), flush=True)
+    report = {
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "copy_ceiling_gbs": ceiling, "comfy_kitchen": comfy_kitchen_status(),
+        "launch_config": {"rms_rope": {n: getattr(rms_rope, n) for n in ("FLUX_ROWS_PER_PROGRAM", "FLUX_NUM_WARPS",
+                                                                         "WAN_NUM_WARPS_LARGE")},
+                          "adaln": {n: getattr(adaln, n) for n in ("ELEMENTS_PER_PROGRAM", "NUM_WARPS_LARGE")},
+                          "gate_add": {n: getattr(gate_add, n) for n in ("ELEMENTS_PER_PROGRAM", "MAX_BLOCK_C",
+                                                                         "NUM_WARPS")}},
+        "shapes": {"flux": f"B=1 H={FLUX_HEADS} D={HEAD_DIM} C={FLUX_C}", "wan": f"B=1 H={WAN_HEADS} C={WAN_C}",
+                   "modulation": "[1, 1, C] strided chunks of a [1, 1, 6, C] tensor"},
+        "results": rows, "sweep": sweep_report,
+    }
+    if args.out:
+        path = args.out / f"kernels-{datetime.date.today().isoformat()}.json" if args.out.is_dir() else args.out
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The gated residual add, fused: Wan's `addcmul(x, y, gate)` and Flux's `x + gate * y`, one launch each.
+
+They differ only in rounding: addcmul rounds once; `x + gate * y` rounds the product to its dtype and then the
+sum, and the kernel keeps both roundings so bf16 results match the eager chain bit for bit in the common case.
+The gate is `[B|1, rows, C]` (per sample, per token, or grouped rows as Wan's repeat_e expands them).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..dispatch import choose
+from . import (KERNEL_DTYPES, as_batch_rows_channels, batch_stride, check_out, eager_because, into_out,
+               modulation_group, repeat_rows_like_comfy)
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # the eager path must keep working without triton; dispatch says why
+    triton = None
+
+ELEMENTS_PER_PROGRAM = 2048
+MAX_BLOCK_C = 1024
+NUM_WARPS = 8
+
+WAN = "addcmul"        # torch.addcmul(x, y, gate)
+FLUX = "mul_then_add"  # x + gate * y (or x += gate * y)
+
+
+def reference_comfy(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, rounding: str = WAN,
+                    inplace: bool = False) -> torch.Tensor:
+    """Tier 2: the eager expression ComfyUI runs for `rounding` (WAN or FLUX); `inplace` is Flux's `x += ...`."""
+    gate = repeat_rows_like_comfy(as_batch_rows_channels(gate, x.size(0), x.size(-1), "gate"), x.size(1))
+    if rounding == WAN:
+        return torch.addcmul(x, y, gate)
+    if rounding != FLUX:
+        raise ValueError(f"rounding must be {WAN!r} or {FLUX!r}, got {rounding!r}")
+    return x.add_(gate * y) if inplace else x + gate * y
+
+
+def reference_fp32(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, rounding: str = WAN) -> torch.Tensor:
+    """Tier 1: x + gate * y in fp64, rounded once to the dtype the eager expression returns."""
+    gate = repeat_rows_like_comfy(as_batch_rows_channels(gate, x.size(0), x.size(-1), "gate"), x.size(1))
+    return (x.double() + gate.double() * y.double()).to(_out_dtype(x, y, gate))
+
+
+def _out_dtype(x, y, gate) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.promote_types(y.dtype, gate.dtype))
+
+
+if triton is not None:
+    _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+    @triton.jit
+    def _gate_add_kernel(x_ptr, y_ptr, gate_ptr, out_ptr, rows, L, C, group,
+                         sxb, sxl, sxc, syb, syl, syc, sgb, sgr, sgc, sob, sol, soc,
+                         ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+                         ROUND_PRODUCT: tl.constexpr, PRODUCT_DTYPE: tl.constexpr):
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_mask = r < rows
+        l_idx = r % L
+        b = r // L
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = row_mask[:, None] & (c < C)[None, :]
+        x = tl.load(x_ptr + b[:, None] * sxb + l_idx[:, None] * sxl + c[None, :] * sxc, mask=mask, other=0.0)
+        y = tl.load(y_ptr + b[:, None] * syb + l_idx[:, None] * syl + c[None, :] * syc, mask=mask, other=0.0)
+        gate = tl.load(gate_ptr + b[:, None] * sgb + (l_idx // group)[:, None] * sgr + c[None, :] * sgc,
+                       mask=mask, other=0.0)
+        product = gate.to(tl.float32) * y.to(tl.float32)
+        if ROUND_PRODUCT:
+            # `gate * y` is a tensor of its own in the eager chain
+            product = product.to(PRODUCT_DTYPE).to(tl.float32)
+        out = x.to(tl.float32) + product
+        tl.store(out_ptr + b[:, None] * sob + l_idx[:, None] * sol + c[None, :] * soc,
+                 out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gate_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, rounding: str = WAN,
+             inplace: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x + gate * y for x, y `[B, L, C]` and gate `[B|1, rows, C]` or `[B, C]`.
+
+    rounding=WAN is `torch.addcmul(x, y, gate)`; rounding=FLUX is `x + gate * y`, and with inplace=True
+    `x += gate * y` (x is written and returned, keeping its dtype).
+    """
+    if rounding not in (WAN, FLUX):
+        raise ValueError(f"rounding must be {WAN!r} or {FLUX!r}, got {rounding!r}")
+    if inplace and rounding != FLUX:
+        raise ValueError("inplace is Flux's `x += gate * y`; Wan's addcmul is out of place")
+    if inplace and out is not None:
+        raise ValueError("inplace writes x; out cannot be given too")
+    op = f"gate_add_{'wan' if rounding == WAN else 'flux'}"
+    if choose(op, x, y, gate).triton:
+        reason = None
+        if x.dim() != 3 or y.shape != x.shape:
+            reason = f"x {tuple(x.shape)} and y {tuple(y.shape)} are not one [B, L, C] shape"
+        elif not {x.dtype, y.dtype, gate.dtype} <= set(KERNEL_DTYPES):
+            reason = f"dtypes {x.dtype}/{y.dtype}/{gate.dtype} not supported by the kernel"
+        else:
+            try:
+                gate3 = as_batch_rows_channels(gate, x.size(0), x.size(-1), "gate")
+                group = modulation_group(gate3.size(1), x.size(1))
+            except ValueError as exc:
+                reason = str(exc)
+        if reason is None:
+            return _launch(x, y, gate3, group, rounding, inplace, out)
+        eager_because(op, reason)
+    return into_out(reference_comfy(x, y, gate, rounding, inplace), out)
+
+
+def _launch(x, y, gate, group, rounding, inplace, out):
+    B, L, C = x.shape
+    product_dtype = torch.promote_types(y.dtype, gate.dtype)
+    out_dtype = torch.promote_types(x.dtype, product_dtype)
+    if inplace:
+        out = x
+    elif out is None:
+        out = torch.empty((B, L, C), dtype=out_dtype, device=x.device)
+    else:
+        check_out(out, (B, L, C), out_dtype, x.device)
+    block_c = min(triton.next_power_of_2(C), MAX_BLOCK_C)
+    rows_per_program = max(1, ELEMENTS_PER_PROGRAM // block_c)
+    rows = B * L
+    grid = (triton.cdiv(rows, rows_per_program), triton.cdiv(C, block_c))
+    _gate_add_kernel[grid](
+        x, y, gate, out, rows, L, C, group, *x.stride(), *y.stride(),
+        batch_stride(gate), gate.stride(1), gate.stride(2), *out.stride(),
+        ROWS=rows_per_program, BLOCK_C=block_c, ROUND_PRODUCT=rounding == FLUX,
+        PRODUCT_DTYPE=_TL_DTYPES[product_dtype], num_warps=NUM_WARPS,
+        enable_fp_fusion=False)  # eager rounds the product before the add: no fma contraction
+    return out

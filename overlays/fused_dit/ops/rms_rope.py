@@ -1,0 +1,335 @@
+"""QK RMSNorm + interleaved RoPE, fused: Flux (per-head norm, BHND) and Wan (full-C norm, BNHD; norm-only too).
+
+Rounding points follow ComfyUI's eager chain (the drop-in tier): `F.rms_norm` (fused since torch 2.11: fp32
+math, one rounding to the input dtype), then `apply_rope`/`apply_rope1` upcast the rounded result to fp32,
+rotate and round again. The kernels keep both roundings, so bf16 results match eager to the ulp instead of
+being "more exact" than the code they replace. q and k go through one launch (program axis 1 picks which).
+
+pe / freqs hold rows `[[cos, -sin], [sin, cos]]` per pair: out[2i + r] = f[i, r, 0] * x[2i] + f[i, r, 1] * x[2i + 1].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..dispatch import choose
+from . import KERNEL_DTYPES, batch_stride, check_out, eager_because, into_out
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # the eager path must keep working without triton; dispatch says why
+    triton = None
+
+# Launch parameters, tuned on an H200 (benchmarks/kernels.py sweeps them); module-level so a sweep can set them.
+FLUX_ROWS_PER_PROGRAM = 4
+FLUX_NUM_WARPS = 2
+WAN_NUM_WARPS_LARGE = 8      # for rows of >= 4096 channels, one row per program
+WAN_ELEMENTS_PER_PROGRAM = 4096
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Eager references
+# ---------------------------------------------------------------------------------------------------------------
+
+def _comfy_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """ComfyUI's interleaved RoPE: fp32 math on the (already rounded) input, result cast back to x's dtype."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 1, 2)
+    out = freqs[..., 0] * pairs[..., 0] + freqs[..., 1] * pairs[..., 1]
+    return out.reshape(*x.shape).type_as(x)
+
+
+def _comfy_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """comfy.rmsnorm.rms_norm with a weight: F.rms_norm with the weight cast to x's dtype."""
+    return F.rms_norm(x, weight.shape, weight=weight.to(dtype=x.dtype, device=x.device), eps=eps)
+
+
+def _rms_norm_fp64(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.square().mean(dim=-1, keepdim=True) + eps) * weight.double()
+
+
+def _rope_fp64(x64: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    pairs = x64.reshape(*x64.shape[:-1], -1, 1, 2)
+    f = freqs.double()
+    return (f[..., 0] * pairs[..., 0] + f[..., 1] * pairs[..., 1]).reshape(*x64.shape)
+
+
+def flux_reference_comfy(q, k, q_scale, k_scale, pe, eps: float = 1e-6):
+    """Tier 2: what ComfyUI's Flux runs (QKNorm -> attention's apply_rope), rounding twice."""
+    return (_comfy_rope(_comfy_rms_norm(q, q_scale, eps), pe),
+            _comfy_rope(_comfy_rms_norm(k, k_scale, eps), pe))
+
+
+def flux_reference_fp32(q, k, q_scale, k_scale, pe, eps: float = 1e-6):
+    """Tier 1: the same math in fp64 with no intermediate rounding, returned in the input dtype."""
+    return tuple(_rope_fp64(_rms_norm_fp64(x, w, eps), pe).to(x.dtype) for x, w in ((q, q_scale), (k, k_scale)))
+
+
+def _rope1_comfy(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """ComfyUI's apply_rope1 (Wan): multiply, then addcmul_ in fp32, cast back."""
+    pairs = x.to(dtype=freqs.dtype).reshape(*x.shape[:-1], -1, 1, 2)
+    out = freqs[..., 0] * pairs[..., 0]
+    out.addcmul_(freqs[..., 1], pairs[..., 1])
+    return out.reshape(*x.shape).type_as(x)
+
+
+def wan_reference_comfy(q, k, q_weight, k_weight, freqs, num_heads: int, eps: float = 1e-6):
+    """Tier 2: Wan self-attention's norm_q/norm_k over the full C, `.view(b, s, n, d)`, then apply_rope1."""
+    out = []
+    for x, w in ((q, q_weight), (k, k_weight)):
+        b, s, c = x.shape
+        out.append(_rope1_comfy(_comfy_rms_norm(x, w, eps).view(b, s, num_heads, c // num_heads), freqs))
+    return tuple(out)
+
+
+def wan_reference_fp32(q, k, q_weight, k_weight, freqs, num_heads: int, eps: float = 1e-6):
+    out = []
+    for x, w in ((q, q_weight), (k, k_weight)):
+        b, s, c = x.shape
+        normed = _rms_norm_fp64(x, w, eps).view(b, s, num_heads, c // num_heads)
+        out.append(_rope_fp64(normed, freqs).to(x.dtype))
+    return tuple(out)
+
+
+def wan_norm_reference_comfy(x, weight, eps: float = 1e-6):
+    """Tier 2 of the norm-only path (Wan cross-attention's norm_q / norm_k / norm_k_img)."""
+    return _comfy_rms_norm(x, weight, eps)
+
+
+def wan_norm_reference_fp32(x, weight, eps: float = 1e-6):
+    return _rms_norm_fp64(x, weight, eps).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _rope_pairs(y, pe_row_offsets, pe_ptr, pe_pair_offsets, pe_mask, spr, spc,
+                    ROWS: tl.constexpr, WIDTH: tl.constexpr):
+        """Rotate the pairs of y ([ROWS, WIDTH], fp32, rounded already) with the 2x2 matrices at pe."""
+        y0, y1 = tl.split(tl.reshape(y, [ROWS, WIDTH // 2, 2]))
+        base = pe_ptr + pe_row_offsets[:, None] + pe_pair_offsets[None, :]
+        f00 = tl.load(base, mask=pe_mask, other=0.0).to(tl.float32)
+        f01 = tl.load(base + spc, mask=pe_mask, other=0.0).to(tl.float32)
+        f10 = tl.load(base + spr, mask=pe_mask, other=0.0).to(tl.float32)
+        f11 = tl.load(base + spr + spc, mask=pe_mask, other=0.0).to(tl.float32)
+        out0 = f00 * y0 + f01 * y1
+        out1 = f10 * y0 + f11 * y1
+        return tl.reshape(tl.join(out0, out1), [ROWS, WIDTH])
+
+    @triton.jit
+    def _flux_rows(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, H, N, D,
+                   sxb, sxh, sxn, sxd, spb, spn, spi, spr, spc, eps,
+                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        # Rows are (b, h, n) flattened in output (contiguous BHND) order; n fastest keeps pe rows in L2 across h.
+        r = row_start + tl.arange(0, ROWS)
+        row_mask = r < rows
+        n = r % N
+        bh = r // N
+        h = bh % H
+        b = bh // H
+        d = tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        mask = row_mask[:, None] & d_mask[None, :]
+        x_offsets = b[:, None] * sxb + h[:, None] * sxh + n[:, None] * sxn + d[None, :] * sxd
+        x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+        # comfy casts the weight to x's dtype before the norm
+        w = tl.load(w_ptr + d, mask=d_mask, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+        # first rounding: RMSNorm's output is in x's dtype
+        y = (x * rstd[:, None] * w[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        i = tl.arange(0, BLOCK_D // 2)
+        pe_mask = row_mask[:, None] & (i < D // 2)[None, :]
+        out = _rope_pairs(y, b * spb + n * spn, pe_ptr, i * spi, pe_mask, spr, spc, ROWS, BLOCK_D)
+        tl.store(out_ptr + r[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _flux_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows, H, N, D,
+                              sqb, sqh, sqn, sqd, skb, skh, skn, skd,
+                              spb, spn, spi, spr, spc, eps,
+                              ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        row_start = tl.program_id(0) * ROWS
+        if tl.program_id(1) == 0:
+            _flux_rows(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows, H, N, D, sqb, sqh, sqn, sqd,
+                       spb, spn, spi, spr, spc, eps, ROWS, BLOCK_D)
+        else:
+            _flux_rows(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows, H, N, D, skb, skh, skn, skd,
+                       spb, spn, spi, spr, spc, eps, ROWS, BLOCK_D)
+
+    @triton.jit
+    def _wan_rows(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, L, C, HALF_D,
+                  sxb, sxl, sxc, spb, spl, spi, spr, spc, eps,
+                  ROWS: tl.constexpr, BLOCK_C: tl.constexpr, HAS_ROPE: tl.constexpr):
+        # One row = one token's full C channels (the norm spans all heads), output contiguous [B, L, C].
+        r = row_start + tl.arange(0, ROWS)
+        row_mask = r < rows
+        l_idx = r % L
+        b = r // L
+        c = tl.arange(0, BLOCK_C)
+        c_mask = c < C
+        mask = row_mask[:, None] & c_mask[None, :]
+        x_offsets = b[:, None] * sxb + l_idx[:, None] * sxl + c[None, :] * sxc
+        x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / C + eps)
+        w = tl.load(w_ptr + c, mask=c_mask, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
+        y = (x * rstd[:, None] * w[None, :]).to(x_ptr.dtype.element_ty)
+        if HAS_ROPE:
+            # pair p of the row is pair (p % HALF_D) of head (p // HALF_D)
+            p = tl.arange(0, BLOCK_C // 2)
+            pe_mask = row_mask[:, None] & (p < C // 2)[None, :]
+            y = _rope_pairs(y.to(tl.float32), b * spb + l_idx * spl, pe_ptr, (p % HALF_D) * spi, pe_mask,
+                            spr, spc, ROWS, BLOCK_C)
+        tl.store(out_ptr + r[:, None] * C + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _wan_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows_q, rows_k, Lq, Lk, C,
+                             HALF_D, sqb, sql, sqc, skb, skl, skc, spb, spl, spi, spr, spc, eps,
+                             ROWS: tl.constexpr, BLOCK_C: tl.constexpr, HAS_ROPE: tl.constexpr):
+        row_start = tl.program_id(0) * ROWS
+        if tl.program_id(1) == 0:
+            _wan_rows(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows_q, Lq, C, HALF_D, sqb, sql, sqc,
+                      spb, spl, spi, spr, spc, eps, ROWS, BLOCK_C, HAS_ROPE)
+        else:
+            _wan_rows(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows_k, Lk, C, HALF_D, skb, skl, skc,
+                      spb, spl, spi, spr, spc, eps, ROWS, BLOCK_C, HAS_ROPE)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch wrappers
+# ---------------------------------------------------------------------------------------------------------------
+
+def _pe_strides(pe: torch.Tensor, batch: int, tokens: int, token_dim: int) -> tuple[int, ...] | None:
+    """(batch, token, pair, row, col) strides of a `[B|1, ..., N, D/2, 2, 2]` rotation table, or None if unfit."""
+    if pe.dim() != 6 or pe.shape[-2:] != (2, 2) or pe.size(0) not in (1, batch) or pe.size(token_dim) != tokens:
+        return None
+    return (batch_stride(pe), pe.stride(token_dim), pe.stride(3), pe.stride(4), pe.stride(5))
+
+
+def _weight_ok(weight: torch.Tensor, size: int) -> bool:
+    return weight.dim() == 1 and weight.numel() == size and weight.stride(0) == 1
+
+
+def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+                  pe: torch.Tensor, eps: float = 1e-6, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flux QK-norm (per head, weight `scale`) + RoPE on q, k `[B,H,N,D]` (strided views allowed).
+
+    Returns contiguous `[B,H,N,D]` tensors in the input dtype (written into `out=(q_out, k_out)` if given);
+    pe is `[B|1, 1, N, D/2, 2, 2]`.
+    """
+    op = "rms_rope_flux"
+    if not choose(op, q, k, q_scale, k_scale, pe).triton:
+        return into_out(flux_reference_comfy(q, k, q_scale, k_scale, pe, eps), out)
+    reason = None
+    if q.dim() != 4 or q.shape != k.shape or q.dtype != k.dtype:
+        reason = f"q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} are not one [B,H,N,D] shape"
+    elif q.dtype not in KERNEL_DTYPES or q.size(-1) % 2:
+        reason = f"dtype {q.dtype} / head dim {q.size(-1)} not supported by the kernel"
+    elif not (_weight_ok(q_scale, q.size(-1)) and _weight_ok(k_scale, q.size(-1))):
+        reason = "norm weights are not contiguous [D] vectors"
+    pe_strides = None if reason else _pe_strides(pe, q.size(0), q.size(2), token_dim=2)
+    if reason is None and (pe_strides is None or pe.size(1) != 1):
+        reason = f"pe {tuple(pe.shape)} is not [B|1, 1, N, D/2, 2, 2]"
+    if reason:
+        eager_because(op, reason)
+        return into_out(flux_reference_comfy(q, k, q_scale, k_scale, pe, eps), out)
+
+    B, H, N, D = q.shape
+    if out is None:
+        q_out = torch.empty((B, H, N, D), dtype=q.dtype, device=q.device)
+        k_out = torch.empty_like(q_out)
+    else:
+        q_out, k_out = (check_out(o, (B, H, N, D), q.dtype, q.device) for o in out)
+    rows = B * H * N
+    block_d = triton.next_power_of_2(D)
+    rows_per_program = max(1, min(FLUX_ROWS_PER_PROGRAM, 4096 // block_d))
+    grid = (triton.cdiv(rows, rows_per_program), 2)
+    _flux_rms_rope_kernel[grid](
+        q, k, q_scale, k_scale, q_out, k_out, pe, rows, H, N, D,
+        *q.stride(), *k.stride(), *pe_strides, eps,
+        ROWS=rows_per_program, BLOCK_D=block_d, num_warps=FLUX_NUM_WARPS,
+        enable_fp_fusion=False)  # eager rounds each product: no fma contraction
+    return q_out, k_out
+
+
+def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
+    """One launch over q and k rows; freqs None means norm only. Returns None when the kernel cannot take it."""
+    if q.dim() != 3 or k.dim() != 3 or q.size(-1) != k.size(-1) or q.dtype != k.dtype:
+        return f"q {tuple(q.shape)} and k {tuple(k.shape)} are not [B, L, C] with one C and dtype"
+    C = q.size(-1)
+    if q.dtype not in KERNEL_DTYPES:
+        return f"dtype {q.dtype} not supported by the kernel"
+    if not (_weight_ok(q_weight, C) and _weight_ok(k_weight, C)):
+        return "norm weights are not contiguous [C] vectors"
+    half_d, pe_strides = 1, (0, 0, 0, 0, 0)
+    if freqs is not None:
+        if C % num_heads or (C // num_heads) % 2 or q.shape[:2] != k.shape[:2]:
+            return f"C={C} with {num_heads} heads does not give an even head dim, or q/k token counts differ"
+        half_d = C // num_heads // 2
+        pe_strides = _pe_strides(freqs, q.size(0), q.size(1), token_dim=1)
+        if pe_strides is None or freqs.size(2) != 1 or freqs.size(3) != half_d:
+            return f"freqs {tuple(freqs.shape)} is not [B|1, L, 1, D/2, 2, 2]"
+    if out is None:
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    else:
+        q_out, k_out = (check_out(o.view(x.shape) if o.is_contiguous() else o, x.shape, x.dtype, x.device)
+                        for o, x in zip(out, (q, k)))
+    block_c = triton.next_power_of_2(C)
+    rows_per_program = max(1, WAN_ELEMENTS_PER_PROGRAM // block_c)
+    num_warps = WAN_NUM_WARPS_LARGE if block_c >= 4096 else 4
+    rows_q, rows_k = q.size(0) * q.size(1), k.size(0) * k.size(1)
+    # a zero-row k (single-tensor norm) gets no programs of its own
+    grid = (triton.cdiv(max(rows_q, rows_k), rows_per_program), 2 if rows_k else 1)
+    _wan_rms_rope_kernel[grid](
+        q, k, q_weight, k_weight, q_out, k_out, freqs if freqs is not None else q,
+        rows_q, rows_k, q.size(1), k.size(1), C, half_d, *q.stride(), *k.stride(), *pe_strides, eps,
+        ROWS=rows_per_program, BLOCK_C=block_c, HAS_ROPE=freqs is not None, num_warps=num_warps,
+        enable_fp_fusion=False)  # eager rounds each product: no fma contraction
+    return q_out, k_out
+
+
+def wan_rms_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 freqs: torch.Tensor, num_heads: int, eps: float = 1e-6,
+                 out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wan self-attention: RMSNorm over the full C of q, k `[B, L, C]`, then RoPE per head.
+
+    Returns contiguous `[B, L, H, D]` (or writes `out=(q_out, k_out)`); freqs is `[B|1, L, 1, D/2, 2, 2]`.
+    """
+    op = "rms_rope_wan"
+    if choose(op, q, k, q_weight, k_weight, freqs).triton:
+        result = _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out)
+        if not isinstance(result, str):
+            b, s, c = q.shape
+            return tuple(t.view(b, s, num_heads, c // num_heads) for t in result)
+        eager_because(op, result)
+    return into_out(wan_reference_comfy(q, k, q_weight, k_weight, freqs, num_heads, eps), out)
+
+
+def wan_rms_norm_qk(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                    eps: float = 1e-6, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wan cross-attention: norm_q(q) and norm_k(k) over the full C in one launch (q and k may differ in L)."""
+    op = "rms_norm_wan"
+    if choose(op, q, k, q_weight, k_weight).triton:
+        result = _launch_wan(op, q, k, q_weight, k_weight, None, 1, eps, out)
+        if not isinstance(result, str):
+            return result
+        eager_because(op, result)
+    return into_out((wan_norm_reference_comfy(q, q_weight, eps), wan_norm_reference_comfy(k, k_weight, eps)), out)
+
+
+def wan_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out=None) -> torch.Tensor:
+    """One full-C RMSNorm (`[B, L, C]`), e.g. norm_k_img."""
+    op = "rms_norm_wan"
+    if choose(op, x, weight).triton:
+        # the kernel has a q and a k slot; an empty k launches no programs
+        empty = x[:, :0]
+        result = _launch_wan(op, x, empty, weight, weight, None, 1, eps,
+                             None if out is None else (out, torch.empty_like(empty)))
+        if not isinstance(result, str):
+            return result[0]
+        eager_because(op, result)
+    return into_out(wan_norm_reference_comfy(x, weight, eps), out)
