@@ -447,17 +447,26 @@ def catalog_check(cache, patches_dir, as_json):
 
     Example: applier catalog check --cache /work/cache
     """
+    from dataclasses import asdict
+
     from applier.catalog_check import check_catalog
     report = check_catalog(load_catalog(patches_dir), cache)
-    data = report.to_json() if hasattr(report, "to_json") else report
     if as_json:
-        out_json(data)
+        out_json({"ok": report.ok, "cache": str(report.cache_root), "problems": report.problems,
+                  "warnings": report.warnings, "rows": [asdict(row) for row in report.rows]})
     else:
-        for row in getattr(report, "rows", []):
-            click.echo(" ".join(str(x) for x in (vars(row).values() if hasattr(row, "__dict__") else row)))
-        for problem in getattr(report, "problems", []):
+        for row in report.rows:
+            counts: dict[str, int] = {}
+            for cell in row.cells:
+                counts[cell.state.value] = counts.get(cell.state.value, 0) + 1
+            summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+            click.echo(f"{row.patch_id:32} {row.variant:14} {row.versions:22} {summary}")
+        for warning in report.warnings:
+            click.echo(f"warning: {warning}")
+        for problem in report.problems:
             click.echo(f"problem: {problem}")
-    if getattr(report, "problems", None):
+        click.echo("catalog check: " + ("ok" if report.ok else f"{len(report.problems)} problem(s)"))
+    if not report.ok:
         sys.exit(3)
 
 
