@@ -66,7 +66,8 @@ def apply(target: Target, patches: list[Patch], *, fuzz: int = 0, dry_run: bool 
                     backup=backup, mode=file_mode(change.path)))
             new_state.applied[plan.patch.id] = AppliedPatch(
                 id=plan.patch.id, variant=plan.variant.name, component=plan.patch.component, files=files,
-                component_version=plan.component_version, applied_at=now(), applier_version=__version__, seq=seq)
+                component_version=plan.component_version, applied_at=now(), applier_version=__version__, seq=seq,
+                fuzz=fuzz)
             seq += 1
         journal.execute(store, ops, new_state,
                         f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
@@ -226,7 +227,7 @@ def reverse_in_place(rec: AppliedPatch, f: AppliedFile, current: bytes | None,
     if not file_patches:
         return None, None
     try:
-        plan = diffengine.plan_file(file_patches[0], current, reverse=True)
+        plan = diffengine.plan_file(file_patches[0], current, reverse=True, fuzz=rec.fuzz)
     except HunkConflict:
         return None, None
     # Reversing reports APPLIED for a hunk whose original text is already there.

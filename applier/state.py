@@ -40,6 +40,7 @@ class AppliedPatch:
     applied_at: str
     applier_version: str = ""
     seq: int = 0                    # application order: a later patch on the same file sits on top
+    fuzz: int = 0                   # the fuzz it was applied with: status and revert must look with the same
 
     @classmethod
     def from_json(cls, data: dict) -> "AppliedPatch":

@@ -99,7 +99,7 @@ def classify_recorded(record: AppliedPatch, f, current: bytes | None, patch: Pat
         fps = [fp for fp in load_file_patches(patch, patch.variant(record.variant)) if fp.path == f.relpath]
     except ApplierError:
         return None
-    return diffengine.classify_file(fps[0], current) if fps else None
+    return diffengine.classify_file(fps[0], current, fuzz=record.fuzz) if fps else None
 
 
 def unrecorded_status(target: Target, patch: Patch) -> PatchStatus:
