@@ -256,3 +256,21 @@ def test_permission_denied_changes_nothing(setup):
         assert tree_bytes(comfy) == before   # execution.py (written first) was rolled back
     finally:
         subprocess.run(["chattr", "-i", str(target_file)])
+
+
+def test_fuzz_is_used_only_when_asked_and_remembered_for_revert(tmp_path):
+    comfy = make_comfy(tmp_path)
+    catalog = tmp_path / "catalog"
+    # the diff's leading context line differs from the file: it only fits when one context line may be ignored
+    write_patch(catalog, "comfyui/maxres", [("all", ">=0", MAXRES_DIFF.replace("@@\n \n-MAX", "@@\n #ctx\n-MAX"))])
+    before = tree_bytes(comfy)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog))
+    assert proc.returncode == 3 and tree_bytes(comfy) == before
+    code, out = cli_json("apply", "--target", str(comfy), "--patches", str(catalog), "--fuzz", "1")
+    assert code == 0, out
+    assert out["patches"][0]["files"][0]["hunks"][0]["fuzz"] == 1
+    code, out = cli_json("status", "--target", str(comfy), "--patches", str(catalog))
+    assert out["patches"][0]["state"] == "applied"
+    (comfy / "nodes.py").write_text((comfy / "nodes.py").read_text() + "# edit\n")
+    run_cli("revert", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert "MAX_RESOLUTION=16384" in (comfy / "nodes.py").read_text()
