@@ -1,0 +1,169 @@
+"""Block-stack and FP8 GEMM benchmark on a GPU; writes JSON (GPU, versions, date) under --out.
+
+1. A stack of Flux-shaped blocks (hidden 3072, 24 heads, MLP 4x, 4096 image + 512 text tokens, bf16, random
+   weights; fixtures from tests/overlays/blocks.py that follow ComfyUI's math): stock eager, overlays without FP8,
+   overlays with FP8 linears. Median time over repeats (CUDA events), speedups, peak memory above the weights
+   (torch.cuda.max_memory_allocated minus what was allocated before the call), and output error vs stock.
+2. One Linear at M=16384 K=3072 N=12288: bf16 GEMM vs FP8 (_scaled_mm) with the weights pre-quantised, with and
+   without the dynamic activation quantisation (op 5), and with eager quantisation for comparison.
+
+    PYTHONPATH=overlays:. python benchmarks/blocks.py --out benchmarks/results
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import importlib.util  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_fp8_gates import environment  # noqa: E402
+
+
+def _load_fixtures():
+    """tests/overlays/blocks.py under its own name (this script is `blocks` too)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "overlays" / "blocks.py"
+    spec = importlib.util.spec_from_file_location("fused_dit_block_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fixtures = _load_fixtures()
+
+NO_FP8 = ("norm_rope", "adaln", "gate")
+WITH_FP8 = NO_FP8 + ("fp8_linear",)
+
+
+def time_ms(fn, warmup=3, repeats=10) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def peak_above_start_mib(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def block_stack(depth: int, depth_single: int, img_len: int, txt_len: int) -> dict:
+    import fused_dit
+
+    model, inputs = fixtures.make_flux_stack(hidden=3072, heads=24, depth=depth, depth_single=depth_single,
+                                             batch=1, img_len=img_len, txt_len=txt_len, dtype=torch.bfloat16,
+                                             device="cuda", seed=0)
+    weights_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+
+    def call():
+        with torch.no_grad():
+            return model(**{k: v.clone() for k, v in inputs.items()})
+
+    stock_out = call().float()
+    variants = {}
+    for name, ops in (("stock", None), ("overlays_no_fp8", NO_FP8), ("overlays_fp8", WITH_FP8)):
+        report = fused_dit.enable(model, ops=ops) if ops else None
+        try:
+            out = call().float()               # also quantises and caches the FP8 weights once
+            variants[name] = {
+                "ms": time_ms(call),
+                "peak_above_start_mib": peak_above_start_mib(call),
+                "relative_frobenius_error_vs_stock": float((out - stock_out).norm() / stock_out.norm()),
+                "max_abs_diff_vs_stock": float((out - stock_out).abs().max()),
+                "enable_report": report,
+            }
+        finally:
+            fused_dit.disable(model, drop_fp8_weights=True)
+    fp8_weight_mib = sum(m.weight.numel() for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear) and "mod" not in n) / 2**20
+    stock_ms = variants["stock"]["ms"]
+    for v in variants.values():
+        v["speedup_vs_stock"] = stock_ms / v["ms"]
+    return {"shape": {"hidden": 3072, "heads": 24, "double_blocks": depth, "single_blocks": depth_single,
+                      "img_tokens": img_len, "txt_tokens": txt_len, "batch": 1, "dtype": "bfloat16"},
+            "weights_mib": weights_mib,
+            "fp8_weight_copies_mib": fp8_weight_mib,
+            "note": "peak_above_start excludes weights; FP8 weight copies (1 byte/param of the block Linears) "
+                    "are created before the timed calls and held in addition to the bf16 weights",
+            "variants": variants}
+
+
+def gemm(m=16384, k=3072, n=12288) -> dict:
+    from fused_dit.ops import fp8_linear as fl
+    from fused_dit.ops import quantize_fp8 as qf
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, generator=g, device="cuda").bfloat16()
+    w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).bfloat16()
+    b = (0.02 * torch.randn(n, generator=g, device="cuda")).bfloat16()
+    w_codes, w_scale = fl.quantize_weight_fp8(w)
+    weight = fl.Fp8Weight(w_codes, w_scale, static_input=False, input_scale=None, source_key=())
+    a_codes, a_scale = qf.quantize_fp8_dynamic(x)
+    flops = 2 * m * k * n
+
+    def eager_quant_linear():
+        codes, scale = qf.quantize_fp8_dynamic_reference(x)
+        return fl.matmul_fp8(codes, scale, w_codes, w_scale, b, torch.bfloat16)
+
+    timings = {
+        "bf16_linear": time_ms(lambda: F.linear(x, w, b)),
+        "fp8_prequantised_gemm": time_ms(lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b,
+                                                               torch.bfloat16)),
+        "fp8_linear_with_triton_quant": time_ms(lambda: fl.linear_fp8(x, weight, b)),
+        "fp8_linear_with_eager_quant": time_ms(eager_quant_linear),
+        "triton_dynamic_quant_only": time_ms(lambda: qf.quantize_fp8_dynamic(x)),
+        "eager_dynamic_quant_only": time_ms(lambda: qf.quantize_fp8_dynamic_reference(x)),
+    }
+    result = {"shape_MKN": [m, k, n], "ms": timings,
+              "tflops": {name: flops / (ms * 1e-3) / 1e12 for name, ms in timings.items() if "only" not in name},
+              "quant_gb_per_s": {name: x.numel() * 3 / (ms * 1e-3) / 1e9 for name, ms in timings.items()
+                                 if "only" in name}}
+    result["speedup_fp8_incl_quant_vs_bf16"] = timings["bf16_linear"] / timings["fp8_linear_with_triton_quant"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--double", type=int, default=2)
+    parser.add_argument("--single", type=int, default=4)
+    parser.add_argument("--img-tokens", type=int, default=4096)
+    parser.add_argument("--txt-tokens", type=int, default=512)
+    args = parser.parse_args()
+    result = {"environment": environment(), "gemm": gemm(),
+              "block_stack": block_stack(args.double, args.single, args.img_tokens, args.txt_tokens)}
+    targets = {
+        "fp8_linear_incl_quant_ge_1.6x_bf16": result["gemm"]["speedup_fp8_incl_quant_vs_bf16"] >= 1.6,
+        "stack_no_fp8_ge_1.10x": result["block_stack"]["variants"]["overlays_no_fp8"]["speedup_vs_stock"] >= 1.10,
+        "stack_fp8_ge_1.30x": result["block_stack"]["variants"]["overlays_fp8"]["speedup_vs_stock"] >= 1.30,
+        "peak_memory_not_above_stock": all(
+            v["peak_above_start_mib"] <= result["block_stack"]["variants"]["stock"]["peak_above_start_mib"]
+            for v in result["block_stack"]["variants"].values()),
+    }
+    result["targets_met"] = targets
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "blocks.json").write_text(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

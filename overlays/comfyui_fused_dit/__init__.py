@@ -1,0 +1,85 @@
+"""ComfyUI custom node "FusedDiTOps": MODEL -> MODEL with the fused_dit overlays installed for sampling.
+
+The node clones the ModelPatcher and adds an APPLY_MODEL wrapper (the hook ComfyUI's own torch.compile helper
+uses) that swaps the overlay forwards into the diffusion model before each model call and restores the stock
+forwards in `finally`, so the original MODEL output, other branches of the graph and other models are untouched.
+FP8 weight copies persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the
+patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
+anything else raises a clear error when the node runs.
+
+ComfyUI is imported lazily inside the node so the package imports without it (tests use fakes).
+"""
+from __future__ import annotations
+
+WRAPPER_KEY = "fused_dit"
+# the values of comfy.patcher_extension.WrappersMP.APPLY_MODEL and CallbacksMP.ON_CLEANUP, used when ComfyUI's
+# module is not importable (tests); in ComfyUI the constants are read from the module itself
+_APPLY_MODEL = "apply_model"
+_ON_CLEANUP = "on_cleanup"
+
+
+def _hook_names() -> tuple[str, str]:
+    try:
+        from comfy.patcher_extension import CallbacksMP, WrappersMP
+    except ImportError:
+        return _APPLY_MODEL, _ON_CLEANUP
+    return WrappersMP.APPLY_MODEL, CallbacksMP.ON_CLEANUP
+
+
+def make_apply_model_wrapper(ops: tuple[str, ...]):
+    import fused_dit
+
+    def fused_dit_apply_model(executor, *args, **kwargs):
+        diffusion_model = executor.class_obj.diffusion_model
+        fused_dit.enable(diffusion_model, ops=ops)
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            fused_dit.disable(diffusion_model)
+    return fused_dit_apply_model
+
+
+def _drop_fp8_weights(patcher) -> None:
+    import fused_dit
+    fused_dit.disable(patcher.model.diffusion_model, drop_fp8_weights=True)
+
+
+class FusedDiTOps:
+    CATEGORY = "advanced/model"
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    DESCRIPTION = ("Fused Triton kernels for Flux and Wan blocks: QK RMSNorm+RoPE, AdaLN, gated residual, and "
+                   "optionally FP8 linear layers (sm_89+). Falls back to stock math where a kernel cannot run.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("MODEL",),
+            "norm_rope": ("BOOLEAN", {"default": True, "tooltip": "fused QK RMSNorm + RoPE"}),
+            "adaln": ("BOOLEAN", {"default": True, "tooltip": "fused LayerNorm + shift/scale modulation"}),
+            "gate": ("BOOLEAN", {"default": True, "tooltip": "fused gated residual add"}),
+            "fp8_linear": ("BOOLEAN", {"default": False,
+                                       "tooltip": "FP8 GEMMs for the blocks' Linear layers (sm_89+; lossy)"}),
+        }}
+
+    def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False):
+        import fused_dit
+        from fused_dit.integration import supported_blocks
+
+        # raises UnsupportedModelError (a ValueError) with the model's class name for anything but Flux / Wan
+        supported_blocks(model.model.diffusion_model)
+        flags = {"norm_rope": norm_rope, "adaln": adaln, "gate": gate, "fp8_linear": fp8_linear}
+        ops = tuple(name for name in fused_dit.OP_FAMILIES if flags[name])
+        apply_model, on_cleanup = _hook_names()
+        patched = model.clone()
+        patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
+        if ops:
+            patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(ops))
+        if fp8_linear and hasattr(patched, "add_callback_with_key"):
+            patched.remove_callbacks_with_key(on_cleanup, WRAPPER_KEY)
+            patched.add_callback_with_key(on_cleanup, WRAPPER_KEY, _drop_fp8_weights)
+        return (patched,)
+
+
+NODE_CLASS_MAPPINGS = {"FusedDiTOps": FusedDiTOps}
+NODE_DISPLAY_NAME_MAPPINGS = {"FusedDiTOps": "Fused DiT Ops (Triton)"}

@@ -1,0 +1,141 @@
+"""Swapping overlay forwards into a diffusion model and restoring them.
+
+A block is recognised by its class name (ComfyUI's `DoubleStreamBlock`, `SingleStreamBlock`, `WanAttentionBlock`,
+or a subclass that keeps their forward) and by its forward's parameter names, so a ComfyUI release that changes a
+block's signature leaves that block stock (logged) instead of running mismatched math. Overlay forwards are set as
+per-instance `forward` attributes: the classes and module-level functions of ComfyUI are never modified, so other
+models in the same process are unaffected, and `disable` restores exactly what was there before.
+
+Helpers the overlay forwards need from the model's own code (`attention`, `optimized_attention`, `repeat_e`) are
+looked up in the module that defines the block class, so the overlay calls the same attention backend ComfyUI
+selected (and test fixtures can supply their own).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import sys
+
+import torch
+
+from ..ops.fp8_linear import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward,
+                              is_gelu_tanh_ffn, is_linear, stock_forward_of)
+
+log = logging.getLogger("fused_dit")
+
+OP_FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
+OVERLAY_MARK = "_fused_dit_overlay"
+
+
+class UnsupportedModelError(ValueError):
+    """The model has no block the overlays know (only ComfyUI's Flux and Wan are supported)."""
+
+
+def install_forward(module: torch.nn.Module, overlay_forward) -> None:
+    """Set `module.forward` to `overlay_forward(stock_forward, *args, **kwargs)`; idempotent."""
+    if OVERLAY_MARK in module.__dict__:
+        return
+    module.__dict__[SAVED_FORWARD_ATTR] = module.__dict__.get("forward")
+    stock = stock_forward_of(module)
+    module.__dict__["forward"] = functools.partial(overlay_forward, stock)
+    module.__dict__[OVERLAY_MARK] = True
+
+
+def restore_forward(module: torch.nn.Module) -> bool:
+    if OVERLAY_MARK not in module.__dict__:
+        return False
+    saved = module.__dict__.pop(SAVED_FORWARD_ATTR, None)
+    del module.__dict__[OVERLAY_MARK]
+    if saved is None:
+        module.__dict__.pop("forward", None)
+    else:
+        module.__dict__["forward"] = saved
+    return True
+
+
+def defining_module_global(block: torch.nn.Module, class_name: str, name: str):
+    """A global of the module that defines `class_name` (walked up block's MRO), e.g. ComfyUI's `attention`."""
+    for cls in type(block).__mro__:
+        if cls.__name__ == class_name:
+            # the class's forward sees its module's globals even when the module is not in sys.modules
+            namespace = getattr(cls.forward, "__globals__", None) or vars(sys.modules[cls.__module__])
+            return namespace[name]
+    raise LookupError(f"{type(block).__name__} has no base class {class_name}")
+
+
+def forward_matches(block: torch.nn.Module, class_name: str, expected_parameters: tuple[str, ...]) -> str | None:
+    """None when the block's forward is the one the overlay was written for, else the reason it is not."""
+    defining = next((c for c in type(block).__mro__ if c.__name__ == class_name), None)
+    if defining is None:
+        return f"{type(block).__name__} is not a {class_name}"
+    if type(block).forward is not defining.forward:
+        return f"{type(block).__name__} overrides {class_name}.forward"
+    names = tuple(inspect.signature(defining.forward).parameters)[1:]
+    if names != expected_parameters:
+        return f"{class_name}.forward takes {names}; the overlay was written for {expected_parameters}"
+    return None
+
+
+def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> int:
+    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock."""
+    count = 0
+    handled: set[int] = set()
+    for name, module in block.named_modules():
+        if any(name == p or name.startswith(p + ".") for p in skip_prefixes) or id(module) in handled:
+            continue
+        if is_gelu_tanh_ffn(module):
+            handled.update({id(module[0]), id(module[2])})
+            install_forward(module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock))
+            count += 2
+        elif is_linear(module):
+            install_forward(module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock))
+            count += 1
+    return count
+
+
+def _block_installers():
+    from . import flux, wan
+    return {**flux.INSTALLERS, **wan.INSTALLERS}
+
+
+def supported_blocks(model: torch.nn.Module) -> int:
+    """How many blocks of `model` the overlays know; raises UnsupportedModelError when none."""
+    names = tuple(_block_installers())
+    count = sum(1 for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__))
+    if not count:
+        raise UnsupportedModelError(
+            f"fused_dit supports ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel) "
+            f"diffusion models; {type(model).__module__}.{type(model).__name__} has none of their blocks "
+            f"({', '.join(names)})")
+    return count
+
+
+def enable(model: torch.nn.Module, ops=OP_FAMILIES) -> dict:
+    """Install the overlays on every supported block of `model`; returns what was patched and what was skipped."""
+    ops = frozenset(ops)
+    unknown = ops - set(OP_FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown op families {sorted(unknown)}; known: {', '.join(OP_FAMILIES)}")
+    supported_blocks(model)
+    installers = _block_installers()
+    report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
+    for module in model.modules():
+        for class_name, installer in installers.items():
+            if any(c.__name__ == class_name for c in type(module).__mro__):
+                reason = installer(module, ops, report)
+                if reason:
+                    report["skipped"].append(f"{type(module).__name__}: {reason}")
+                    log.info("fused_dit: %s left stock (%s)", type(module).__name__, reason)
+                break
+    return report
+
+
+def disable(model: torch.nn.Module, drop_fp8_weights: bool = False) -> int:
+    """Restore every forward the overlays replaced; returns how many. FP8 weight copies are kept unless asked."""
+    restored = 0
+    for module in model.modules():
+        restored += restore_forward(module)
+        if drop_fp8_weights:
+            drop_fp8_cache(module)
+    return restored

@@ -1,0 +1,193 @@
+"""Op 6: FP8 linear layers through torch._scaled_mm, a drop-in forward for ComfyUI's Linear modules.
+
+Two weight sources:
+- bf16/fp16 weights: quantised once to e4m3 with a per-tensor scale (absmax/448, op 5) and cached on the module,
+  keyed by the weight tensor's identity, storage, device and version counter, so a ModelPatcher that swaps or
+  edits a weight (LoRA baking, offload/reload) gets a fresh quantisation. Activations use op 5's dynamic
+  per-tensor scale. (Row-wise scales are not offered: _scaled_mm's row-wise mode needs row-wise activation scales
+  as well, which op 5 does not produce.)
+- float8_e4m3fn weights (ComfyUI's fp8 checkpoints, `scale_weight`/`scale_input` attributes): the module's own
+  codes and scales, with ComfyUI's static activation semantics (unit or static scale, in-place clamp): the same
+  _scaled_mm call as ComfyUI's fp8_linear, with the input quantisation fused into one kernel.
+
+ComfyUI's `weight_function` / `bias_function` (LoRA patches applied on the fly, low-VRAM casts): when either list is
+non-empty the FP8 forward DECLINES and the module's stock forward runs, so those functions keep their exact
+semantics; the reason is logged once. Also declined: training mode, inputs that are not bf16/fp16, K or N not
+divisible by 16, a weight on another device than the input (low-VRAM offload).
+
+GEMM constraints (FACTS.md): 2-D operands, first row-major, second column-major (`W8.t()`), fp32 scales, bias in
+the output dtype, sm_89+. Below sm_89 or on CPU the FP8 forward declines too (dispatch logs the reason); the
+function `linear_fp8` itself then emulates the GEMM in fp32 from the dequantised codes, which CPU tests use to
+check the quantisation and reshaping logic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import dispatch
+from .quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY, quantize_fp8_comfy, quantize_fp8_dynamic
+
+OP = "fp8_linear"
+_CACHE_ATTR = "_fused_dit_fp8_weight"
+SUPPORTED_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Fp8Weight:
+    codes: torch.Tensor          # [N, K] float8_e4m3fn, row-major; the GEMM reads codes.t() (column-major)
+    scale: torch.Tensor          # fp32 0-dim
+    static_input: bool           # True: ComfyUI fp8 module (static/unit input scale); False: dynamic activations
+    input_scale: torch.Tensor | None
+    source_key: tuple
+
+
+def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor e4m3 codes [N, K] and fp32 0-dim scale for a bf16/fp16/fp32 weight."""
+    codes, scale = quantize_fp8_dynamic(weight.detach())
+    return codes.contiguous(), scale
+
+
+def matmul_fp8(a_codes: torch.Tensor, a_scale: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
+               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """out[M, N] = (a_codes*a_scale) @ (w_codes*w_scale).T + bias, a_codes [M, K] and w_codes [N, K] in e4m3."""
+    choice = dispatch.choose("fp8_scaled_mm", a_codes, min_capability=FP8_MIN_CAPABILITY)
+    if choice.triton and out_dtype in SUPPORTED_ACTIVATION_DTYPES:
+        out = torch._scaled_mm(a_codes, w_codes.t(), scale_a=a_scale.float(), scale_b=w_scale.float(),
+                               bias=None if bias is None else bias.to(out_dtype), out_dtype=out_dtype)
+        return out[0] if isinstance(out, tuple) else out
+    # emulation for CPUs and older GPUs: the same codes and scales, fp32 accumulation
+    a = a_codes.float() * a_scale.float()
+    w = w_codes.float() * w_scale.float()
+    out = a @ w.t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def linear_fp8(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None,
+               clamp_input_in_place: bool = True) -> torch.Tensor:
+    """F.linear with FP8 operands: x [..., K] -> [..., N] in x's dtype."""
+    k = x.shape[-1]
+    x2d = x.reshape(-1, k)
+    if weight.static_input:
+        a_codes = quantize_fp8_comfy(x2d, weight.input_scale, clamp_input_in_place=clamp_input_in_place)
+        a_scale = (weight.input_scale if weight.input_scale is not None
+                   else torch.ones((), device=x.device, dtype=torch.float32))
+    else:
+        a_codes, a_scale = quantize_fp8_dynamic(x2d)
+    out = matmul_fp8(a_codes.reshape(-1, k), a_scale.to(x.device), weight.codes, weight.scale, bias, x.dtype)
+    return out.reshape(*x.shape[:-1], weight.codes.shape[0])
+
+
+def decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """Why this module's FP8 forward must not run for input x (None: it may)."""
+    if getattr(module, "weight_function", None) or getattr(module, "bias_function", None):
+        return "ComfyUI weight_function/bias_function present (LoRA or low-VRAM cast): stock forward keeps them"
+    if module.training:
+        return "module in training mode"
+    if x.dtype not in SUPPORTED_ACTIVATION_DTYPES:
+        return f"input dtype {x.dtype} (FP8 GEMM output needs bf16/fp16)"
+    weight = module.weight
+    if weight.device != x.device:
+        return f"weight on {weight.device}, input on {x.device} (offloaded weights: stock forward casts them)"
+    n, k = weight.shape
+    if k % 16 or n % 16:
+        return f"weight shape {tuple(weight.shape)} not divisible by 16 (torch._scaled_mm)"
+    if weight.dtype != FP8_DTYPE and weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"weight dtype {weight.dtype}"
+    choice = dispatch.choose(OP, x, min_capability=FP8_MIN_CAPABILITY)
+    if not choice.triton:
+        return choice.reason
+    return None
+
+
+def fp8_weight_of(module: torch.nn.Module) -> Fp8Weight:
+    """The module's FP8 weight, quantised on first use and re-quantised when the weight tensor changes."""
+    weight = module.weight
+    key = (id(weight), weight.data_ptr(), weight.device, weight._version, weight.dtype)
+    cached = module.__dict__.get(_CACHE_ATTR)
+    if cached is not None and cached.source_key == key:
+        return cached
+    if weight.dtype == FP8_DTYPE:
+        scale_weight = getattr(module, "scale_weight", None)
+        scale_input = getattr(module, "scale_input", None)
+        fresh = Fp8Weight(
+            codes=weight.detach(),
+            scale=(torch.ones((), device=weight.device, dtype=torch.float32) if scale_weight is None
+                   else scale_weight.detach().to(weight.device, torch.float32)),
+            static_input=True,
+            input_scale=None if scale_input is None else scale_input.detach().to(weight.device, torch.float32),
+            source_key=key)
+    else:
+        codes, scale = quantize_weight_fp8(weight)
+        fresh = Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=key)
+    module.__dict__[_CACHE_ATTR] = fresh
+    return fresh
+
+
+def drop_fp8_cache(module: torch.nn.Module) -> None:
+    module.__dict__.pop(_CACHE_ATTR, None)
+
+
+def module_bias(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    bias = getattr(module, "bias", None)
+    return None if bias is None else bias.to(device=x.device, dtype=x.dtype)
+
+
+def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) -> torch.Tensor:
+    """Forward for a Linear module: the FP8 path when it may run, else `stock_forward(x)`."""
+    reason = decline_reason(module, x)
+    if reason is not None:
+        dispatch.say_once(OP, "stock forward", reason)
+        return stock_forward(x)
+    return linear_fp8(x, fp8_weight_of(module), module_bias(module, x))
+
+
+def is_linear(module: torch.nn.Module) -> bool:
+    """A torch Linear or anything shaped like one (ComfyUI's ops.*.Linear subclass torch.nn.Linear)."""
+    return isinstance(module, torch.nn.Linear)
+
+
+def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) -> torch.Tensor:
+    """Linear -> GELU(tanh) -> Linear with FP8 GEMMs and op 7 (GELU fused into the second GEMM's quantisation)."""
+    from .gelu_quantize_fp8 import gelu_quantize_fp8_comfy, gelu_quantize_fp8_dynamic
+
+    fc_in, _, fc_out = ffn[0], ffn[1], ffn[2]
+    reason_in = decline_reason(fc_in, x)
+    if reason_in is not None:
+        dispatch.say_once(OP, "stock forward", reason_in)
+    hidden = stock_forward_of(fc_in)(x) if reason_in else linear_fp8(x, fp8_weight_of(fc_in), module_bias(fc_in, x))
+    reason_out = decline_reason(fc_out, hidden)
+    if reason_out is not None:
+        dispatch.say_once(OP, "stock forward", reason_out)
+        return stock_forward_of(fc_out)(F.gelu(hidden, approximate="tanh"))
+    weight = fp8_weight_of(fc_out)
+    k = hidden.shape[-1]
+    h2d = hidden.reshape(-1, k)
+    if weight.static_input:
+        a_codes = gelu_quantize_fp8_comfy(h2d, weight.input_scale)
+        a_scale = (weight.input_scale if weight.input_scale is not None
+                   else torch.ones((), device=x.device, dtype=torch.float32))
+    else:
+        a_codes, a_scale = gelu_quantize_fp8_dynamic(h2d)
+    out = matmul_fp8(a_codes, a_scale, weight.codes, weight.scale, module_bias(fc_out, hidden), hidden.dtype)
+    return out.reshape(*hidden.shape[:-1], weight.codes.shape[0])
+
+
+def is_gelu_tanh_ffn(module: torch.nn.Module) -> bool:
+    return (isinstance(module, torch.nn.Sequential) and len(module) == 3 and is_linear(module[0])
+            and isinstance(module[1], torch.nn.GELU) and module[1].approximate == "tanh" and is_linear(module[2]))
+
+
+SAVED_FORWARD_ATTR = "_fused_dit_saved_forward"
+
+
+def stock_forward_of(module: torch.nn.Module):
+    """The forward the module had before the overlay replaced it (an earlier instance forward, or its class's)."""
+    if SAVED_FORWARD_ATTR in module.__dict__:
+        saved = module.__dict__[SAVED_FORWARD_ATTR]
+        return saved if saved is not None else type(module).forward.__get__(module)
+    return module.forward

@@ -1,0 +1,136 @@
+"""Op 7: GELU (tanh approximation) fused into the FFN's activation quantisation.
+
+Replaces `GELU(tanh)(h)` followed by op 5 in `Linear -> GELU(tanh) -> Linear`. The GELU value is computed in fp32
+with the formula torch's CUDA kernel uses (0.5*h*(1 + tanh(sqrt(2/pi)*(h + 0.044715*h^3)))), rounded to h's dtype
+(the tensor eager would hand to the next Linear), then quantised exactly as op 5 does. Dynamic mode reads h twice
+(absmax pass, quantise pass, GELU recomputed) and writes one byte per element; eager reads/writes ~9 bytes.
+
+Parity: codes equal the eager chain `quantize(F.gelu(h, approximate="tanh"))` except where the kernel's tanh and
+torch's tanhf round differently in the last bit and that flips the bf16 rounding: the GPU gate reports the
+mismatching fraction (expected well below 0.1%, each off by one code). Under the CPU interpreter libdevice is not
+available and tanh is computed from exp, so CPU tests compare through an fp32 tolerance.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import dispatch
+from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, FP8_MIN_CAPABILITY, _BLOCK, _new_output,
+                           quantize_fp8_comfy_reference, quantize_fp8_dynamic_reference)
+
+
+def gelu_quantize_fp8_dynamic_reference(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_fp8_dynamic_reference(F.gelu(h, approximate="tanh"))
+
+
+def gelu_quantize_fp8_comfy_reference(h: torch.Tensor, scale_input: torch.Tensor | None = None) -> torch.Tensor:
+    # the GELU output is a temporary, so ComfyUI's in-place clamp has no observer here
+    return quantize_fp8_comfy_reference(F.gelu(h, approximate="tanh"), scale_input, clamp_input_in_place=False)
+
+
+def gelu_quantize_fp8_dynamic(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes of GELU_tanh(h) with h's shape, fp32 0-dim scale); per-tensor dynamic scale as op 5."""
+    choice = dispatch.choose("gelu_quantize_fp8_dynamic", h, min_capability=FP8_MIN_CAPABILITY)
+    if not choice.triton:
+        return gelu_quantize_fp8_dynamic_reference(h)
+    return gelu_quantize_dynamic_triton(h)
+
+
+def gelu_quantize_fp8_comfy(h: torch.Tensor, scale_input: torch.Tensor | None = None) -> torch.Tensor:
+    """Codes of GELU_tanh(h) under ComfyUI's static input scale (unit scale when None)."""
+    choice = dispatch.choose("gelu_quantize_fp8_comfy", h, min_capability=FP8_MIN_CAPABILITY)
+    if not choice.triton:
+        return gelu_quantize_fp8_comfy_reference(h, scale_input)
+    return gelu_quantize_comfy_triton(h, scale_input)
+
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # dispatch reports why; the references still work
+    triton = None
+
+if triton is not None:
+    try:
+        from triton.language.extra import libdevice
+    except Exception:  # older layouts; the exp-based tanh is used then
+        libdevice = None
+
+    @triton.jit
+    def _gelu_tanh(h, LIBDEVICE_TANH: tl.constexpr):
+        hf = h.to(tl.float32)
+        inner = 0.7978845608028654 * (hf + 0.044715 * (hf * hf * hf))
+        if LIBDEVICE_TANH:
+            t = libdevice.tanh(inner)
+        else:
+            # tanh(z) = 1 - 2 / (exp(2z) + 1); exact enough for the interpreter's fp32 tolerance tests
+            t = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+        # rounded to h's dtype, as eager hands the GELU output to the next Linear
+        return (0.5 * hf * (1.0 + t)).to(h.dtype).to(tl.float32)
+
+    @triton.jit
+    def _gelu_absmax_kernel(h_ptr, absmax_ptr, n, LIBDEVICE_TANH: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        h = tl.load(h_ptr + offs, mask=offs < n, other=0.0)
+        g = _gelu_tanh(h, LIBDEVICE_TANH)
+        tl.atomic_max(absmax_ptr, tl.max(tl.abs(g), axis=0))
+
+    @triton.jit
+    def _gelu_quantize_kernel(h_ptr, out_ptr, absmax_ptr, scale_ptr, reciprocal_ptr, n, floor, fmax,
+                              DYNAMIC: tl.constexpr, HAS_SCALE: tl.constexpr, LIBDEVICE_TANH: tl.constexpr,
+                              OUT_FP8: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+        g = _gelu_tanh(h, LIBDEVICE_TANH)
+        if DYNAMIC:
+            scale = tl.div_rn(tl.maximum(tl.load(absmax_ptr), floor), fmax)
+            if pid == 0:
+                tl.store(scale_ptr, scale)
+            v = tl.minimum(tl.maximum(tl.div_rn(g, scale), -fmax), fmax)
+        elif HAS_SCALE:
+            v = (g * tl.load(reciprocal_ptr).to(tl.float32)).to(h.dtype).to(tl.float32)
+        else:
+            v = tl.minimum(tl.maximum(g, -fmax), fmax)
+        if OUT_FP8:
+            tl.store(out_ptr + offs, v.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+        else:
+            tl.store(out_ptr + offs, v, mask=mask)
+
+
+def _libdevice_tanh(device: torch.device) -> bool:
+    return device.type == "cuda" and not dispatch.interpreting() and libdevice is not None
+
+
+def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = h.detach().contiguous().view(-1)
+    n = flat.numel()
+    absmax = torch.zeros(1, device=h.device, dtype=torch.float32)
+    scale = torch.empty((), device=h.device, dtype=torch.float32)
+    out, written = _new_output(n, h, out_fp32)
+    blocks = max(triton.cdiv(n, _BLOCK), 1)
+    use_libdevice = _libdevice_tanh(h.device)
+    _gelu_absmax_kernel[(blocks,)](flat, absmax, n, LIBDEVICE_TANH=use_libdevice, BLOCK=_BLOCK)
+    _gelu_quantize_kernel[(blocks,)](flat, written, absmax, scale, absmax, n, ABSMAX_FLOOR, E4M3_MAX,
+                                     DYNAMIC=True, HAS_SCALE=False, LIBDEVICE_TANH=use_libdevice,
+                                     OUT_FP8=not out_fp32, BLOCK=_BLOCK)
+    return out.view(h.shape), scale
+
+
+def gelu_quantize_comfy_triton(h: torch.Tensor, scale_input: torch.Tensor | None = None,
+                               out_fp32: bool = False) -> torch.Tensor:
+    flat = h.detach().contiguous().view(-1)
+    n = flat.numel()
+    out, written = _new_output(n, h, out_fp32)
+    if scale_input is None:
+        reciprocal = torch.ones(1, device=h.device, dtype=h.dtype)   # not read by the kernel
+    else:
+        reciprocal = (1.0 / scale_input.to(h.device)).to(h.dtype).reshape(1)
+    if n:
+        _gelu_quantize_kernel[(triton.cdiv(n, _BLOCK),)](
+            flat, written, reciprocal, reciprocal, reciprocal, n, ABSMAX_FLOOR, E4M3_MAX,
+            DYNAMIC=False, HAS_SCALE=scale_input is not None, LIBDEVICE_TANH=_libdevice_tanh(h.device),
+            OUT_FP8=not out_fp32, BLOCK=_BLOCK)
+    return out.view(h.shape)

@@ -1,0 +1,82 @@
+"""Block-level A/B: the fixtures' stock forwards (ComfyUI's math) against the same blocks with overlays enabled.
+
+Small fp32 shapes on CPU (kernels through TRITON_INTERPRET=1). fp32 gate: 1e-5 relative to the output's scale.
+FP8 linears decline on CPU (logged), so with `fp8_linear` enabled the result must still match stock.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import blocks
+import fused_dit
+
+ALL_OPS = ("norm_rope", "adaln", "gate", "fp8_linear")
+MAKERS = {"flux": blocks.make_flux_stack, "wan": blocks.make_wan_stack}
+
+
+def relative_error(actual, expected):
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+@pytest.mark.parametrize("family", ["norm_rope", "adaln", "gate", ALL_OPS], ids=str)
+@pytest.mark.parametrize("model_name", sorted(MAKERS))
+def test_overlays_match_stock_block_math_in_fp32(model_name, family, seed):
+    model, inputs = MAKERS[model_name](seed=seed % 1000)
+    stock = blocks.run(model, inputs)
+    overlaid = blocks.run(model, inputs, ops=(family,) if isinstance(family, str) else family)
+    assert relative_error(overlaid, stock) <= 1e-5
+
+
+def test_flipped_flux_double_block_slices_rope_per_stream():
+    model, inputs = blocks.make_flux_stack(depth_single=0)
+    model.double_blocks[0].flipped_img_txt = True
+    stock = blocks.run(model, inputs)
+    assert relative_error(blocks.run(model, inputs, ops=("norm_rope",)), stock) <= 1e-5
+
+
+def test_batch_of_two_keeps_samples_apart():
+    model, inputs = blocks.make_wan_stack(batch=2)
+    both = blocks.run(model, inputs, ops=ALL_OPS)
+    first = blocks.run(model, {k: (v[:1] if k != "freqs" else v) for k, v in inputs.items()}, ops=ALL_OPS)
+    assert relative_error(both[:1], first) <= 1e-5
+
+
+def test_disable_restores_stock_forwards_exactly():
+    model, _ = blocks.make_flux_stack()
+    before = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
+    report = fused_dit.enable(model, ops=ALL_OPS)
+    assert report["blocks"] == 2 and report["fp8_linears"] > 0
+    assert "forward" in model.double_blocks[0].__dict__
+    restored = fused_dit.disable(model)
+    assert restored == 2 + report["fp8_linears"] - 2   # each FFN counts two linears, one forward
+    assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == before
+
+
+def test_enable_twice_installs_once():
+    model, inputs = blocks.make_wan_stack()
+    fused_dit.enable(model, ops=("adaln",))
+    fused_dit.enable(model, ops=("adaln",))
+    assert fused_dit.disable(model) == 1
+
+
+def test_unsupported_model_is_refused_with_its_class_name():
+    with pytest.raises(fused_dit.UnsupportedModelError, match="Sequential"):
+        fused_dit.enable(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+def test_unknown_op_family_is_refused():
+    model, _ = blocks.make_wan_stack()
+    with pytest.raises(ValueError, match="unknown op families"):
+        fused_dit.enable(model, ops=("flash",))
+
+
+def test_block_with_changed_signature_is_left_stock():
+    class DoubleStreamBlock(blocks.DoubleStreamBlock):
+        def forward(self, img, txt, vec, pe, extra=None):   # a future ComfyUI signature
+            return super().forward(img, txt, vec, pe)
+
+    block = DoubleStreamBlock(64, 4)
+    report = fused_dit.enable(block, ops=("adaln",))
+    assert report["blocks"] == 0 and "the overlay was written for" in report["skipped"][0]
+    assert "forward" not in block.__dict__
