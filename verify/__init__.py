@@ -1,0 +1,192 @@
+"""The verification suite behind `applier verify`: run the registered checks against a target.
+
+Loaded by the applier as the package `applier_verify` (applier.resources.load_verify()). Entry points:
+
+    run_verify(VerifyOptions(...)) -> list[CheckResult]
+    overall_ok(results) -> bool            True iff no check FAILed (SKIP and WARN do not fail; SKIP is no PASS)
+    results_to_json(results, target) -> dict   the `applier verify --json` document (docs/verify-schema.json)
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from applier.catalog import Patch
+from applier.errors import RefusedError
+from applier.target import Target
+
+from .registry import REGISTRY, Check, CheckInstance, CheckResult, Outcome, check, overall_ok, selected, summarize
+from .runner import ProbeResult, run_probe
+
+__all__ = ["VerifyOptions", "VerifyContext", "run_verify", "plan_checks", "results_to_json", "overall_ok",
+           "summarize", "CheckResult", "Outcome", "check", "REGISTRY", "run_probe", "ProbeResult"]
+
+REPORT_FORMAT = 1
+DEFAULT_PROBE_TIMEOUT_S = 180.0
+# Triton's interpreter runs kernels in numpy, seconds per small launch: parity on CPU needs far longer.
+DEFAULT_KERNEL_TIMEOUT_S = 900.0
+
+
+@dataclass
+class VerifyOptions:
+    target: Target
+    catalog: list[Patch]
+    state: Any = None                    # applier.state.State; None reads as "nothing applied"
+    device: str = "auto"                 # "auto" | "cuda" | "cpu", passed to every probe
+    kernels: bool = False                # also run kernel parity (slow without a GPU)
+    real_import: bool = False            # import the target's ComfyUI in its interpreter (seconds, needs torch)
+    only: tuple[str, ...] = ()           # check names, families ("effect") or patch ids; empty: every check
+    timeout: float = DEFAULT_PROBE_TIMEOUT_S            # per probe
+    progress: Callable[[str], None] | None = None     # told each slow check's name before it runs
+    kernel_timeout: float = DEFAULT_KERNEL_TIMEOUT_S
+
+
+@dataclass
+class VerifyContext:
+    """What every check reads: the options plus lazily computed, shared facts (status, probe verdicts)."""
+    options: VerifyOptions
+    _probe_cache: dict[str, ProbeResult] = field(default_factory=dict)
+    _statuses: list | None = None
+    _max_resolution_patch: tuple[Patch | None, int | None] | None = None
+
+    @property
+    def target(self) -> Target:
+        return self.options.target
+
+    @property
+    def catalog(self) -> list[Patch]:
+        return self.options.catalog
+
+    @property
+    def applied(self) -> dict:
+        """patch id -> AppliedPatch, from the state."""
+        state = self.options.state
+        return dict(getattr(state, "applied", None) or {})
+
+    def patch(self, patch_id: str) -> Patch | None:
+        return next((p for p in self.catalog if p.id == patch_id), None)
+
+    def statuses(self) -> list:
+        """applier.status.compute_status for the whole catalog, computed once."""
+        if self._statuses is None:
+            from applier.state import State
+            from applier.status import compute_status   # imported late: only integrity needs it
+            state = self.options.state if self.options.state is not None else State()
+            self._statuses = list(compute_status(self.target, self.catalog, state))
+        return self._statuses
+
+    def max_resolution_patch(self) -> tuple[Patch | None, int | None]:
+        """The catalog patch whose diff sets MAX_RESOLUTION, and the value it sets (from the applied variant's diff
+        when applied); (None, None) when the catalog has none."""
+        if self._max_resolution_patch is None:
+            self._max_resolution_patch = (None, None)
+            for patch in self.catalog:
+                value = self._max_resolution_value(patch) if patch.component == "comfyui" else None
+                if value is not None:
+                    self._max_resolution_patch = (patch, value)
+                    break
+        return self._max_resolution_patch
+
+    def _max_resolution_value(self, patch: Patch) -> int | None:
+        applied = self.applied.get(patch.id)
+        # The applied variant's diff says what is in the tree; variants could in principle set different values.
+        variants = sorted(patch.variants, key=lambda v: applied is None or v.name != applied.variant)
+        return next((value for value in map(max_resolution_set_by, (v.diff_path for v in variants))
+                     if value is not None), None)
+
+    def probe_args(self, patch: Patch | None = None) -> dict:
+        """The arguments every probe gets (verify/README.md), with `expect` from the state for `patch`."""
+        expect: dict[str, Any] = {"applied": patch is not None and patch.id in self.applied}
+        mr_patch, mr_value = self.max_resolution_patch()
+        if patch is not None and mr_patch is not None and patch.id == mr_patch.id:
+            expect["max_resolution"] = mr_value
+        target = self.target
+        return {
+            "device": self.options.device,
+            "comfyui_root": str(target.comfyui_root) if target.comfyui_root else None,
+            "site_packages": str(target.site_packages) if target.site_packages else None,
+            "expect": expect,
+            "real_import": self.options.real_import,
+        }
+
+    def run_probe(self, probe: str, args: dict, *, timeout: float | None = None,
+                  env_extra: dict[str, str] | None = None) -> ProbeResult:
+        """Run a probe in the target's interpreter; the same probe with the same arguments runs once per verify."""
+        key = json.dumps([probe, args, env_extra or {}], sort_keys=True)
+        if key not in self._probe_cache:
+            self._probe_cache[key] = run_probe(self.target.python, probe, args,
+                                               self.options.timeout if timeout is None else timeout, env_extra)
+        return self._probe_cache[key]
+
+
+_MAX_RESOLUTION_ADDED = re.compile(rb"^\+\s*MAX_RESOLUTION\s*(?::\s*int\s*)?=\s*(\d+)\s*$", re.MULTILINE)
+
+
+def max_resolution_set_by(diff_path: Path) -> int | None:
+    """The value an added `MAX_RESOLUTION = N` line of a diff sets, None when the diff sets none."""
+    try:
+        data = diff_path.read_bytes()
+    except OSError:
+        return None
+    match = _MAX_RESOLUTION_ADDED.search(data.replace(b"\r\n", b"\n"))
+    return int(match.group(1)) if match else None
+
+
+def plan_checks(options: VerifyOptions, ctx: VerifyContext | None = None) -> list[CheckInstance]:
+    """The checks `run_verify` would run for these options, in order; RefusedError for an unknown --only name."""
+    from . import checks  # noqa: F401 - importing registers the checks
+
+    ctx = ctx or VerifyContext(options)
+    every: list[CheckInstance] = []
+    for registered in REGISTRY.values():
+        every.extend(_instances(registered, ctx))
+    known = {i.name for i in every} | {i.check.name for i in every} | {i.member for i in every if i.member}
+    unknown = [name for name in options.only if name not in known]
+    if unknown:
+        raise RefusedError(f"no check named {', '.join(map(repr, unknown))}",
+                           hint=f"checks: {', '.join(sorted(i.name for i in every))}")
+    plan = []
+    for instance in every:
+        if not selected(instance.name, instance.check.name, options.only):
+            continue
+        flag = instance.check.opt_in
+        # An opt-in check runs when its flag is set or when --only names it explicitly.
+        if flag and not getattr(options, flag) and instance.name not in options.only \
+                and instance.check.name not in options.only:
+            continue
+        plan.append(instance)
+    return plan
+
+
+def _instances(registered: Check, ctx: VerifyContext) -> list[CheckInstance]:
+    if registered.each is None:
+        return [CheckInstance(registered.name, registered)]
+    return [CheckInstance(f"{registered.name}:{member}", registered, member) for member in registered.each(ctx)]
+
+
+def run_verify(options: VerifyOptions) -> list[CheckResult]:
+    """Run the selected checks in registry order; every check yields a result, none raises."""
+    ctx = VerifyContext(options)
+    results = []
+    for instance in plan_checks(options, ctx):
+        if options.progress is not None and instance.is_slow(ctx):
+            options.progress(instance.name)
+        results.append(instance.run(ctx))
+    return results
+
+
+def results_to_json(results: list[CheckResult], target: Target | None = None) -> dict:
+    """The `applier verify --json` document; its schema is docs/verify-schema.json."""
+    return {
+        "format": REPORT_FORMAT,
+        "target": str(target.root) if target is not None else None,
+        "ok": overall_ok(results),
+        "summary": summarize(results),
+        "checks": [r.to_json() for r in results],
+    }
+
+
+report_json = results_to_json

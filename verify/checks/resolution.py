@@ -1,0 +1,339 @@
+"""max-resolution and resolution-caps: what the tree (and, on request, the running ComfyUI) allows as image size.
+
+Both read source files statically with `ast` (never importing them): nodes.py's `MAX_RESOLUTION`, and the
+hard-coded caps in comfy_extras/ and custom_nodes/ that a raised MAX_RESOLUTION does not reach.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..registry import CheckResult, Outcome, check
+
+# The probe that imports the target's nodes.py and reports MAX_RESOLUTION and EmptyLatentImage's width max.
+COMFY_IMPORT_PROBE = "comfy_import"
+
+# Folders never scanned for caps: other environments, caches, VCS data, the applier's own state.
+SKIPPED_DIRS = frozenset({".git", ".hg", "__pycache__", ".applier", "venv", ".venv", "env", "node_modules",
+                          "site-packages", "dist-packages", ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+MAX_SCANNED_FILE_BYTES = 4 * 1024 * 1024     # larger .py files are generated data, not node definitions
+# Inputs whose names say they are an image dimension.
+DIMENSION_INPUT = re.compile(r"width|height|resolution", re.IGNORECASE)
+# A "max" below this on a width/height input is a line or border thickness, not an image size.
+MIN_PLAUSIBLE_CAP = 256
+# Cheap byte searches decide which files are worth parsing: a literal-prefixed pattern (fast in `re`) finds each
+# `"max":` / `max=`, and only one with a dimension word in the text just before it makes the file a candidate.
+_QUICK_MAX = re.compile(rb"max[\"']?\s*[:=]")
+_DIMENSION_WORDS = (b"width", b"height", b"resolution")
+_LOOKBACK_BYTES = 400     # an input's name and its options dict sit within a few lines of its "max"
+_REGEX_DEFINITION = re.compile(r"^\s*(?:[\w.]*\.)?(\w*MAX_RESOLUTION)\s*(?::\s*[\w.]+\s*)?=\s*(\d+)\s*(?:#.*)?$")
+_REGEX_INPUT_MAX = re.compile(
+    r"[\"'](\w*(?:width|height|resolution)\w*)[\"']\s*[:,].*?[\"']max[\"']\s*:\s*(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class MaxResolution:
+    value: int | None     # None: no definition found
+    line: int | None
+    how: str              # "ast" | "regex" (nodes.py did not parse with this Python)
+
+
+@dataclass(frozen=True)
+class Cap:
+    file: str             # relative to the ComfyUI root, "/" separators
+    line: int
+    value: int
+    what: str             # "MAX_RESOLUTION" definition or the input's name
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.value}"
+
+
+@dataclass
+class CapScan:
+    caps: list[Cap] = field(default_factory=list)
+    files_scanned: int = 0
+    files_parsed_by_regex: int = 0
+
+
+# ---------------------------------------------------------------- reading source
+
+def int_value(node: ast.AST) -> int | None:
+    """The value of an integer constant expression (`16384`, `8192 * 2`, `1 << 14`), None for anything else."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp):
+        left, right = int_value(node.left), int_value(node.right)
+        if left is None or right is None:
+            return None
+        if isinstance(node.op, (ast.Pow, ast.LShift)):
+            # Resolutions are small: refusing huge exponents keeps a hostile file from stalling the scan.
+            return (left ** right if isinstance(node.op, ast.Pow) else left << right) if 0 <= right <= 64 else None
+        if isinstance(node.op, ast.FloorDiv):
+            return left // right if right else None
+        ops = {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right}
+        return ops.get(type(node.op))
+    return None
+
+
+def _assigned_names(node: ast.AST) -> list[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    names = []
+    for target in targets:
+        if isinstance(target, ast.Name):
+            names.append(target.id)
+        elif isinstance(target, ast.Attribute):
+            names.append(target.attr)   # `nodes.MAX_RESOLUTION = 8192`: a custom node overriding the global
+    return names
+
+
+def read_max_resolution(nodes_py: Path) -> MaxResolution:
+    """The module-level MAX_RESOLUTION of nodes.py (the last assignment wins, as at import). Handles a BOM, CRLF,
+    `MAX_RESOLUTION=16384` and `MAX_RESOLUTION: int = 16384`. OSError when the file cannot be read."""
+    data = nodes_py.read_bytes()
+    try:
+        tree = ast.parse(data, filename=str(nodes_py))
+    except (SyntaxError, ValueError):
+        # A nodes.py written for a newer Python than the applier's still has a plain assignment line.
+        found = MaxResolution(None, None, "regex")
+        for number, line in enumerate(_decode(data).splitlines(), start=1):
+            match = re.match(r"^MAX_RESOLUTION\s*(?::\s*[\w.]+\s*)?=\s*(\d+)\s*(?:#.*)?$", line)
+            if match:
+                found = MaxResolution(int(match.group(1)), number, "regex")
+        return found
+    found = MaxResolution(None, None, "ast")
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None \
+                and "MAX_RESOLUTION" in _assigned_names(node):
+            found = MaxResolution(int_value(node.value), node.lineno, "ast")
+    return found
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8-sig", errors="replace")
+
+
+def _input_name(call: ast.Call) -> str | None:
+    """The input name of a v3 schema call such as `io.Int.Input("width", min=16, max=16384)`."""
+    if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+        return call.args[0].value
+    for keyword in call.keywords:
+        if keyword.arg in ("id", "name") and isinstance(keyword.value, ast.Constant) \
+                and isinstance(keyword.value.value, str):
+            return keyword.value.value
+    return None
+
+
+def _max_in_options(node: ast.AST) -> tuple[int, int] | None:
+    """(value, line) of a literal "max" in an input's options dict: ("INT", {"min": 16, "max": 8192})."""
+    if not isinstance(node, (ast.Tuple, ast.List)):
+        return None
+    for element in node.elts:
+        if isinstance(element, ast.Dict):
+            for key, value in zip(element.keys, element.values):
+                if isinstance(key, ast.Constant) and key.value == "max":
+                    number = int_value(value)
+                    if number is not None:
+                        return number, value.lineno
+    return None
+
+
+def caps_in_source(data: bytes, relpath: str, cap: int) -> tuple[list[Cap], bool]:
+    """The caps below `cap` in one file's source, and whether the regex fallback had to be used."""
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError):
+        return _caps_by_regex(_decode(data), relpath, cap), True
+    found: list[Cap] = []
+
+    def keep(value: int, line: int, what: str) -> None:
+        if MIN_PLAUSIBLE_CAP <= value < cap:
+            found.append(Cap(relpath, line, value, what))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            if any(name.endswith("MAX_RESOLUTION") for name in _assigned_names(node)):
+                value = int_value(node.value)
+                if value is not None:
+                    keep(value, node.lineno, "MAX_RESOLUTION")
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and DIMENSION_INPUT.search(key.value):
+                    hit = _max_in_options(value)
+                    if hit:
+                        keep(hit[0], hit[1], key.value)
+        elif isinstance(node, ast.Call):
+            name = _input_name(node)
+            if name and DIMENSION_INPUT.search(name):
+                for keyword in node.keywords:
+                    if keyword.arg == "max":
+                        value = int_value(keyword.value)
+                        if value is not None:
+                            keep(value, keyword.value.lineno, name)
+    return sorted(set(found), key=lambda c: c.line), False
+
+
+def _caps_by_regex(text: str, relpath: str, cap: int) -> list[Cap]:
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        definition = _REGEX_DEFINITION.match(line)
+        if definition:
+            hits = [("MAX_RESOLUTION", int(definition.group(2)))]
+        else:
+            hits = [(m.group(1), int(m.group(2))) for m in _REGEX_INPUT_MAX.finditer(line)]
+        found += [Cap(relpath, number, value, what) for what, value in hits if MIN_PLAUSIBLE_CAP <= value < cap]
+    return found
+
+
+def worth_parsing(data: bytes) -> bool:
+    """Whether a file can hold a cap at all; parsing every file of a large custom_nodes/ takes too long."""
+    if b"MAX_RESOLUTION" in data:
+        return True
+    for match in _QUICK_MAX.finditer(data):
+        window = data[max(0, match.start() - _LOOKBACK_BYTES):match.start()].lower()
+        if any(word in window for word in _DIMENSION_WORDS):
+            return True
+    return False
+
+
+def _python_files(root: Path, recursive: bool):
+    if not root.is_dir():
+        return
+    if not recursive:
+        yield from sorted(p for p in root.glob("*.py") if p.is_file())
+        return
+    for folder, dirs, files in os.walk(root):
+        # Another interpreter's environment (a node's own venv) is not the node's code.
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not os.path.isfile(
+            os.path.join(folder, d, "pyvenv.cfg")))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield Path(folder, name)
+
+
+def scan_resolution_caps(comfyui_root: Path, cap: int) -> CapScan:
+    """Hard-coded resolution caps below `cap` in comfy_extras/*.py and custom_nodes/**/*.py."""
+    scan = CapScan()
+    sources = [(comfyui_root / "comfy_extras", False), (comfyui_root / "custom_nodes", True)]
+    for folder, recursive in sources:
+        for path in _python_files(folder, recursive):
+            try:
+                if path.stat().st_size > MAX_SCANNED_FILE_BYTES:
+                    continue
+                data = path.read_bytes()
+            except OSError:
+                continue
+            scan.files_scanned += 1
+            if not worth_parsing(data):
+                continue
+            relpath = path.relative_to(comfyui_root).as_posix()
+            caps, by_regex = caps_in_source(data, relpath, cap)
+            scan.caps += caps
+            scan.files_parsed_by_regex += by_regex
+    return scan
+
+
+# ---------------------------------------------------------------- checks
+
+def _import_is_slow(ctx) -> bool:
+    return ctx.options.real_import
+
+
+def _import_numbers(numbers: dict) -> tuple[int | None, int | None]:
+    """(MAX_RESOLUTION, EmptyLatentImage width max) as the comfy_import probe reports them."""
+    def first(*keys):
+        for key in keys:
+            if isinstance(numbers.get(key), int):
+                return numbers[key]
+        return None
+    return (first("max_resolution", "MAX_RESOLUTION"),
+            first("empty_latent_width_max", "EmptyLatentImage_width_max", "width_max"))
+
+
+@check("max-resolution", "MAX_RESOLUTION in nodes.py; with --real-import also EmptyLatentImage's width max as the "
+       "target's ComfyUI sees it", slow=_import_is_slow)
+def max_resolution(ctx) -> CheckResult:
+    root = ctx.target.comfyui_root
+    name = "max-resolution"
+    if root is None:
+        return CheckResult(name, Outcome.SKIP, "the target has no ComfyUI (no nodes.py)")
+    nodes_py = Path(root) / "nodes.py"
+    try:
+        static = read_max_resolution(nodes_py)
+    except OSError as exc:
+        return CheckResult(name, Outcome.FAIL, f"cannot read {nodes_py}: {exc.strerror or exc}")
+    patch, patched_value = ctx.max_resolution_patch()
+    applied = patch is not None and patch.id in ctx.applied
+    where = f"nodes.py:{static.line}" if static.line else "nodes.py"
+    numbers = {"nodes_py": static.value, "nodes_py_line": static.line, "read_by": static.how,
+               "patch": patch.id if patch else None, "patched_value": patched_value, "applied": applied}
+
+    problems: list[str] = []
+    if applied and static.value != patched_value:
+        problems.append(f"the state says {patch.id} is applied (MAX_RESOLUTION = {patched_value}) but {where} says "
+                        f"{static.value if static.value is not None else 'nothing'}")
+    facts = [f"MAX_RESOLUTION = {static.value} ({where})" if static.value is not None
+             else "no MAX_RESOLUTION assignment in nodes.py"]
+
+    stderr, duration = "", 0.0
+    if ctx.options.real_import:
+        probe = ctx.run_probe(COMFY_IMPORT_PROBE, ctx.probe_args(patch))
+        stderr, duration = probe.stderr, probe.duration_s
+        imported, width_max = _import_numbers(probe.numbers)
+        numbers.update({"import_outcome": probe.outcome.value, "import_max_resolution": imported,
+                        "empty_latent_width_max": width_max})
+        if probe.outcome is Outcome.SKIP:
+            facts.append(f"import not checked: {probe.reason}")
+        elif width_max is None:
+            problems.append(f"importing the target's ComfyUI gave no EmptyLatentImage width max: {probe.reason}")
+        else:
+            facts.append(f"EmptyLatentImage width max {width_max} in the target's interpreter")
+            want = patched_value if applied else static.value
+            if want is not None and width_max != want:
+                problems.append(f"EmptyLatentImage width max is {width_max} in the target's interpreter, expected "
+                                f"{want}")
+        if probe.outcome is Outcome.FAIL and not problems:
+            problems.append(f"importing the target's ComfyUI failed: {probe.reason}")
+
+    if problems:
+        return CheckResult(name, Outcome.FAIL, "; ".join(problems), numbers, stderr, duration)
+    if applied:
+        return CheckResult(name, Outcome.PASS, f"patched: {'; '.join(facts)}", numbers, stderr, duration)
+    if static.value is None:
+        return CheckResult(name, Outcome.WARN, f"not patched; {'; '.join(facts)}", numbers, stderr, duration)
+    return CheckResult(name, Outcome.PASS, f"not patched: {'; '.join(facts)}", numbers, stderr, duration)
+
+
+@check("resolution-caps", "hard-coded resolution caps in comfy_extras/ and custom_nodes/ below the patched "
+       "MAX_RESOLUTION (a warning, never a failure)")
+def resolution_caps(ctx) -> CheckResult:
+    name = "resolution-caps"
+    root = ctx.target.comfyui_root
+    if root is None:
+        return CheckResult(name, Outcome.SKIP, "the target has no ComfyUI")
+    patch, cap = ctx.max_resolution_patch()
+    source = f"the value {patch.id} sets" if patch is not None else None
+    if cap is None:
+        try:
+            cap = read_max_resolution(Path(root) / "nodes.py").value
+        except OSError:
+            cap = None
+        source = "nodes.py's MAX_RESOLUTION"
+    if cap is None:
+        return CheckResult(name, Outcome.SKIP, "no cap to compare with: no max-resolution patch in the catalog and "
+                                               "no MAX_RESOLUTION in nodes.py")
+    scan = scan_resolution_caps(Path(root), cap)
+    numbers = {"cap": cap, "caps": [str(c) for c in scan.caps], "inputs": [c.what for c in scan.caps],
+               "files_scanned": scan.files_scanned, "files_read_by_regex": scan.files_parsed_by_regex}
+    if not scan.caps:
+        return CheckResult(name, Outcome.PASS, f"no hard-coded cap below {cap} ({source}) in "
+                                               f"{scan.files_scanned} files", numbers)
+    shown = ", ".join(str(c) for c in scan.caps[:5]) + (f" and {len(scan.caps) - 5} more" if len(scan.caps) > 5
+                                                         else "")
+    applied = patch is not None and patch.id in ctx.applied
+    note = "" if applied or patch is None else "; the patch is not applied, and these caps would remain after it"
+    count = f"{len(scan.caps)} hard-coded cap{'s' if len(scan.caps) != 1 else ''}"
+    return CheckResult(name, Outcome.WARN, f"{count} below {cap} ({source}{note}): {shown}", numbers)
