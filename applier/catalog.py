@@ -9,6 +9,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from applier.errors import ApplierError, RefusedError
+from applier.resources import PATCHES_DIR
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -16,7 +17,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 COMPONENTS = ("comfyui", "torch")
-DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "patches"
 
 
 class CatalogError(ApplierError):
@@ -113,9 +113,10 @@ def load_patch(folder: Path, component: str) -> Patch:
 
 def load_catalog(root: Path | None = None) -> list[Patch]:
     """Every patch under root (default: the packaged patches/), sorted by id."""
-    root = Path(root) if root is not None else DEFAULT_CATALOG
+    root = Path(root) if root is not None else PATCHES_DIR
     if not root.is_dir():
-        raise CatalogError(f"catalog folder {root} does not exist")
+        raise CatalogError(f"catalog folder {root} does not exist",
+                           hint="applier runs from a checkout (pip install -e .), which holds patches/")
     patches = []
     for component in COMPONENTS:
         comp_dir = root / component

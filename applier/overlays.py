@@ -11,6 +11,7 @@ from applier.errors import DriftError, RefusedError
 from applier.fsutil import atomic_write, read_bytes_or_none, sha256_bytes, sha256_file
 from applier.journal import FileOp
 from applier.lock import target_lock
+from applier.resources import OVERLAYS_DIR
 from applier.state import StateStore, dump_json, read_json
 from applier.target import Target
 
@@ -19,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_PACK = Path(__file__).resolve().parent.parent / "overlays"
+DEFAULT_PACK = OVERLAYS_DIR
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
 
