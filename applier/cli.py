@@ -241,8 +241,9 @@ def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
         for change in plan.files:
             for h in change.plan.hunks:
                 where = f"line {h.line}" if h.line else "new file"
-                extra = "".join([f", offset {h.offset:+d}" if h.offset else "", f", fuzz {h.fuzz}" if h.fuzz else "",
-                                 f" ({h.note})" if h.note else ""])
+                # the engine's note already words offsets and fuzz when it has something to say
+                extra = f" ({h.note})" if h.note else "".join(
+                    [f", offset {h.offset:+d}" if h.offset else "", f", fuzz {h.fuzz}" if h.fuzz else ""])
                 click.echo(f"    {change.relpath} hunk #{h.index}: {h.state.value} at {where}{extra}")
     for warning in result.warnings:
         click.echo(f"warning: {warning}")

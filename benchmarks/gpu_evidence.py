@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -89,10 +88,10 @@ def torch_section() -> dict:
 
 
 def load_tree_builder():
-    spec = importlib.util.spec_from_file_location("comfy_tree", REPO / "tests" / "fixtures" / "comfy_tree.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The ComfyUI-shaped tree builder the tests use (tests/fixtures/comfy_tree.py; stdlib only)."""
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    import comfy_tree
+    return comfy_tree
 
 
 def comfyui_section(work: Path) -> dict:

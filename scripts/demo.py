@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -15,10 +14,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def load_tree_builder():
-    spec = importlib.util.spec_from_file_location("comfy_tree", REPO / "tests" / "fixtures" / "comfy_tree.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The ComfyUI-shaped tree builder the tests use (tests/fixtures/comfy_tree.py; stdlib only)."""
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    import comfy_tree
+    return comfy_tree
 
 
 def step(title: str) -> None:
