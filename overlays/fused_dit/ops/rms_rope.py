@@ -21,11 +21,18 @@ try:
 except Exception:  # the eager path must keep working without triton; dispatch says why
     triton = None
 
-# Launch parameters, tuned on an H200 (benchmarks/kernels.py sweeps them); module-level so a sweep can set them.
-FLUX_ROWS_PER_PROGRAM = 4
-FLUX_NUM_WARPS = 2
-WAN_NUM_WARPS_LARGE = 8      # for rows of >= 4096 channels, one row per program
-WAN_ELEMENTS_PER_PROGRAM = 4096
+# Launch parameters, tuned on an H200 (benchmarks/rms_rope_sweep.py sweeps them); module-level so a sweep can set
+# them. Both kernels give a program a block of tokens, load those tokens' rotation matrices once, and then walk
+# over the heads (Flux: every head of q and of k; Wan: the head-aligned chunks of C) with a [heads, tokens, D]
+# tile, so the table is read once per token and no lane is spent on padding C up to a power of two.
+# Chosen from benchmarks/results/rms_rope-sweep-2026-11-30.json (fastest summed over L=4096 and 16384).
+FLUX_TOKENS_PER_PROGRAM = 4
+FLUX_HEADS_PER_STEP = 4
+FLUX_NUM_WARPS = 8
+WAN_TOKENS_PER_PROGRAM = 2
+WAN_HEADS_PER_STEP = 8       # channels per step = heads * D; one step covering every head skips the reload
+WAN_NUM_WARPS = 4
+WAN_NORM_CHUNK = 128         # norm only (no heads): C is walked in chunks of this many channels
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -108,94 +115,137 @@ def wan_norm_reference_fp32(x, weight, eps: float = 1e-6):
 if triton is not None:
 
     @triton.jit
-    def _rope_pairs(y, pe_row_offsets, pe_ptr, pe_pair_offsets, pe_mask, spr, spc,
-                    ROWS: tl.constexpr, WIDTH: tl.constexpr):
-        """Rotate the pairs of y ([ROWS, WIDTH], fp32, rounded already) with the 2x2 matrices at pe."""
-        y0, y1 = tl.split(tl.reshape(y, [ROWS, WIDTH // 2, 2]))
-        base = pe_ptr + pe_row_offsets[:, None] + pe_pair_offsets[None, :]
-        f00 = tl.load(base, mask=pe_mask, other=0.0).to(tl.float32)
-        f01 = tl.load(base + spc, mask=pe_mask, other=0.0).to(tl.float32)
-        f10 = tl.load(base + spr, mask=pe_mask, other=0.0).to(tl.float32)
-        f11 = tl.load(base + spr + spc, mask=pe_mask, other=0.0).to(tl.float32)
+    def _load_rotations(pe_ptr, token_offsets, token_mask, spi, spr, spc, HALF_D, BLOCK_HALF: tl.constexpr):
+        """The 2x2 rotation matrices of a block of tokens: four [tokens, BLOCK_HALF] fp32 tensors f<row><col>.
+
+        Loaded once per program and reused for every head it processes (the table is the same for all heads).
+        """
+        i = tl.arange(0, BLOCK_HALF)
+        mask = token_mask[:, None] & (i < HALF_D)[None, :]
+        base = pe_ptr + token_offsets[:, None] + i[None, :] * spi
+        f00 = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+        f01 = tl.load(base + spc, mask=mask, other=0.0).to(tl.float32)
+        f10 = tl.load(base + spr, mask=mask, other=0.0).to(tl.float32)
+        f11 = tl.load(base + spr + spc, mask=mask, other=0.0).to(tl.float32)
+        return f00, f01, f10, f11
+
+    @triton.jit
+    def _rotate(y, f00, f01, f10, f11, A: tl.constexpr, B: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Rotate the pairs of y ([A, B, BLOCK_D], fp32, rounded already); f.. broadcast to [A, B, BLOCK_D // 2]."""
+        y0, y1 = tl.split(tl.reshape(y, [A, B, BLOCK_D // 2, 2]))
         out0 = f00 * y0 + f01 * y1
         out1 = f10 * y0 + f11 * y1
-        return tl.reshape(tl.join(out0, out1), [ROWS, WIDTH])
+        return tl.reshape(tl.join(out0, out1), [A, B, BLOCK_D])
 
     @triton.jit
-    def _flux_rows(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, H, N, D,
-                   sxb, sxh, sxn, sxd, spb, spn, spi, spr, spc, eps,
-                   ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        # Rows are (b, h, n) flattened in output (contiguous BHND) order; n fastest keeps pe rows in L2 across h.
-        r = row_start + tl.arange(0, ROWS)
-        row_mask = r < rows
-        n = r % N
-        bh = r // N
-        h = bh % H
-        b = bh // H
+    def _flux_heads(x_ptr, w_ptr, out_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D,
+                    sxb, sxh, sxn, sxd, eps,
+                    TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Norm + rotate every head of one tensor for the program's tokens, HEADS heads per step."""
         d = tl.arange(0, BLOCK_D)
         d_mask = d < D
-        mask = row_mask[:, None] & d_mask[None, :]
-        x_offsets = b[:, None] * sxb + h[:, None] * sxh + n[:, None] * sxn + d[None, :] * sxd
-        x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
         # comfy casts the weight to x's dtype before the norm
         w = tl.load(w_ptr + d, mask=d_mask, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
-        # first rounding: RMSNorm's output is in x's dtype
-        y = (x * rstd[:, None] * w[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
-        i = tl.arange(0, BLOCK_D // 2)
-        pe_mask = row_mask[:, None] & (i < D // 2)[None, :]
-        out = _rope_pairs(y, b * spb + n * spn, pe_ptr, i * spi, pe_mask, spr, spc, ROWS, BLOCK_D)
-        tl.store(out_ptr + r[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+        heads = tl.arange(0, HEADS)
+        for h0 in range(0, H, HEADS):
+            h = h0 + heads
+            mask = (h < H)[:, None, None] & n_mask[None, :, None] & d_mask[None, None, :]
+            x_offsets = b * sxb + h[:, None, None] * sxh + n[None, :, None] * sxn + d[None, None, :] * sxd
+            x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + eps)
+            # first rounding: RMSNorm's output is in x's dtype
+            y = (x * rstd[:, :, None] * w[None, None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+            out = _rotate(y, f00, f01, f10, f11, HEADS, TOKENS, BLOCK_D)
+            # output is contiguous BHND: for each head the block's tokens are one contiguous run
+            out_offsets = ((b * H + h[:, None, None]) * N + n[None, :, None]) * D + d[None, None, :]
+            tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _flux_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows, H, N, D,
+    def _flux_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, H, N, D,
                               sqb, sqh, sqn, sqd, skb, skh, skn, skd,
                               spb, spn, spi, spr, spc, eps,
-                              ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        row_start = tl.program_id(0) * ROWS
-        if tl.program_id(1) == 0:
-            _flux_rows(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows, H, N, D, sqb, sqh, sqn, sqd,
-                       spb, spn, spi, spr, spc, eps, ROWS, BLOCK_D)
-        else:
-            _flux_rows(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows, H, N, D, skb, skh, skn, skd,
-                       spb, spn, spi, spr, spc, eps, ROWS, BLOCK_D)
+                              TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+        # program (token block, batch): the block's rotations are loaded once and serve all heads of q and k
+        n = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
+        n_mask = n < N
+        b = tl.program_id(1)
+        f00, f01, f10, f11 = _load_rotations(pe_ptr, b * spb + n * spn, n_mask, spi, spr, spc, D // 2,
+                                             BLOCK_D // 2)
+        f00, f01, f10, f11 = f00[None, :, :], f01[None, :, :], f10[None, :, :], f11[None, :, :]
+        _flux_heads(q_ptr, wq_ptr, oq_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, sqb, sqh, sqn, sqd, eps,
+                    TOKENS, HEADS, BLOCK_D)
+        _flux_heads(k_ptr, wk_ptr, ok_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, skb, skh, skn, skd, eps,
+                    TOKENS, HEADS, BLOCK_D)
 
     @triton.jit
-    def _wan_rows(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, L, C, HALF_D,
-                  sxb, sxl, sxc, spb, spl, spi, spr, spc, eps,
-                  ROWS: tl.constexpr, BLOCK_C: tl.constexpr, HAS_ROPE: tl.constexpr):
-        # One row = one token's full C channels (the norm spans all heads), output contiguous [B, L, C].
-        r = row_start + tl.arange(0, ROWS)
-        row_mask = r < rows
+    def _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc,
+                       HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Channels [c0, c0 + HEADS * D) of the program's tokens as a [TOKENS, HEADS, BLOCK_D] fp32 tile."""
+        d = tl.arange(0, BLOCK_D)
+        c = c0 + tl.arange(0, HEADS)[:, None] * D + d[None, :]
+        c_mask = (d < D)[None, :] & (c < C)
+        mask = r_mask[:, None, None] & c_mask[None, :, :]
+        x = tl.load(x_ptr + row_offsets[:, None, None] + c[None, :, :] * sxc, mask=mask, other=0.0)
+        return x.to(tl.float32), c, c_mask, mask
+
+    @triton.jit
+    def _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, dtype_ptr, r, C, f00, f01, f10, f11,
+                        TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                        HAS_ROPE: tl.constexpr):
+        w = tl.load(w_ptr + c, mask=c_mask, other=0.0).to(dtype_ptr.dtype.element_ty).to(tl.float32)
+        y = (x * rstd[:, None, None] * w[None, :, :]).to(dtype_ptr.dtype.element_ty)
+        if HAS_ROPE:
+            y = _rotate(y.to(tl.float32), f00, f01, f10, f11, TOKENS, HEADS, BLOCK_D)
+        tl.store(out_ptr + r[:, None, None] * C + c[None, :, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _wan_tokens(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, L, C, D,
+                    sxb, sxl, sxc, spb, spl, spi, spr, spc, eps,
+                    TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HAS_ROPE: tl.constexpr, ONE_STEP: tl.constexpr):
+        # The norm spans a token's full C (all heads), the rotation is per head: C is walked in head-aligned
+        # steps of HEADS * D channels. Output contiguous [B, L, C].
+        r = row_start + tl.arange(0, TOKENS)
+        r_mask = r < rows
         l_idx = r % L
         b = r // L
-        c = tl.arange(0, BLOCK_C)
-        c_mask = c < C
-        mask = row_mask[:, None] & c_mask[None, :]
-        x_offsets = b[:, None] * sxb + l_idx[:, None] * sxl + c[None, :] * sxc
-        x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / C + eps)
-        w = tl.load(w_ptr + c, mask=c_mask, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
-        y = (x * rstd[:, None] * w[None, :]).to(x_ptr.dtype.element_ty)
+        row_offsets = b * sxb + l_idx * sxl
         if HAS_ROPE:
-            # pair p of the row is pair (p % HALF_D) of head (p // HALF_D)
-            p = tl.arange(0, BLOCK_C // 2)
-            pe_mask = row_mask[:, None] & (p < C // 2)[None, :]
-            y = _rope_pairs(y.to(tl.float32), b * spb + l_idx * spl, pe_ptr, (p % HALF_D) * spi, pe_mask,
-                            spr, spc, ROWS, BLOCK_C)
-        tl.store(out_ptr + r[:, None] * C + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+            f00, f01, f10, f11 = _load_rotations(pe_ptr, b * spb + l_idx * spl, r_mask, spi, spr, spc, D // 2,
+                                                 BLOCK_D // 2)
+            f00, f01, f10, f11 = f00[:, None, :], f01[:, None, :], f10[:, None, :], f11[:, None, :]
+        else:
+            f00, f01, f10, f11 = 0.0, 0.0, 0.0, 0.0   # unused without a rotation
+        if ONE_STEP:
+            # the whole row fits one tile: keep it in registers between the sum of squares and the output
+            x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, 0, C, D, sxc, HEADS, BLOCK_D)
+            rstd = tl.rsqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / C + eps)
+            _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
+                            TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+        else:
+            # pass 1: sum of squares over C; pass 2 reads the (L1/L2-resident) row again to normalize + rotate
+            sum_sq = tl.zeros([TOKENS], dtype=tl.float32)
+            for c0 in range(0, C, HEADS * D):
+                x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
+                sum_sq += tl.sum(tl.sum(x * x, axis=2), axis=1)
+            rstd = tl.rsqrt(sum_sq / C + eps)
+            for c0 in range(0, C, HEADS * D):
+                x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
+                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
+                                TOKENS, HEADS, BLOCK_D, HAS_ROPE)
 
     @triton.jit
-    def _wan_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows_q, rows_k, Lq, Lk, C,
-                             HALF_D, sqb, sql, sqc, skb, skl, skc, spb, spl, spi, spr, spc, eps,
-                             ROWS: tl.constexpr, BLOCK_C: tl.constexpr, HAS_ROPE: tl.constexpr):
-        row_start = tl.program_id(0) * ROWS
+    def _wan_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows_q, rows_k, Lq, Lk, C, D,
+                             sqb, sql, sqc, skb, skl, skc, spb, spl, spi, spr, spc, eps,
+                             TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                             HAS_ROPE: tl.constexpr, ONE_STEP: tl.constexpr):
+        row_start = tl.program_id(0) * TOKENS
         if tl.program_id(1) == 0:
-            _wan_rows(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows_q, Lq, C, HALF_D, sqb, sql, sqc,
-                      spb, spl, spi, spr, spc, eps, ROWS, BLOCK_C, HAS_ROPE)
+            _wan_tokens(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows_q, Lq, C, D, sqb, sql, sqc,
+                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, ONE_STEP)
         else:
-            _wan_rows(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows_k, Lk, C, HALF_D, skb, skl, skc,
-                      spb, spl, spi, spr, spc, eps, ROWS, BLOCK_C, HAS_ROPE)
+            _wan_tokens(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows_k, Lk, C, D, skb, skl, skc,
+                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, ONE_STEP)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -243,14 +293,13 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
         k_out = torch.empty_like(q_out)
     else:
         q_out, k_out = (check_out(o, (B, H, N, D), q.dtype, q.device) for o in out)
-    rows = B * H * N
     block_d = triton.next_power_of_2(D)
-    rows_per_program = max(1, min(FLUX_ROWS_PER_PROGRAM, 4096 // block_d))
-    grid = (triton.cdiv(rows, rows_per_program), 2)
+    heads_per_step = min(FLUX_HEADS_PER_STEP, triton.next_power_of_2(H))
+    grid = (triton.cdiv(N, FLUX_TOKENS_PER_PROGRAM), B)
     _flux_rms_rope_kernel[grid](
-        q, k, q_scale, k_scale, q_out, k_out, pe, rows, H, N, D,
+        q, k, q_scale, k_scale, q_out, k_out, pe, H, N, D,
         *q.stride(), *k.stride(), *pe_strides, eps,
-        ROWS=rows_per_program, BLOCK_D=block_d, num_warps=FLUX_NUM_WARPS,
+        TOKENS=FLUX_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=block_d, num_warps=FLUX_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
@@ -264,13 +313,14 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
         return f"dtype {q.dtype} not supported by the kernel"
     if not (_weight_ok(q_weight, C) and _weight_ok(k_weight, C)):
         return "norm weights are not contiguous [C] vectors"
-    half_d, pe_strides = 1, (0, 0, 0, 0, 0)
+    # the kernel walks C in "heads" of head_dim channels; without a rotation any chunk width will do
+    head_dim, pe_strides = WAN_NORM_CHUNK, (0, 0, 0, 0, 0)
     if freqs is not None:
         if C % num_heads or (C // num_heads) % 2 or q.shape[:2] != k.shape[:2]:
             return f"C={C} with {num_heads} heads does not give an even head dim, or q/k token counts differ"
-        half_d = C // num_heads // 2
+        head_dim = C // num_heads
         pe_strides = _pe_strides(freqs, q.size(0), q.size(1), token_dim=1)
-        if pe_strides is None or freqs.size(2) != 1 or freqs.size(3) != half_d:
+        if pe_strides is None or freqs.size(2) != 1 or freqs.size(3) != head_dim // 2:
             return f"freqs {tuple(freqs.shape)} is not [B|1, L, 1, D/2, 2, 2]"
     if out is None:
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -278,16 +328,15 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
     else:
         q_out, k_out = (check_out(o.view(x.shape) if o.is_contiguous() else o, x.shape, x.dtype, x.device)
                         for o, x in zip(out, (q, k)))
-    block_c = triton.next_power_of_2(C)
-    rows_per_program = max(1, WAN_ELEMENTS_PER_PROGRAM // block_c)
-    num_warps = WAN_NUM_WARPS_LARGE if block_c >= 4096 else 4
+    heads_per_step = min(WAN_HEADS_PER_STEP, triton.next_power_of_2(triton.cdiv(C, head_dim)))
     rows_q, rows_k = q.size(0) * q.size(1), k.size(0) * k.size(1)
     # a zero-row k (single-tensor norm) gets no programs of its own
-    grid = (triton.cdiv(max(rows_q, rows_k), rows_per_program), 2 if rows_k else 1)
+    grid = (triton.cdiv(max(rows_q, rows_k), WAN_TOKENS_PER_PROGRAM), 2 if rows_k else 1)
     _wan_rms_rope_kernel[grid](
         q, k, q_weight, k_weight, q_out, k_out, freqs if freqs is not None else q,
-        rows_q, rows_k, q.size(1), k.size(1), C, half_d, *q.stride(), *k.stride(), *pe_strides, eps,
-        ROWS=rows_per_program, BLOCK_C=block_c, HAS_ROPE=freqs is not None, num_warps=num_warps,
+        rows_q, rows_k, q.size(1), k.size(1), C, head_dim, *q.stride(), *k.stride(), *pe_strides, eps,
+        TOKENS=WAN_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=triton.next_power_of_2(head_dim),
+        HAS_ROPE=freqs is not None, ONE_STEP=heads_per_step * head_dim >= C, num_warps=WAN_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
