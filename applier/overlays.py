@@ -20,11 +20,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_PACK = OVERLAYS_DIR
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
 
-def read_pack(pack_dir: Path = DEFAULT_PACK) -> dict:
+def read_pack(pack_dir: Path = OVERLAYS_DIR) -> dict:
     meta = tomllib.loads((pack_dir / "pack.toml").read_text(encoding="utf-8"))
     for key in ("name", "version", "package", "node"):
         if key not in meta:
@@ -53,7 +52,7 @@ def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path
     return out
 
 
-def install(target: Target, pack_dir: Path = DEFAULT_PACK) -> dict:
+def install(target: Target, pack_dir: Path = OVERLAYS_DIR) -> dict:
     meta = read_pack(pack_dir)
     store = StateStore(target.state_dir)
     with target_lock(store.dir):

@@ -93,40 +93,55 @@ def plan_variant(target: Target, patch: Patch, variant: Variant, *, fuzz: int = 
 
 def choose_variant(target: Target, patch: Patch, *, fuzz: int = 0,
                    pending: Pending | None = None) -> tuple[Variant, list[FileChange], str]:
-    """(variant, its file plans, how it was chosen). By version when known; by a clean dry run otherwise."""
+    """(variant, its file plans, how it was chosen).
+
+    By version when known; a version no variant claims is refused. When the version is unknown, or the variant
+    that claims it does not fit the file (a release whose text changed between two version bumps, as ComfyUI's
+    v0.3.44 and v0.3.47 tags), the one variant whose dry run is clean is taken and the reason says so; none or
+    several clean is a refusal, never a guess."""
     version = target.component_version(patch.component)
-    if version is not None:
-        fitting = patch.variants_for(version)
-        if not fitting:
-            claimed = "; ".join(f"{v.name}: {v.versions}" for v in patch.variants)
-            raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version} (variants: {claimed})",
-                                 hint="a maintainer adds one with `applier catalog refresh` (patches/README.md)")
-        if len(fitting) > 1:
-            raise NoVariantError(f"{patch.id}: several variants claim {patch.component} {version}: "
-                                 f"{', '.join(v.name for v in fitting)} (a catalog error)")
-        variant = fitting[0]
+    if version is None:
+        return choose_by_dry_run(target, patch, fuzz, pending, f"{patch.component} version unknown")
+    fitting = patch.variants_for(version)
+    if len(fitting) > 1:
+        raise NoVariantError(f"{patch.id}: several variants claim {patch.component} {version}: "
+                             f"{', '.join(v.name for v in fitting)} (a catalog error)")
+    if not fitting:
+        claimed = "; ".join(f"{v.name}: {v.versions}" for v in patch.variants)
+        raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version} (variants: {claimed})",
+                             hint="a maintainer adds one with `applier catalog refresh` (patches/README.md)")
+    variant = fitting[0]
+    try:
+        changes = plan_variant(target, patch, variant, fuzz=fuzz, pending=pending)
+    except HunkConflict as conflict:
+        others = [v for v in patch.variants if v is not variant]
+        why = f"variant {variant.name}, which claims {patch.component} {version}, does not fit the file"
         try:
-            changes = plan_variant(target, patch, variant, fuzz=fuzz, pending=pending)
-        except HunkConflict as exc:
-            raise HunkConflict(exc.path, exc.hunk_index, exc.header, exc.expected, exc.near_line, exc.near_text,
-                               f"{exc.reason} ({patch.id} variant {variant.name} for {patch.component} "
-                               f"{version}; was the file edited by hand?)") from exc
-        return variant, changes, f"{patch.component} {version} is in {variant.versions}"
+            return choose_by_dry_run(target, patch, fuzz, pending, why, others)
+        except NoVariantError:
+            raise HunkConflict(conflict.path, conflict.hunk_index, conflict.header, conflict.expected,
+                               conflict.near_line, conflict.near_text,
+                               f"{conflict.reason} ({patch.id} variant {variant.name} for {patch.component} "
+                               f"{version}; was the file edited by hand?)") from conflict
+    return variant, changes, f"{patch.component} {version} is in {variant.versions}"
+
+
+def choose_by_dry_run(target: Target, patch: Patch, fuzz: int, pending: Pending | None, why: str,
+                      variants: list[Variant] | None = None) -> tuple[Variant, list[FileChange], str]:
     clean, failures = [], []
-    for variant in patch.variants:
+    for variant in patch.variants if variants is None else variants:
         try:
             clean.append((variant, plan_variant(target, patch, variant, fuzz=fuzz, pending=pending)))
         except HunkConflict as exc:
-            failures.append(f"{variant.name}: {exc.path} hunk #{exc.hunk_index}: {exc.reason}")
+            failures.append(f"{variant.name}: {exc.path} hunk #{exc.hunk_index}: {exc.reason.splitlines()[0]}")
     if len(clean) == 1:
         variant, changes = clean[0]
-        return variant, changes, f"{patch.component} version unknown; only variant {variant.name} applies cleanly"
+        return variant, changes, f"{why}; only variant {variant.name} applies cleanly (dry run)"
     if not clean:
-        raise NoVariantError(f"{patch.id}: {patch.component} version unknown and no variant applies cleanly",
-                             hint="; ".join(failures))
-    raise NoVariantError(f"{patch.id}: {patch.component} version unknown and several variants apply cleanly "
+        raise NoVariantError(f"{patch.id}: {why}, and no variant applies cleanly", hint="; ".join(failures))
+    raise NoVariantError(f"{patch.id}: {why}, and several variants apply cleanly "
                          f"({', '.join(v.name for v, _ in clean)}): refusing to guess",
-                         hint="name one with --variant")
+                         hint="the catalog needs a variant that tells these files apart; please report it")
 
 
 def plan_patch(target: Target, patch: Patch, *, fuzz: int = 0, explicit: bool = False,

@@ -1,9 +1,13 @@
 """GPU gates for the FP8 overlay ops (5-7); writes JSON (GPU, versions, date) under --out.
 
-Gates: FP8 codes byte-exact against the eager references (dynamic per-tensor, ComfyUI unit scale with its
-in-place clamp, ComfyUI static scale); the fused GELU quantisation's code mismatch fraction (reported, one code
-apart expected where tanh rounds differently); FP8 GEMM relative Frobenius error vs bf16 <= 5%; the ComfyUI fp8
-module path bit-identical to ComfyUI's eager fp8_linear computation.
+The cases are the pack's own FP8 cases, `fused_dit.parity.parity_cases("cuda", small=False)` (the list the
+kernel-parity probe runs). Gates: FP8 codes byte-exact against the eager references (dynamic per-tensor, ComfyUI
+unit scale with its in-place clamp, ComfyUI static scale); the fused GELU quantisation's code mismatch fraction
+(<= 0.1%, one code apart, where tanh rounds differently); FP8 GEMM relative Frobenius error vs bf16 <= 5%; the
+ComfyUI fp8 module path bit-identical to ComfyUI's eager fp8_linear computation.
+
+The summary keys of the earlier result files are kept (quantize_codes, gelu_quantize_codes,
+gemm_relative_frobenius_error, comfy_fp8_module_bit_identical, ...); "cases" holds every case's full result.
 
     PYTHONPATH=overlays:. python benchmarks/gpu_fp8_gates.py --out benchmarks/results
 """
@@ -13,10 +17,12 @@ import argparse
 import datetime
 import json
 import platform
+import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from fused_dit.parity import parity_cases
 
 
 def environment() -> dict:
@@ -26,104 +32,87 @@ def environment() -> dict:
             "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
 
 
-def mismatch(a: torch.Tensor, b: torch.Tensor) -> dict:
-    differ = a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8)
-    return {"numel": a.numel(), "mismatching": int(differ.sum()), "fraction": float(differ.float().mean())}
+def _bytes_of(result: dict, output: str) -> dict:
+    return next(entry for entry in result.get("byte_mismatch", ()) if entry["output"] == output)
 
 
-def activations(shape, dtype, seed, outliers=False):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(shape, generator=g, device="cuda") * 3
-    if outliers:
-        x.view(-1)[::997] *= 400
-    return x.to(dtype)
+def _codes_entry(result: dict) -> dict:
+    codes = _bytes_of(result, "codes")
+    return {"numel": codes["numel"], "mismatching": codes["mismatching"], "fraction": codes["fraction"]}
+
+
+def summary(cases_and_results) -> dict:
+    """The earlier files' keys, derived from the case results."""
+    from fused_dit.ops import quantize_fp8 as qf
+
+    out: dict = {"torch_fp8_cast_saturates": qf.torch_fp8_cast_saturates("cuda:0")}
+    codes, gelu = {}, {}
+    for case, result in cases_and_results:
+        if result["status"] == "skipped":
+            continue
+        variant = case.params.get("variant")
+        if case.family == "quantize_fp8":
+            entry = _codes_entry(result)
+            if variant == "dynamic":
+                entry["scale_equal"] = _bytes_of(result, "scale")["mismatching"] == 0
+            elif variant == "comfy_unit":
+                entry["in_place_clamp_equal"] = _bytes_of(result, "clamped_input")["mismatching"] == 0
+            entry.update(backend=result["backend"], passed=result["passed"])
+            codes[f"{variant}/{case.dtype}/{case.params['rows']}x{case.params['cols']}"] = entry
+        elif case.family == "gelu_quantize_fp8":
+            entry = _codes_entry(result)
+            if variant == "dynamic":
+                entry["scale_equal"] = _bytes_of(result, "scale")["mismatching"] == 0
+                entry["max_code_distance"] = _bytes_of(result, "codes")["max_code_distance"]
+            entry.update(backend=result["backend"], passed=result["passed"])
+            gelu[f"{variant}/{case.dtype}"] = entry
+        elif case.family == "fp8_linear" and variant == "dynamic":
+            rel = result["relative_frobenius"][0]
+            out["gemm_relative_frobenius_error"] = {
+                "shape_MKN": [case.params["M"], case.params["K"], case.params["N"]],
+                "fp8_vs_bf16": rel["vs_comfy"], "fp8_vs_fp32": rel["vs_fp32"], "bf16_vs_fp32": rel["eager_vs_fp32"]}
+            out["gemm_error_gate_5pct"] = result["passed"]
+        elif case.family == "fp8_linear" and variant == "comfy_module":
+            out["comfy_fp8_module_bit_identical"] = result["passed"]
+    out["quantize_codes"] = codes
+    out["quantize_codes_byte_exact"] = bool(codes) and all(
+        v["backend"] == "triton" and v["mismatching"] == 0 and v.get("scale_equal", True)
+        and v.get("in_place_clamp_equal", True) for v in codes.values())
+    out["gelu_quantize_codes"] = gelu
+    return out
 
 
 def gates() -> dict:
-    from fused_dit.ops import fp8_linear as fl
-    from fused_dit.ops import gelu_quantize_fp8 as gq
-    from fused_dit.ops import quantize_fp8 as qf
-
-    results: dict = {"torch_fp8_cast_saturates": qf.torch_fp8_cast_saturates("cuda:0")}
-    codes = {}
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        name = str(dtype).replace("torch.", "")
-        for shape in ((16384, 3072), (4096 + 512, 3072), (7, 1000)):
-            x = activations(shape, dtype, 1, outliers=True)
-            ours, scale = qf.quantize_dynamic_triton(x)
-            ref, ref_scale = qf.quantize_fp8_dynamic_reference(x)
-            entry = mismatch(ours, ref)
-            entry["scale_equal"] = bool(scale.item() == ref_scale.item())
-            codes[f"dynamic/{name}/{shape[0]}x{shape[1]}"] = entry
-            mine, theirs = x.clone(), x.clone()
-            entry = mismatch(qf.quantize_comfy_triton(mine), qf.quantize_fp8_comfy_reference(theirs))
-            entry["in_place_clamp_equal"] = bool(torch.equal(mine, theirs))
-            codes[f"comfy_unit/{name}/{shape[0]}x{shape[1]}"] = entry
-            scale_input = torch.tensor(0.37, device="cuda")
-            codes[f"comfy_static/{name}/{shape[0]}x{shape[1]}"] = mismatch(
-                qf.quantize_comfy_triton(x, scale_input), qf.quantize_fp8_comfy_reference(x, scale_input))
-    results["quantize_codes"] = codes
-    results["quantize_codes_byte_exact"] = all(
-        v["mismatching"] == 0 and v.get("scale_equal", True) and v.get("in_place_clamp_equal", True)
-        for v in codes.values())
-
-    gelu = {}
-    for dtype in (torch.bfloat16, torch.float16):
-        h = activations((16384, 12288 // 4), dtype, 2)
-        ours, scale = gq.gelu_quantize_dynamic_triton(h)
-        ref, ref_scale = gq.gelu_quantize_fp8_dynamic_reference(h)
-        entry = mismatch(ours, ref)
-        entry["scale_equal"] = bool(scale.item() == ref_scale.item())
-        entry["max_code_distance"] = int((ours.view(torch.uint8).int() - ref.view(torch.uint8).int()).abs().max())
-        gelu[f"dynamic/{str(dtype)[6:]}"] = entry
-        gelu[f"comfy_unit/{str(dtype)[6:]}"] = mismatch(gq.gelu_quantize_comfy_triton(h),
-                                                        gq.gelu_quantize_fp8_comfy_reference(h))
-    results["gelu_quantize_codes"] = gelu
-
-    m, k, n = 16384, 3072, 12288
-    g = torch.Generator(device="cuda").manual_seed(3)
-    x = torch.randn(m, k, generator=g, device="cuda").bfloat16()
-    w = (torch.randn(n, k, generator=g, device="cuda") / k ** 0.5).bfloat16()
-    b = (0.02 * torch.randn(n, generator=g, device="cuda")).bfloat16()
-    ref = F.linear(x.float(), w.float(), b.float())
-    bf16 = F.linear(x, w, b).float()
-    w_codes, w_scale = fl.quantize_weight_fp8(w)
-    weight = fl.Fp8Weight(w_codes, w_scale, static_input=False, input_scale=None, source_key=())
-    fp8 = fl.linear_fp8(x, weight, b).float()
-    results["gemm_relative_frobenius_error"] = {
-        "shape_MKN": [m, k, n],
-        "fp8_vs_bf16": float((fp8 - bf16).norm() / bf16.norm()),
-        "fp8_vs_fp32": float((fp8 - ref).norm() / ref.norm()),
-        "bf16_vs_fp32": float((bf16 - ref).norm() / ref.norm()),
-    }
-    results["gemm_error_gate_5pct"] = results["gemm_relative_frobenius_error"]["fp8_vs_bf16"] <= 0.05
-
-    # ComfyUI fp8 module path vs ComfyUI's eager computation (unit input scale, in-place clamp, _scaled_mm)
-    module = torch.nn.Linear(k, n, bias=True, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        module.weight.data = w_codes.clone()
-        module.bias.data = b.clone()
-    module.scale_weight, module.scale_input = w_scale.clone(), None
-    xs = x * 40   # push some activations beyond 448
-    mine, theirs = xs.clone(), xs.clone()
-    ours = fl.linear_fp8(mine, fl.fp8_weight_of(module), fl.module_bias(module, mine))
-    theirs_codes = torch.clamp(theirs, min=-448, max=448, out=theirs).to(torch.float8_e4m3fn).contiguous()
-    eager = torch._scaled_mm(theirs_codes, module.weight.t(), out_dtype=torch.bfloat16, bias=module.bias,
-                             scale_a=torch.ones((), device="cuda"), scale_b=module.scale_weight)
-    results["comfy_fp8_module_bit_identical"] = bool(torch.equal(ours, eager) and torch.equal(mine, theirs))
-    return results
+    cases_and_results = []
+    for case in parity_cases("cuda", small=False):
+        if not case.fp8:
+            continue
+        result = case.run()
+        cases_and_results.append((case, result))
+        verdict = "SKIP" if result["status"] == "skipped" else "PASS" if result["passed"] else "FAIL"
+        print(f"{verdict} {case.name} [{result.get('backend', '-')}]: "
+              f"{'; '.join(result.get('failures') or ()) or result.get('reason', 'ok')}", file=sys.stderr, flush=True)
+        torch.cuda.empty_cache()
+    results = [result for _, result in cases_and_results]
+    return {**summary(cases_and_results), "cases_from": "fused_dit.parity.parity_cases",
+            "all_passed": bool(results) and all(r["passed"] for r in results), "cases": results}
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_fp8_gates: no CUDA device; the CPU tests cover the kernels' math", file=sys.stderr)
+        return 2
     result = {"environment": environment(), **gates()}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "gpu_fp8_gates.json"
     path.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "cases"}, indent=2))
+    print(f"wrote {path}")
+    return 0 if result["all_passed"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

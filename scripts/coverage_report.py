@@ -13,7 +13,8 @@ import datetime
 import sys
 from pathlib import Path
 
-from applier.catalog import DEFAULT_CATALOG, load_catalog
+from applier.catalog import load_catalog
+from applier.resources import PATCHES_DIR
 from applier.catalog_check import CellState, CoverageReport, check_catalog
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,7 +71,7 @@ def render(report: CoverageReport, today: datetime.date) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=Path("/work/cache"), help="upstream cache root")
-    parser.add_argument("--catalog", type=Path, default=DEFAULT_CATALOG, help="catalog folder (default: patches/)")
+    parser.add_argument("--catalog", type=Path, default=PATCHES_DIR, help="catalog folder (default: patches/)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "coverage.md")
     args = parser.parse_args(argv)
     report = check_catalog(load_catalog(args.catalog), args.cache)

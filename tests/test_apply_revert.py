@@ -274,3 +274,16 @@ def test_fuzz_is_used_only_when_asked_and_remembered_for_revert(tmp_path):
     (comfy / "nodes.py").write_text((comfy / "nodes.py").read_text() + "# edit\n")
     run_cli("revert", "--target", str(comfy), "--patches", str(catalog), check=True)
     assert "MAX_RESOLUTION=16384" in (comfy / "nodes.py").read_text()
+
+
+def test_a_claimed_variant_that_does_not_fit_falls_back_to_the_one_clean_dry_run(tmp_path):
+    # ComfyUI's v0.3.44 tag: its version says "sync" but its execution.py already has the "async" text
+    comfy = make_comfy(tmp_path, version="0.3.44")
+    catalog = tmp_path / "catalog"
+    other = MAXRES_DIFF.replace("16384", "8192")
+    write_patch(catalog, "comfyui/maxres", [("claims-it", ">=0.3.44", other), ("older", "<0.3.44", MAXRES_DIFF)])
+    code, out = cli_json("apply", "--target", str(comfy), "--patches", str(catalog))
+    assert code == 0, out
+    plan = out["patches"][0]
+    assert plan["variant"] == "older"
+    assert "claims-it" in plan["reason"] and "does not fit" in plan["reason"] and "dry run" in plan["reason"]

@@ -29,7 +29,8 @@ import pytest
 from packaging.version import Version
 
 from applier import diffengine
-from applier.catalog import DEFAULT_CATALOG, load_catalog, load_patch
+from applier.catalog import load_catalog, load_patch
+from applier.resources import PATCHES_DIR
 from applier.catalog_check import CellState, check_catalog
 from applier.errors import HunkConflict
 
@@ -125,7 +126,7 @@ def run_probe_on_overlay(probe: str, site_packages: Path, overlaid: list[str], a
 
 @pytest.fixture(scope="module")
 def torch_catalog():
-    return {p.id: p for p in load_catalog(DEFAULT_CATALOG) if p.component == "torch"}
+    return {p.id: p for p in load_catalog(PATCHES_DIR) if p.component == "torch"}
 
 
 @pytest.fixture

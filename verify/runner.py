@@ -50,7 +50,7 @@ def probe_path(probe: str, probes_dir: Path | None = None) -> Path | None:
 
 
 def run_probe(python: Path | str | None, probe: str, args: dict, timeout: float,
-              env_extra: dict[str, str] | None = None, *, probes_dir: Path | None = None) -> ProbeResult:
+              env_extra: dict[str, str | None] | None = None, *, probes_dir: Path | None = None) -> ProbeResult:
     """Run one probe and read its verdict; see the module docstring for how failures are classified.
     `probes_dir` replaces verify/probes/ (tests run probes of their own)."""
     if python is None:
@@ -67,7 +67,11 @@ def run_probe(python: Path | str | None, probe: str, args: dict, timeout: float,
         return ProbeResult(Outcome.FAIL, f"probe arguments are not JSON: {exc}")
 
     env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
-    env.update(env_extra or {})
+    for key, value in (env_extra or {}).items():  # None removes an inherited variable
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     env.setdefault("PYTHONIOENCODING", "utf-8")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="applier-probe-") as workdir:

@@ -203,3 +203,35 @@ def test_ffn_forward_without_fp8_matches_stock():
     assert fl.is_gelu_tanh_ffn(ffn)
     x = torch.randn(2, 3, 32).bfloat16()
     assert torch.equal(fl.ffn_forward_fp8(ffn, x, ffn.forward), ffn(x))
+
+
+def test_dynamic_kernels_reduce_partial_maxima_across_many_programs(monkeypatch):
+    # small chunks and few programs, so the interpreter runs the multi-program, multi-iteration grid the GPU runs
+    monkeypatch.setattr(qf, "ELEMENTS_PER_ITERATION", 64)
+    monkeypatch.setattr(qf, "MAX_PROGRAMS", 4)
+    x = activations(3, shape=(1000, 13))
+    x.view(-1)[-1] = 5000.0                                 # the maximum sits in the very last chunk
+    assert qf.launch_grid(x.numel()) == (4, 51)
+    values, scale = qf.quantize_dynamic_triton(x, out_fp32=True)
+    ref_codes, ref_scale = qf.quantize_fp8_dynamic_reference(x)
+    assert scale.item() == ref_scale.item()
+    assert byte_mismatch(codes_of(values), ref_codes) == (0, 0.0)
+    h = x / 100
+    _, gelu_scale = gq.gelu_quantize_dynamic_triton(h, out_fp32=True)
+    assert gelu_scale.item() == pytest.approx(gq.gelu_quantize_fp8_dynamic_reference(h)[1].item(), rel=1e-6)
+
+
+def test_fp8_plan_is_rebuilt_when_the_module_changes():
+    module = torch.nn.Linear(32, 16).bfloat16().eval()
+    x = torch.randn(3, 32).bfloat16()
+    first = fl.fp8_plan_of(module, x)
+    assert fl.fp8_plan_of(module, x) is first               # nothing changed: the cached plan
+    module.weight_function = [lambda w: w]
+    declined = fl.fp8_plan_of(module, x)
+    assert declined is not first and "weight_function" in declined.decline_reason
+    module.weight_function = []
+    with torch.no_grad():
+        module.weight.mul_(2)
+    assert fl.fp8_plan_of(module, x).key != first.key
+    fl.drop_fp8_cache(module)
+    assert fl._PLAN_ATTR not in module.__dict__

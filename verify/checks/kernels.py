@@ -6,14 +6,15 @@ from ..registry import CheckResult, Outcome, check
 KERNEL_PARITY_PROBE = "kernel_parity"
 
 
-def interpreter_env(ctx) -> dict[str, str] | None:
+def interpreter_env(ctx) -> dict[str, str | None]:
     """TRITON_INTERPRET=1 when the kernels can only run in Triton's interpreter: --device cpu, or --device auto with
-    a CPU build of torch. Otherwise the probe decides with torch.cuda.is_available() (and turns the interpreter on
-    itself, before importing triton, when no GPU answers)."""
+    a CPU build of torch. Otherwise it is removed (a value inherited from the user's shell would silently move a
+    CUDA check onto the CPU) and the probe decides with torch.cuda.is_available(), turning the interpreter on
+    itself, before importing triton, when no GPU answers."""
     device = ctx.options.device
     if device == "cpu" or (device == "auto" and not ctx.target.torch_cuda):
         return {"TRITON_INTERPRET": "1"}
-    return None
+    return {"TRITON_INTERPRET": None}
 
 
 @check("kernel-parity", "the fused_dit overlay's kernels vs an fp32 reference and ComfyUI's eager chain "

@@ -15,6 +15,12 @@ non-empty the FP8 forward DECLINES and the module's stock forward runs, so those
 semantics; the reason is logged once. Also declined: training mode, inputs that are not bf16/fp16, K or N not
 divisible by 16, a weight on another device than the input (low-VRAM offload).
 
+Per-call cost: the module forwards keep a `Fp8Plan` per module (the decline decision, the FP8 weight, the bias in
+the activation dtype) keyed by everything that decision reads: the weight and bias tensors' identity, storage,
+device, dtype and version counter, the input's device and dtype, training mode, whether weight_function /
+bias_function are empty, and the backend environment. A hit costs one tuple comparison and then goes straight to
+the quantisation kernel and torch._scaled_mm, without re-running the checks or dispatch.
+
 GEMM constraints (FACTS.md): 2-D operands, first row-major, second column-major (`W8.t()`), fp32 scales, bias in
 the output dtype, sm_89+. Below sm_89 or on CPU the FP8 forward declines too (dispatch logs the reason); the
 function `linear_fp8` itself then emulates the GEMM in fp32 from the dequantised codes, which CPU tests use to
@@ -22,16 +28,19 @@ check the quantisation and reshaping logic.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from .. import dispatch
-from .quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY, quantize_fp8_comfy, quantize_fp8_dynamic
+from .quantize_fp8 import (FP8_DTYPE, FP8_MIN_CAPABILITY, fp8_choice, quantize_comfy_triton, quantize_dynamic_triton,
+                           quantize_fp8_comfy, quantize_fp8_dynamic)
 
 OP = "fp8_linear"
 _CACHE_ATTR = "_fused_dit_fp8_weight"
+_PLAN_ATTR = "_fused_dit_fp8_plan"
 SUPPORTED_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -42,6 +51,19 @@ class Fp8Weight:
     static_input: bool           # True: ComfyUI fp8 module (static/unit input scale); False: dynamic activations
     input_scale: torch.Tensor | None
     source_key: tuple
+    # derived once here rather than on every call: the GEMM's column-major operand and fp32 scales
+    codes_t: torch.Tensor = field(init=False, repr=False, compare=False)
+    scale_fp32: torch.Tensor = field(init=False, repr=False, compare=False)
+    activation_scale: torch.Tensor | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "codes_t", self.codes.t())
+        object.__setattr__(self, "scale_fp32", self.scale.float())
+        static_scale = None
+        if self.static_input:
+            static_scale = (torch.ones((), device=self.codes.device, dtype=torch.float32)
+                            if self.input_scale is None else self.input_scale.float())
+        object.__setattr__(self, "activation_scale", static_scale)
 
 
 def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,14 +72,19 @@ def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return codes.contiguous(), scale
 
 
+def _scaled_mm(a_codes: torch.Tensor, a_scale: torch.Tensor, w_codes_t: torch.Tensor, w_scale: torch.Tensor,
+               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """torch._scaled_mm with operands already in the form it needs (fp32 scales, bias in out_dtype)."""
+    out = torch._scaled_mm(a_codes, w_codes_t, scale_a=a_scale, scale_b=w_scale, bias=bias, out_dtype=out_dtype)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def matmul_fp8(a_codes: torch.Tensor, a_scale: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
                bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """out[M, N] = (a_codes*a_scale) @ (w_codes*w_scale).T + bias, a_codes [M, K] and w_codes [N, K] in e4m3."""
-    choice = dispatch.choose("fp8_scaled_mm", a_codes, min_capability=FP8_MIN_CAPABILITY)
-    if choice.triton and out_dtype in SUPPORTED_ACTIVATION_DTYPES:
-        out = torch._scaled_mm(a_codes, w_codes.t(), scale_a=a_scale.float(), scale_b=w_scale.float(),
-                               bias=None if bias is None else bias.to(out_dtype), out_dtype=out_dtype)
-        return out[0] if isinstance(out, tuple) else out
+    if fp8_choice("fp8_scaled_mm", a_codes).triton and out_dtype in SUPPORTED_ACTIVATION_DTYPES:
+        return _scaled_mm(a_codes, a_scale.float(), w_codes.t(), w_scale.float(),
+                          None if bias is None else bias.to(out_dtype), out_dtype)
     # emulation for CPUs and older GPUs: the same codes and scales, fp32 accumulation
     a = a_codes.float() * a_scale.float()
     w = w_codes.float() * w_scale.float()
@@ -74,12 +101,27 @@ def linear_fp8(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
     x2d = x.reshape(-1, k)
     if weight.static_input:
         a_codes = quantize_fp8_comfy(x2d, weight.input_scale, clamp_input_in_place=clamp_input_in_place)
-        a_scale = (weight.input_scale if weight.input_scale is not None
-                   else torch.ones((), device=x.device, dtype=torch.float32))
+        a_scale = weight.activation_scale
     else:
         a_codes, a_scale = quantize_fp8_dynamic(x2d)
     out = matmul_fp8(a_codes.reshape(-1, k), a_scale.to(x.device), weight.codes, weight.scale, bias, x.dtype)
     return out.reshape(*x.shape[:-1], weight.codes.shape[0])
+
+
+def _linear_fp8_gpu(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """linear_fp8 once a plan has established that the Triton kernels and torch._scaled_mm run for x.
+
+    The same kernels and GEMM call as linear_fp8's dispatched path, without asking dispatch again; bias is
+    already in x's dtype and on x's device.
+    """
+    x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if weight.static_input:
+        a_codes = quantize_comfy_triton(x2d, weight.input_scale)
+        a_scale = weight.activation_scale
+    else:
+        a_codes, a_scale = quantize_dynamic_triton(x2d)
+    out = _scaled_mm(a_codes, a_scale, weight.codes_t, weight.scale_fp32, bias, x.dtype)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
 
 def decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
@@ -104,10 +146,17 @@ def decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
     return None
 
 
+def _tensor_key(tensor: torch.Tensor | None) -> tuple:
+    """What identifies a parameter's current contents: identity, storage, device, in-place edits, dtype."""
+    if tensor is None:
+        return ()
+    return (id(tensor), tensor.data_ptr(), tensor.device, tensor._version, tensor.dtype)
+
+
 def fp8_weight_of(module: torch.nn.Module) -> Fp8Weight:
     """The module's FP8 weight, quantised on first use and re-quantised when the weight tensor changes."""
     weight = module.weight
-    key = (id(weight), weight.data_ptr(), weight.device, weight._version, weight.dtype)
+    key = _tensor_key(weight)
     cached = module.__dict__.get(_CACHE_ATTR)
     if cached is not None and cached.source_key == key:
         return cached
@@ -130,6 +179,7 @@ def fp8_weight_of(module: torch.nn.Module) -> Fp8Weight:
 
 def drop_fp8_cache(module: torch.nn.Module) -> None:
     module.__dict__.pop(_CACHE_ATTR, None)
+    module.__dict__.pop(_PLAN_ATTR, None)
 
 
 def module_bias(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
@@ -137,13 +187,55 @@ def module_bias(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None
     return None if bias is None else bias.to(device=x.device, dtype=x.dtype)
 
 
+@dataclass(frozen=True)
+class Fp8Plan:
+    """One module's decision for inputs of one device and dtype, and what the FP8 path then needs."""
+    key: tuple
+    decline_reason: str | None
+    weight: Fp8Weight | None         # None when declined
+    bias: torch.Tensor | None        # in the input's dtype and device
+
+
+def _patch_functions_present(module: torch.nn.Module) -> bool:
+    """Whether ComfyUI's weight_function/bias_function lists are non-empty (the instance's, else the class's).
+
+    Read without nn.Module.__getattr__, whose AttributeError for plain torch Linears costs more than the rest of
+    the key; ComfyUI keeps these lists as class attributes and as instance attributes once patched.
+    """
+    for name in ("weight_function", "bias_function"):
+        functions = module.__dict__.get(name)
+        if functions is None:
+            functions = getattr(type(module), name, None)
+        if functions:
+            return True
+    return False
+
+
+def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
+    """The module's cached plan for x, rebuilt whenever anything decline_reason or the FP8 weight read changes."""
+    weight = module.weight
+    bias = getattr(module, "bias", None)
+    key = (_tensor_key(weight), _tensor_key(bias), x.device, x.dtype, module.training,
+           _patch_functions_present(module), os.environ.get("FUSED_DIT_BACKEND"))
+    plan = module.__dict__.get(_PLAN_ATTR)
+    if plan is not None and plan.key == key:
+        return plan
+    reason = decline_reason(module, x)
+    if reason is None:
+        plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x))
+    else:
+        plan = Fp8Plan(key, reason, None, None)
+    module.__dict__[_PLAN_ATTR] = plan
+    return plan
+
+
 def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) -> torch.Tensor:
     """Forward for a Linear module: the FP8 path when it may run, else `stock_forward(x)`."""
-    reason = decline_reason(module, x)
-    if reason is not None:
-        dispatch.say_once(OP, "stock forward", reason)
+    plan = fp8_plan_of(module, x)
+    if plan.decline_reason is not None:
+        dispatch.say_once(OP, "stock forward", plan.decline_reason)
         return stock_forward(x)
-    return linear_fp8(x, fp8_weight_of(module), module_bias(module, x))
+    return _linear_fp8_gpu(x, plan.weight, plan.bias)
 
 
 def is_linear(module: torch.nn.Module) -> bool:
@@ -153,28 +245,28 @@ def is_linear(module: torch.nn.Module) -> bool:
 
 def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) -> torch.Tensor:
     """Linear -> GELU(tanh) -> Linear with FP8 GEMMs and op 7 (GELU fused into the second GEMM's quantisation)."""
-    from .gelu_quantize_fp8 import gelu_quantize_fp8_comfy, gelu_quantize_fp8_dynamic
+    from .gelu_quantize_fp8 import gelu_quantize_comfy_triton, gelu_quantize_dynamic_triton
 
     fc_in, _, fc_out = ffn[0], ffn[1], ffn[2]
-    reason_in = decline_reason(fc_in, x)
-    if reason_in is not None:
-        dispatch.say_once(OP, "stock forward", reason_in)
-    hidden = stock_forward_of(fc_in)(x) if reason_in else linear_fp8(x, fp8_weight_of(fc_in), module_bias(fc_in, x))
-    reason_out = decline_reason(fc_out, hidden)
-    if reason_out is not None:
-        dispatch.say_once(OP, "stock forward", reason_out)
-        return stock_forward_of(fc_out)(F.gelu(hidden, approximate="tanh"))
-    weight = fp8_weight_of(fc_out)
-    k = hidden.shape[-1]
-    h2d = hidden.reshape(-1, k)
-    if weight.static_input:
-        a_codes = gelu_quantize_fp8_comfy(h2d, weight.input_scale)
-        a_scale = (weight.input_scale if weight.input_scale is not None
-                   else torch.ones((), device=x.device, dtype=torch.float32))
+    plan_in = fp8_plan_of(fc_in, x)
+    if plan_in.decline_reason is not None:
+        dispatch.say_once(OP, "stock forward", plan_in.decline_reason)
+        hidden = stock_forward_of(fc_in)(x)
     else:
-        a_codes, a_scale = gelu_quantize_fp8_dynamic(h2d)
-    out = matmul_fp8(a_codes, a_scale, weight.codes, weight.scale, module_bias(fc_out, hidden), hidden.dtype)
-    return out.reshape(*hidden.shape[:-1], weight.codes.shape[0])
+        hidden = _linear_fp8_gpu(x, plan_in.weight, plan_in.bias)
+    plan_out = fp8_plan_of(fc_out, hidden)
+    if plan_out.decline_reason is not None:
+        dispatch.say_once(OP, "stock forward", plan_out.decline_reason)
+        return stock_forward_of(fc_out)(F.gelu(hidden, approximate="tanh"))
+    weight = plan_out.weight
+    h2d = hidden if hidden.dim() == 2 else hidden.reshape(-1, hidden.shape[-1])
+    if weight.static_input:
+        a_codes = gelu_quantize_comfy_triton(h2d, weight.input_scale)
+        a_scale = weight.activation_scale
+    else:
+        a_codes, a_scale = gelu_quantize_dynamic_triton(h2d)
+    out = _scaled_mm(a_codes, a_scale, weight.codes_t, weight.scale_fp32, plan_out.bias, hidden.dtype)
+    return out if hidden.dim() == 2 else out.view(*hidden.shape[:-1], out.shape[-1])
 
 
 def is_gelu_tanh_ffn(module: torch.nn.Module) -> bool:

@@ -2,8 +2,9 @@
 
 Replaces `GELU(tanh)(h)` followed by op 5 in `Linear -> GELU(tanh) -> Linear`. The GELU value is computed in fp32
 with the formula torch's CUDA kernel uses (0.5*h*(1 + tanh(sqrt(2/pi)*(h + 0.044715*h^3)))), rounded to h's dtype
-(the tensor eager would hand to the next Linear), then quantised exactly as op 5 does. Dynamic mode reads h twice
-(absmax pass, quantise pass, GELU recomputed) and writes one byte per element; eager reads/writes ~9 bytes.
+(the tensor eager would hand to the next Linear), then quantised exactly as op 5 does (same launch grid, same
+partial-maxima stats buffer). Dynamic mode reads h twice (absmax pass, quantise pass, GELU recomputed) and writes
+one byte per element; eager reads/writes ~9 bytes.
 
 Parity: codes equal the eager chain `quantize(F.gelu(h, approximate="tanh"))` except where the kernel's tanh and
 torch's tanhf round differently in the last bit and that flips the bf16 rounding: the GPU gate reports the
@@ -16,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import dispatch
-from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, FP8_MIN_CAPABILITY, _BLOCK, _new_output,
+from . import quantize_fp8 as op5
+from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, fp8_choice, kernel_input, launch_grid, new_output, new_stats,
                            quantize_fp8_comfy_reference, quantize_fp8_dynamic_reference)
 
 
@@ -31,16 +33,14 @@ def gelu_quantize_fp8_comfy_reference(h: torch.Tensor, scale_input: torch.Tensor
 
 def gelu_quantize_fp8_dynamic(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes of GELU_tanh(h) with h's shape, fp32 0-dim scale); per-tensor dynamic scale as op 5."""
-    choice = dispatch.choose("gelu_quantize_fp8_dynamic", h, min_capability=FP8_MIN_CAPABILITY)
-    if not choice.triton:
+    if not fp8_choice("gelu_quantize_fp8_dynamic", h).triton:
         return gelu_quantize_fp8_dynamic_reference(h)
     return gelu_quantize_dynamic_triton(h)
 
 
 def gelu_quantize_fp8_comfy(h: torch.Tensor, scale_input: torch.Tensor | None = None) -> torch.Tensor:
     """Codes of GELU_tanh(h) under ComfyUI's static input scale (unit scale when None)."""
-    choice = dispatch.choose("gelu_quantize_fp8_comfy", h, min_capability=FP8_MIN_CAPABILITY)
-    if not choice.triton:
+    if not fp8_choice("gelu_quantize_fp8_comfy", h).triton:
         return gelu_quantize_fp8_comfy_reference(h, scale_input)
     return gelu_quantize_comfy_triton(h, scale_input)
 
@@ -52,6 +52,8 @@ except Exception:  # dispatch reports why; the references still work
     triton = None
 
 if triton is not None:
+    from .quantize_fp8 import chunk_offsets, scale_from_partials, store_partial_absmax
+
     try:
         from triton.language.extra import libdevice
     except Exception:  # older layouts; the exp-based tanh is used then
@@ -70,34 +72,36 @@ if triton is not None:
         return (0.5 * hf * (1.0 + t)).to(h.dtype).to(tl.float32)
 
     @triton.jit
-    def _gelu_absmax_kernel(h_ptr, absmax_ptr, n, LIBDEVICE_TANH: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        h = tl.load(h_ptr + offs, mask=offs < n, other=0.0)
-        g = _gelu_tanh(h, LIBDEVICE_TANH)
-        tl.atomic_max(absmax_ptr, tl.max(tl.abs(g), axis=0))
+    def _gelu_absmax_kernel(h_ptr, stats_ptr, n, iterations, LIBDEVICE_TANH: tl.constexpr, BLOCK: tl.constexpr):
+        running_max = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(iterations):
+            offs = chunk_offsets(i, iterations, BLOCK, False)
+            h = tl.load(h_ptr + offs, mask=offs < n, other=0.0)
+            # masked lanes hold gelu(0) = 0, which cannot raise the maximum
+            running_max = tl.maximum(running_max, tl.abs(_gelu_tanh(h, LIBDEVICE_TANH)))
+        store_partial_absmax(stats_ptr, running_max)
 
     @triton.jit
-    def _gelu_quantize_kernel(h_ptr, out_ptr, absmax_ptr, scale_ptr, reciprocal_ptr, n, floor, fmax,
+    def _gelu_quantize_kernel(h_ptr, out_ptr, stats_ptr, reciprocal_ptr, n, iterations, floor, fmax,
                               DYNAMIC: tl.constexpr, HAS_SCALE: tl.constexpr, LIBDEVICE_TANH: tl.constexpr,
-                              OUT_FP8: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        h = tl.load(h_ptr + offs, mask=mask, other=0.0)
-        g = _gelu_tanh(h, LIBDEVICE_TANH)
+                              OUT_FP8: tl.constexpr, BLOCK: tl.constexpr, MAX_PARTIALS: tl.constexpr):
         if DYNAMIC:
-            scale = tl.div_rn(tl.maximum(tl.load(absmax_ptr), floor), fmax)
-            if pid == 0:
-                tl.store(scale_ptr, scale)
-            v = tl.minimum(tl.maximum(tl.div_rn(g, scale), -fmax), fmax)
-        elif HAS_SCALE:
-            v = (g * tl.load(reciprocal_ptr).to(tl.float32)).to(h.dtype).to(tl.float32)
-        else:
-            v = tl.minimum(tl.maximum(g, -fmax), fmax)
-        if OUT_FP8:
-            tl.store(out_ptr + offs, v.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
-        else:
-            tl.store(out_ptr + offs, v, mask=mask)
+            scale = scale_from_partials(stats_ptr, floor, fmax, MAX_PARTIALS)
+        for i in range(iterations):
+            offs = chunk_offsets(i, iterations, BLOCK, DYNAMIC)
+            mask = offs < n
+            h = tl.load(h_ptr + offs, mask=mask, other=0.0)
+            g = _gelu_tanh(h, LIBDEVICE_TANH)
+            if DYNAMIC:
+                v = tl.minimum(tl.maximum(tl.div_rn(g, scale), -fmax), fmax)
+            elif HAS_SCALE:
+                v = (g * tl.load(reciprocal_ptr).to(tl.float32)).to(h.dtype).to(tl.float32)
+            else:
+                v = tl.minimum(tl.maximum(g, -fmax), fmax)
+            if OUT_FP8:
+                tl.store(out_ptr + offs, v.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+            else:
+                tl.store(out_ptr + offs, v, mask=mask)
 
 
 def _libdevice_tanh(device: torch.device) -> bool:
@@ -105,32 +109,42 @@ def _libdevice_tanh(device: torch.device) -> bool:
 
 
 def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    flat = h.detach().contiguous().view(-1)
-    n = flat.numel()
-    absmax = torch.zeros(1, device=h.device, dtype=torch.float32)
-    scale = torch.empty((), device=h.device, dtype=torch.float32)
-    out, written = _new_output(n, h, out_fp32)
-    blocks = max(triton.cdiv(n, _BLOCK), 1)
+    n = h.numel()
+    if n > op5.MAX_KERNEL_ELEMENTS:
+        codes, scale = gelu_quantize_fp8_dynamic_reference(h)
+        return (codes.float() if out_fp32 else codes), scale
+    source = kernel_input(h)
+    out, written = new_output(h, out_fp32)
+    programs, iterations = launch_grid(n)
+    stats, scale = new_stats(programs, h.device)
     use_libdevice = _libdevice_tanh(h.device)
-    _gelu_absmax_kernel[(blocks,)](flat, absmax, n, LIBDEVICE_TANH=use_libdevice, BLOCK=_BLOCK)
-    _gelu_quantize_kernel[(blocks,)](flat, written, absmax, scale, absmax, n, ABSMAX_FLOOR, E4M3_MAX,
-                                     DYNAMIC=True, HAS_SCALE=False, LIBDEVICE_TANH=use_libdevice,
-                                     OUT_FP8=not out_fp32, BLOCK=_BLOCK)
-    return out.view(h.shape), scale
+    _gelu_absmax_kernel[(programs,)](source, stats, n, iterations, LIBDEVICE_TANH=use_libdevice,
+                                     BLOCK=op5.ELEMENTS_PER_ITERATION, num_warps=op5.NUM_WARPS)
+    _gelu_quantize_kernel[(programs,)](source, written, stats, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
+                                       DYNAMIC=True, HAS_SCALE=False, LIBDEVICE_TANH=use_libdevice,
+                                       OUT_FP8=not out_fp32, BLOCK=op5.ELEMENTS_PER_ITERATION,
+                                       MAX_PARTIALS=triton.next_power_of_2(op5.MAX_PROGRAMS),
+                                       num_warps=op5.NUM_WARPS)
+    return out, scale
 
 
 def gelu_quantize_comfy_triton(h: torch.Tensor, scale_input: torch.Tensor | None = None,
                                out_fp32: bool = False) -> torch.Tensor:
-    flat = h.detach().contiguous().view(-1)
-    n = flat.numel()
-    out, written = _new_output(n, h, out_fp32)
+    n = h.numel()
+    if n > op5.MAX_KERNEL_ELEMENTS:
+        codes = gelu_quantize_fp8_comfy_reference(h, scale_input)
+        return codes.float() if out_fp32 else codes
+    source = kernel_input(h)
+    out, written = new_output(h, out_fp32)
     if scale_input is None:
-        reciprocal = torch.ones(1, device=h.device, dtype=h.dtype)   # not read by the kernel
+        reciprocal = source        # a placeholder pointer: the kernel does not read it without HAS_SCALE
     else:
         reciprocal = (1.0 / scale_input.to(h.device)).to(h.dtype).reshape(1)
     if n:
-        _gelu_quantize_kernel[(triton.cdiv(n, _BLOCK),)](
-            flat, written, reciprocal, reciprocal, reciprocal, n, ABSMAX_FLOOR, E4M3_MAX,
+        programs, iterations = launch_grid(n)
+        # stats_ptr is not read outside DYNAMIC mode; any pointer will do
+        _gelu_quantize_kernel[(programs,)](
+            source, written, reciprocal, reciprocal, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
             DYNAMIC=False, HAS_SCALE=scale_input is not None, LIBDEVICE_TANH=_libdevice_tanh(h.device),
-            OUT_FP8=not out_fp32, BLOCK=_BLOCK)
-    return out.view(h.shape)
+            OUT_FP8=not out_fp32, BLOCK=op5.ELEMENTS_PER_ITERATION, MAX_PARTIALS=1, num_warps=op5.NUM_WARPS)
+    return out

@@ -3,8 +3,12 @@
 Dynamic per-tensor (what the overlay's own FP8 linears use for bf16/fp16 weights):
     scale = max(absmax(x), 1e-12) / 448          (fp32, IEEE division)
     codes = (x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)
-The scale never leaves the GPU: one kernel reduces |x| with atomic_max into a one-element fp32 buffer, the second
-kernel reads it, derives the scale, quantises, and stores the scale for torch._scaled_mm. No host sync.
+The scale never leaves the GPU and nothing is zero-filled: the first kernel's programs each write the maximum of
+|x| over their share into their own slot of a small fp32 "stats" buffer (no atomics, so no contention on one
+address); the second kernel's programs each reduce those <= MAX_PROGRAMS partial maxima themselves, derive the
+scale, quantise their share, and program 0 stores the scale (slot 0 of the same buffer, handed to
+torch._scaled_mm as a 0-dim view). The maximum is exact in any order, so the scale is bit-identical to the
+reference. No host sync.
 
 ComfyUI's static flavour (the drop-in tier; comfy/ops.py `fp8_linear`, read 2025-10):
     scale_input is None:  x.clamp_(-448, 448) IN PLACE, then x.to(float8_e4m3fn)
@@ -25,6 +29,7 @@ Codes are compared as raw bytes against the eager references below (`*_reference
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -36,7 +41,25 @@ FP8_DTYPE = torch.float8_e4m3fn
 ABSMAX_FLOOR = 1e-12
 # FP8 kernels need Ada (sm_89) or Hopper (sm_90) for the hardware e4m3 conversion
 FP8_MIN_CAPABILITY = (8, 9)
-_BLOCK = 2048
+
+# Launch configuration of the FP8 quantisation kernels (op 5 and op 7), module-level so a sweep can set them.
+# Each program walks its chunks of ELEMENTS_PER_ITERATION elements grid-stride; at most MAX_PROGRAMS programs, so
+# the dynamic kernels' per-program partial maxima stay few enough for every program to reduce all of them.
+ELEMENTS_PER_ITERATION = 4096
+NUM_WARPS = 8
+MAX_PROGRAMS = 1024
+# offsets are int32 in the kernels; larger tensors take the eager reference (same results). The margin covers the
+# grid's overshoot past n (under MAX_PROGRAMS + 1 chunks) for chunks of up to 2**14 elements.
+MAX_KERNEL_ELEMENTS = 2**31 - 2**25
+
+
+def launch_grid(n: int) -> tuple[int, int]:
+    """(programs, iterations per program) covering n elements, with the chunks spread evenly over the programs."""
+    chunks = max(-(-n // ELEMENTS_PER_ITERATION), 1)
+    iterations = -(-chunks // MAX_PROGRAMS)
+    # as many programs as keep every program's last iteration busy (e.g. 3456 chunks: 864 x 4, not 1024 x 4)
+    programs = -(-chunks // iterations)
+    return programs, iterations
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -75,10 +98,28 @@ def quantize_fp8_comfy_reference(x: torch.Tensor, scale_input: torch.Tensor | No
 # public entry points (dispatching)
 # ---------------------------------------------------------------------------------------------------------------
 
+_fp8_choices: dict[tuple, dispatch.Choice] = {}
+
+
+def fp8_choice(op: str, x: torch.Tensor) -> dispatch.Choice:
+    """dispatch.choose for an FP8 op, remembered per (op, device, backend environment).
+
+    dispatch.choose re-reads the environment and the device capability on every call; what it decides can only
+    change with the device or those two variables, so they are the key. The log line still comes out once per
+    reason (say_once), also after a test clears dispatch's memory of what it said.
+    """
+    key = (op, x.device, os.environ.get("FUSED_DIT_BACKEND"), os.environ.get("TRITON_INTERPRET"))
+    choice = _fp8_choices.get(key)
+    if choice is None:
+        choice = _fp8_choices[key] = dispatch.choose(op, x, min_capability=FP8_MIN_CAPABILITY)
+    else:
+        dispatch.say_once(op, choice.backend, choice.reason)
+    return choice
+
+
 def quantize_fp8_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes float8_e4m3fn with x's shape, contiguous; scale fp32 0-dim on x's device)."""
-    choice = dispatch.choose("quantize_fp8_dynamic", x, min_capability=FP8_MIN_CAPABILITY)
-    if not choice.triton:
+    if not fp8_choice("quantize_fp8_dynamic", x).triton:
         return quantize_fp8_dynamic_reference(x)
     return quantize_dynamic_triton(x)
 
@@ -86,8 +127,7 @@ def quantize_fp8_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_fp8_comfy(x: torch.Tensor, scale_input: torch.Tensor | None = None,
                        clamp_input_in_place: bool = True) -> torch.Tensor:
     """ComfyUI fp8_linear's input quantisation; codes with x's shape."""
-    choice = dispatch.choose("quantize_fp8_comfy", x, min_capability=FP8_MIN_CAPABILITY)
-    if not choice.triton:
+    if not fp8_choice("quantize_fp8_comfy", x).triton:
         return quantize_fp8_comfy_reference(x, scale_input, clamp_input_in_place)
     return quantize_comfy_triton(x, scale_input, clamp_input_in_place)
 
@@ -105,52 +145,82 @@ except Exception:  # dispatch.triton_import_error() reports the reason; eager re
 
 if triton is not None:
     @triton.jit
-    def _absmax_kernel(x_ptr, absmax_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-        tl.atomic_max(absmax_ptr, tl.max(tl.abs(x), axis=0))
+    def chunk_offsets(i, iterations, BLOCK: tl.constexpr, REVERSED: tl.constexpr):
+        """Element offsets of this program's i-th chunk (grid-stride: neighbouring programs, neighbouring chunks).
 
-    @triton.jit
-    def _quantize_dynamic_kernel(x_ptr, out_ptr, absmax_ptr, scale_ptr, n, floor, fmax,
-                                 OUT_FP8: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        scale = tl.div_rn(tl.maximum(tl.load(absmax_ptr), floor), fmax)
-        if pid == 0:
-            tl.store(scale_ptr, scale)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -fmax), fmax)
-        if OUT_FP8:
-            tl.store(out_ptr + offs, q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+        REVERSED walks the chunks last to first: the quantise pass then starts on the chunks the absmax pass read
+        last, the likeliest to still be in L2.
+        """
+        if REVERSED:
+            row = iterations - 1 - i
         else:
-            tl.store(out_ptr + offs, q, mask=mask)
+            row = i
+        return (row * tl.num_programs(0) + tl.program_id(0)) * BLOCK + tl.arange(0, BLOCK)
 
     @triton.jit
-    def _quantize_comfy_kernel(x_ptr, out_ptr, reciprocal_ptr, n, fmax,
+    def store_partial_absmax(stats_ptr, running_max):
+        """Slot 1 + program id of the stats buffer: this program's max |x| (slot 0 is the scale)."""
+        tl.store(stats_ptr + 1 + tl.program_id(0), tl.max(running_max, axis=0))
+
+    @triton.jit
+    def scale_from_partials(stats_ptr, floor, fmax, MAX_PARTIALS: tl.constexpr):
+        """Every program reduces all partial maxima itself (no grid-wide sync); program 0 publishes the scale."""
+        slots = tl.arange(0, MAX_PARTIALS)
+        partials = tl.load(stats_ptr + 1 + slots, mask=slots < tl.num_programs(0), other=0.0)
+        scale = tl.div_rn(tl.maximum(tl.max(partials, axis=0), floor), fmax)
+        if tl.program_id(0) == 0:
+            tl.store(stats_ptr, scale)
+        return scale
+
+    @triton.jit
+    def _absmax_kernel(x_ptr, stats_ptr, n, iterations, BLOCK: tl.constexpr):
+        running_max = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(iterations):
+            offs = chunk_offsets(i, iterations, BLOCK, False)
+            x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+            running_max = tl.maximum(running_max, tl.abs(x))
+        store_partial_absmax(stats_ptr, running_max)
+
+    @triton.jit
+    def _quantize_dynamic_kernel(x_ptr, out_ptr, stats_ptr, n, iterations, floor, fmax,
+                                 OUT_FP8: tl.constexpr, BLOCK: tl.constexpr, MAX_PARTIALS: tl.constexpr):
+        scale = scale_from_partials(stats_ptr, floor, fmax, MAX_PARTIALS)
+        for i in range(iterations):
+            offs = chunk_offsets(i, iterations, BLOCK, True)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -fmax), fmax)
+            if OUT_FP8:
+                tl.store(out_ptr + offs, q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+            else:
+                tl.store(out_ptr + offs, q, mask=mask)
+
+    @triton.jit
+    def _quantize_comfy_kernel(x_ptr, out_ptr, reciprocal_ptr, n, iterations, fmax,
                                HAS_SCALE: tl.constexpr, WRITE_BACK: tl.constexpr, SATURATE: tl.constexpr,
                                OUT_FP8: tl.constexpr, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        xf = x.to(tl.float32)
-        if HAS_SCALE:
-            reciprocal = tl.load(reciprocal_ptr).to(tl.float32)
-            # eager multiplies in x's dtype: the product is rounded to it before the fp8 cast
-            v = (xf * reciprocal).to(x.dtype).to(tl.float32)
-        else:
-            v = tl.minimum(tl.maximum(xf, -fmax), fmax)
-            if WRITE_BACK:
-                tl.store(x_ptr + offs, v.to(x.dtype), mask=mask & (tl.abs(xf) > fmax))
-        if OUT_FP8:
-            bits = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-            if not SATURATE:
-                # torch releases that do not saturate give NaN above 464 (the tie between 448 and 480)
-                nan_bits = tl.where(v < 0, 0xFF, 0x7F).to(tl.uint8)
-                bits = tl.where(tl.abs(v) > 464.0, nan_bits, bits)
-            tl.store(out_ptr + offs, bits, mask=mask)
-        else:
-            tl.store(out_ptr + offs, v, mask=mask)
+        for i in range(iterations):
+            offs = chunk_offsets(i, iterations, BLOCK, False)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            xf = x.to(tl.float32)
+            if HAS_SCALE:
+                reciprocal = tl.load(reciprocal_ptr).to(tl.float32)
+                # eager multiplies in x's dtype: the product is rounded to it before the fp8 cast
+                v = (xf * reciprocal).to(x.dtype).to(tl.float32)
+            else:
+                v = tl.minimum(tl.maximum(xf, -fmax), fmax)
+                if WRITE_BACK:
+                    tl.store(x_ptr + offs, v.to(x.dtype), mask=mask & (tl.abs(xf) > fmax))
+            if OUT_FP8:
+                bits = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+                if not SATURATE:
+                    # torch releases that do not saturate give NaN above 464 (the tie between 448 and 480)
+                    nan_bits = tl.where(v < 0, 0xFF, 0x7F).to(tl.uint8)
+                    bits = tl.where(tl.abs(v) > 464.0, nan_bits, bits)
+                tl.store(out_ptr + offs, bits, mask=mask)
+            else:
+                tl.store(out_ptr + offs, v, mask=mask)
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,46 +230,67 @@ def torch_fp8_cast_saturates(device: str) -> bool:
     return int(probe.item()) == 0x7E
 
 
-def _new_output(n: int, like: torch.Tensor, out_fp32: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tensor handed back, tensor the kernel writes): fp8 codes are written through a uint8 view."""
+def new_output(like: torch.Tensor, out_fp32: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tensor handed back, shaped like `like`; tensor the kernel writes): fp8 codes go through a uint8 view."""
     if out_fp32:
-        out = torch.empty(n, device=like.device, dtype=torch.float32)
+        out = torch.empty(like.shape, device=like.device, dtype=torch.float32)
         return out, out
-    out = torch.empty(n, device=like.device, dtype=FP8_DTYPE)
+    out = torch.empty(like.shape, device=like.device, dtype=FP8_DTYPE)
     return out, out.view(torch.uint8)
 
 
+def new_stats(programs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stats buffer: slot 0 the scale, slots 1.. the partial maxima; the scale as a 0-dim view of slot 0).
+
+    Every slot is written by the kernels, so nothing is filled; one allocation serves both.
+    """
+    stats = torch.empty(programs + 1, device=device, dtype=torch.float32)
+    return stats, stats[0]
+
+
+def kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels read it: its own storage when contiguous (the kernels index it flat), else a copy."""
+    if x.requires_grad:      # the interpreter hands tensors to numpy, which refuses ones that require grad
+        x = x.detach()
+    return x if x.is_contiguous() else x.contiguous()
+
+
 def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    flat = x.detach().contiguous().view(-1)
-    n = flat.numel()
-    absmax = torch.zeros(1, device=x.device, dtype=torch.float32)
-    scale = torch.empty((), device=x.device, dtype=torch.float32)
-    out, written = _new_output(n, x, out_fp32)
-    blocks = max(triton.cdiv(n, _BLOCK), 1)
-    _absmax_kernel[(blocks,)](flat, absmax, n, BLOCK=_BLOCK)
-    _quantize_dynamic_kernel[(blocks,)](flat, written, absmax, scale, n, ABSMAX_FLOOR, E4M3_MAX,
-                                        OUT_FP8=not out_fp32, BLOCK=_BLOCK)
-    return out.view(x.shape), scale
+    n = x.numel()
+    if n > MAX_KERNEL_ELEMENTS:
+        codes, scale = quantize_fp8_dynamic_reference(x)
+        return (codes.float() if out_fp32 else codes), scale
+    source = kernel_input(x)
+    out, written = new_output(x, out_fp32)
+    programs, iterations = launch_grid(n)
+    stats, scale = new_stats(programs, x.device)
+    _absmax_kernel[(programs,)](source, stats, n, iterations, BLOCK=ELEMENTS_PER_ITERATION, num_warps=NUM_WARPS)
+    _quantize_dynamic_kernel[(programs,)](source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
+                                          OUT_FP8=not out_fp32, BLOCK=ELEMENTS_PER_ITERATION,
+                                          MAX_PARTIALS=triton.next_power_of_2(MAX_PROGRAMS), num_warps=NUM_WARPS)
+    return out, scale
 
 
 def quantize_comfy_triton(x: torch.Tensor, scale_input: torch.Tensor | None = None,
                           clamp_input_in_place: bool = True, out_fp32: bool = False) -> torch.Tensor:
     write_back = clamp_input_in_place and scale_input is None
-    if write_back and not x.is_contiguous():
+    n = x.numel()
+    if (write_back and not x.is_contiguous()) or n > MAX_KERNEL_ELEMENTS:
         # the in-place clamp must write into x itself; a strided x takes the eager reference
-        return quantize_fp8_comfy_reference(x, scale_input, clamp_input_in_place)
-    flat = x.detach().contiguous().view(-1)
-    n = flat.numel()
-    out, written = _new_output(n, x, out_fp32)
+        codes = quantize_fp8_comfy_reference(x, scale_input, clamp_input_in_place)
+        return codes.float() if out_fp32 else codes
+    source = kernel_input(x)
+    out, written = new_output(x, out_fp32)
     if scale_input is None:
-        reciprocal = torch.ones(1, device=x.device, dtype=x.dtype)   # not read by the kernel
+        reciprocal = source        # a placeholder pointer: the kernel does not read it without HAS_SCALE
     else:
         # the same two torch ops ComfyUI runs: the reciprocal in fp32, rounded to x's dtype
         reciprocal = (1.0 / scale_input.to(x.device)).to(x.dtype).reshape(1)
     saturate = x.device.type != "cuda" or torch_fp8_cast_saturates(str(x.device))
     if n:
-        _quantize_comfy_kernel[(triton.cdiv(n, _BLOCK),)](
-            flat, written, reciprocal, n, E4M3_MAX,
+        programs, iterations = launch_grid(n)
+        _quantize_comfy_kernel[(programs,)](
+            source, written, reciprocal, n, iterations, E4M3_MAX,
             HAS_SCALE=scale_input is not None, WRITE_BACK=write_back, SATURATE=saturate,
-            OUT_FP8=not out_fp32, BLOCK=_BLOCK)
-    return out.view(x.shape)
+            OUT_FP8=not out_fp32, BLOCK=ELEMENTS_PER_ITERATION, num_warps=NUM_WARPS)
+    return out
