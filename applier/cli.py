@@ -331,7 +331,8 @@ def explain(patch_id, patches_dir, as_json):
               help="Run kernel parity of installed overlays.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--real-import", is_flag=True, help="Import the target's ComfyUI nodes in its own interpreter.")
-@click.option("--timeout", type=float, default=300.0, show_default=True, help="Seconds per check subprocess.")
+@click.option("--timeout", type=float, default=None,
+              help="Seconds per check subprocess [default: 180; kernel-parity 900].")
 def verify(target, python, patches_dir, as_json, only, kernels, device, real_import, timeout):
     """Prove the effect: MAX_RESOLUTION as the server sees it, each patch's behaviour, kernel parity.
 
@@ -349,9 +350,9 @@ def verify(target, python, patches_dir, as_json, only, kernels, device, real_imp
         if tty:
             click.echo(f"... {name}", err=True)
 
+    limits = {} if timeout is None else {"timeout": timeout, "kernel_timeout": timeout}
     options = verify_pkg.VerifyOptions(target=found, catalog=catalog, state=state, device=device, kernels=kernels,
-                                       real_import=real_import, only=tuple(only), timeout=timeout,
-                                       progress=progress)
+                                       real_import=real_import, only=tuple(only), progress=progress, **limits)
     results = verify_pkg.run_verify(options)
     ok = verify_pkg.overall_ok(results)
     if as_json:

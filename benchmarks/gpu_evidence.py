@@ -105,7 +105,7 @@ def comfyui_section(work: Path) -> dict:
                                     "--json")
     out["overlay_install"] = applier("overlay", "install", "--target", str(comfy), *py, "--json")
     out["verify_kernels"] = applier("verify", "--target", str(comfy), *py, "--kernels", "--device", "cuda",
-                                    "--only", "kernel-parity", "--json", timeout=240)
+                                    "--only", "kernel-parity", "--timeout", "200", "--json", timeout=260)
     out["overlay_uninstall"] = applier("overlay", "uninstall", "--target", str(comfy), *py, "--json")
     out["revert"] = applier("revert", "--target", str(comfy), *py, "--json")
     out["byte_identical_after_revert"] = tree_hashes(comfy) == before
