@@ -140,3 +140,24 @@ def test_overlay_uninstall_refuses_edited_files_unless_forced(overlay_target, tm
     saved = list((target.state_dir / "displaced").rglob("k.py"))
     assert saved and saved[0].read_text() == "def k(): return 2  # my fix\n"
     assert result["displaced"]
+
+
+def test_the_shipped_pack_installs_imports_and_uninstalls_through_the_cli(tmp_path):
+    comfy = make_comfy(tmp_path)
+    env, site = make_torch_env(comfy)
+    before = tree_bytes(comfy)
+    code, out = cli_json("overlay", "install", "--target", str(comfy))
+    assert code == 0, out
+    assert (site / "fused_dit" / "__init__.py").is_file()
+    assert (comfy / "custom_nodes" / "comfyui_fused_dit" / "__init__.py").is_file()
+    code, listed = cli_json("overlay", "list", "--target", str(comfy))
+    assert listed["installed"] and listed["modified"] == 0 and listed["missing"] == 0
+    # the installed copy is the one the target's interpreter imports (isolated mode, as ComfyUI would)
+    proc = subprocess.run([str(env / "bin" / "python"), "-I", "-c",
+                           "import importlib.util; print(importlib.util.find_spec('fused_dit').origin)"],
+                          capture_output=True, text=True)
+    assert proc.stdout.strip() == str(site / "fused_dit" / "__init__.py")
+    code, out = cli_json("overlay", "uninstall", "--target", str(comfy))
+    assert code == 0, out
+    assert not (site / "fused_dit").exists() and not (comfy / "custom_nodes" / "comfyui_fused_dit").exists()
+    assert tree_bytes(comfy) == before

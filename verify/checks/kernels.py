@@ -32,5 +32,5 @@ def kernel_parity(ctx) -> CheckResult:
     args = {**ctx.probe_args(None), "expect": {"installed": True}}
     result = ctx.run_probe(KERNEL_PARITY_PROBE, args, timeout=ctx.options.kernel_timeout,
                            env_extra=env).to_check(name)
-    result.numbers = {"triton_interpret": bool(env), **result.numbers}
+    result.numbers = {"triton_interpret": env.get("TRITON_INTERPRET") == "1", **result.numbers}
     return result

@@ -10,6 +10,10 @@ release's OOM error (comfy.model_management.OOM_EXCEPTION, i.e. torch.cuda.OutOf
 
 For a real ComfyUI checkout, comfy.model_management is imported as main.py would (`--cpu`), so the helper unloads
 through the release's own functions; their calls are counted.
+
+With a GPU (device "cuda", or "auto" when one answers) a real out-of-memory is provoked too: "model weights" fill
+most of the free memory, a node asks for more than is left, the CUDA allocator raises, the helper unloads the models
+(here: the probe's weights, dropped by the unload call) and the retried node's allocation succeeds.
 """
 import asyncio
 import json
@@ -131,6 +135,80 @@ def check_mode(helper, mm, oom, use_async, numbers):
     return problems
 
 
+class HeldWeights:
+    """Stands for loaded models: tensors that the release's unload function drops."""
+
+    def __init__(self):
+        self.tensors = []
+
+    def drop(self):
+        self.tensors.clear()
+
+
+def real_oom_case(helper, mm, use_async, numbers):
+    """A real CUDA out-of-memory, recovered by unloading. Problems found (empty: it worked)."""
+    import torch
+    free, total = torch.cuda.mem_get_info()
+    chunk = int(free * 0.6) // 4 * 4
+    weights = HeldWeights()
+    weights.tensors.append(torch.empty(chunk // 4, dtype=torch.float32, device="cuda"))
+    calls, errors = [], []
+
+    def node():
+        calls.append(1)
+        try:
+            out = torch.empty(chunk // 4, dtype=torch.float32, device="cuda")   # more than is left
+        except Exception as exc:
+            errors.append(exc)
+            raise
+        return out.numel() * 4
+
+    async def node_async():
+        return node()
+
+    name = next((n for n in ("unload_all_models", "unload_model") if callable(getattr(mm, n, None))), None)
+    original = getattr(mm, name) if name else None
+    if name:
+        def unload_with_weights(*a, **kw):
+            weights.drop()
+            return original(*a, **kw)
+        setattr(mm, name, unload_with_weights)
+    try:
+        if use_async:
+            got = asyncio.run(helper.call_with_oom_retry_async("probe node (real OOM)", node_async))
+        else:
+            got = helper.call_with_oom_retry("probe node (real OOM)", node)
+        failure = None
+    except Exception as exc:
+        got, failure = None, exc
+    finally:
+        if name:
+            setattr(mm, name, original)
+        weights.drop()
+        torch.cuda.empty_cache()
+    numbers["real_oom"] = {"gpu": torch.cuda.get_device_name(0), "free_bytes_before": free, "total_bytes": total,
+                           "held_weights_bytes": chunk, "node_request_bytes": chunk, "calls": len(calls),
+                           "first_error": type(errors[0]).__name__ if errors else None,
+                           "retry_allocated_bytes": got, "failure": repr(failure) if failure else None}
+    if not errors:
+        return ["real OOM case: the first allocation did not fail (free memory changed under the probe?)"]
+    if failure is not None or len(calls) != 2 or got != chunk:
+        return [f"real OOM case: {len(calls)} call(s), result {got!r}, failure {failure!r} (want a successful "
+                "retry after unloading)"]
+    return []
+
+
+def cuda_wanted(args):
+    device = args.get("device", "auto")
+    if device == "cpu":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def main(args):
     root = args.get("comfyui_root")
     if not root:
@@ -168,14 +246,22 @@ def main(args):
     numbers["model_management"] = getattr(mm, "__file__", None)
 
     problems = check_mode(helper, mm, oom, uses_async, numbers)
+    real = cuda_wanted(args)
+    if real:
+        problems += real_oom_case(helper, mm, uses_async, numbers)
+    elif args.get("device") == "cuda":
+        problems.append("--device cuda asked for a real out-of-memory, but torch sees no CUDA device")
     if problems:
         return emit("FAIL", "; ".join(problems), numbers)
     kind = "async" if uses_async else "sync"
     # Working, but not what the state says: someone applied it by hand, or the state was lost.
     outcome = "WARN" if expect_applied is False else "PASS"
     tail = "; but the state says the patch is not applied" if expect_applied is False else ""
+    gpu = (f"; a real CUDA OOM ({numbers['real_oom']['node_request_bytes'] / 2**30:.1f} GiB asked with "
+           f"{numbers['real_oom']['held_weights_bytes'] / 2**30:.1f} GiB of weights loaded) was retried after "
+           "unloading and succeeded") if real else "; no GPU: the OOM was raised, not provoked"
     return emit(outcome, f"{oom.__name__} once: retried after unloading models and succeeded; twice: the first "
-                        f"error re-raised; other errors: not retried ({kind} call site){tail}", numbers)
+                        f"error re-raised; other errors: not retried ({kind} call site){gpu}{tail}", numbers)
 
 
 def inside(path, folder):
