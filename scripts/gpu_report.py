@@ -1,0 +1,193 @@
+"""Write docs/gpu-report.md from the JSON of GPU evidence runs (benchmarks/gpu_evidence.py), so every figure in the
+report is one of the JSON's.
+
+    python3 scripts/gpu_report.py benchmarks/results/h200-2026-11-30-run3 [--also RUN_DIR ...] [--out docs/gpu-report.md]
+
+The first folder is the main run; --also adds earlier runs to the block-stack table (run-to-run spread).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+TARGET_OF_COPY = 0.80
+
+
+def load(folder: Path, name: str):
+    path = folder / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def checks(entry: dict) -> list[dict]:
+    data = (entry or {}).get("json") or {}
+    return data.get("checks", [])
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def torch_section(ev: dict) -> list[str]:
+    tp = ev["torch_patches"]
+    stock = {c["name"]: c for c in checks(tp["verify_stock"])}
+    applied = {c["name"]: c for c in checks(tp["verify_applied"])}
+    lines = ["## torch patches on this GPU", "",
+             f"Target: the machine's own env `{tp['target']}` (torch {ev['torch']}). `applier apply --only torch`, "
+             "`applier verify --device cuda` before and after, `applier revert`.", "",
+             "| patch | stock (verify before apply) | patched (verify after apply) |", "|---|---|---|"]
+    for name in sorted(n for n in applied if n.startswith("effect:torch/")):
+        s, a = stock.get(name, {}), applied[name]
+        lines.append(f"| `{name[len('effect:'):]}` | {s.get('outcome')}: {s.get('reason', '')} | "
+                     f"{a['outcome']}: {a['reason']} |")
+    rec = tp["record_after_revert"]
+    lines += ["", f"After `applier revert`: {rec['match_record']} of {rec['files']} `torch/cuda/*.py` files match "
+                  f"torch's RECORD sha256" + (f" (differ: {rec['differ']})" if rec["differ"] else "") + ".", ""]
+    return lines
+
+
+def comfy_section(ev: dict) -> list[str]:
+    c = ev["comfyui"]
+    lines = ["## ComfyUI patches (a ComfyUI-shaped tree, the machine's Python)", "",
+             "| check | outcome | reason |", "|---|---|---|"]
+    for chk in checks(c["verify_applied"]):
+        if chk["name"].startswith("effect:torch/"):
+            continue
+        lines.append(f"| `{chk['name']}` | {chk['outcome']} | {chk['reason']} |")
+    oom = next((chk["numbers"].get("real_oom") for chk in checks(c["verify_applied"])
+                if chk["name"] == "effect:comfyui/oom-retry"), None)
+    if oom:
+        lines += ["", f"Real out-of-memory: {oom['free_bytes_before'] / 2**30:.1f} GiB free of "
+                      f"{oom['total_bytes'] / 2**30:.1f} GiB; \"weights\" of {oom['held_weights_bytes'] / 2**30:.1f} "
+                      f"GiB loaded; the node asked for {oom['node_request_bytes'] / 2**30:.1f} GiB and got "
+                      f"`{oom['first_error']}`; the retry after unloading allocated "
+                      f"{(oom['retry_allocated_bytes'] or 0) / 2**30:.1f} GiB ({oom['calls']} calls)."]
+    lines += ["", f"Byte-identical after `applier revert`: {c['byte_identical_after_revert']}.", ""]
+    return lines
+
+
+def kernels_section(k: dict) -> list[str]:
+    lines = ["## Kernels (GB/s; each input read once, each output written once)", "",
+             f"Copy ceiling measured in the same run: {k['copy_ceiling_gbs']:.0f} GB/s. comfy-kitchen: "
+             f"{k['comfy_kitchen']}.", "",
+             "| op | L | eager | torch.compile | overlay | % of copy | x compile | x eager |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in k["results"]:
+        lines.append(f"| {r['op']} | {r['L']} | {r['eager']['gbs']:.0f} | {r['torch_compile']['gbs']:.0f} | "
+                     f"{r['overlay']['gbs']:.0f} | {pct(r['overlay']['of_copy_ceiling'])} | "
+                     f"{r['overlay_vs_compile']:.2f} | {r['overlay_vs_eager']:.1f} |")
+    lines.append("")
+    return lines
+
+
+def parity_section(g: dict) -> list[str]:
+    lines = ["## Parity (bf16/fp16 gate: <= 1 ulp on >= 99.9% and <= 2 ulp max vs ComfyUI's eager chain)", "",
+             "`kernel vs fp64` and `eager vs fp64` are the max |diff| of the overlay and of ComfyUI's own eager "
+             "chain against an fp64 reference: where they are equal, the overlay is as accurate as what it "
+             "replaces.", "",
+             "| case | status | max ulp vs eager | within 1 ulp | kernel vs fp64 | eager vs fp64 |",
+             "|---|---|---|---|---|---|"]
+    as_accurate = []
+    for case in g["cases"]:
+        k64 = max((o["max_abs_diff"] for o in case.get("vs_fp64") or []), default=None)
+        e64 = max((o["max_abs_diff"] for o in case.get("eager_vs_fp64") or []), default=None)
+        if k64 is not None and e64 is not None:
+            as_accurate.append(k64 <= e64)
+        ulp_gate = case.get("gate_kind") == "ulp"
+        within = case.get("within_one_ulp_fraction") if ulp_gate else None
+        lines.append(f"| {case['name']} | {case['status']} | {case.get('max_ulp') if ulp_gate else '-'} | "
+                     f"{'-' if within is None else f'{100 * within:.4f}%'} | {'' if k64 is None else f'{k64:.3g}'} | "
+                     f"{'' if e64 is None else f'{e64:.3g}'} |")
+    failed = sum(c["status"] == "failed" for c in g["cases"])
+    lines += ["", f"{failed} of {len(g['cases'])} cases fail the gate; in {sum(as_accurate)} of {len(as_accurate)} "
+                  "cases the overlay's max |diff| against fp64 is no larger than the eager chain's own.", ""]
+    return lines
+
+
+def fp8_section(f: dict, b: dict) -> list[str]:
+    gemm = b["gemm"]
+    err = f["gemm_relative_frobenius_error"]
+    quant_bytes = gemm["shape_MKN"][0] * gemm["shape_MKN"][1] * 3     # bf16 in, fp8 out
+    lines = ["## FP8", "",
+             f"- Quantisation codes byte-exact vs eager (dynamic, ComfyUI unit and static scale; bf16/fp16/fp32): "
+             f"{f['quantize_codes_byte_exact']}; ComfyUI fp8 module output bit-identical: "
+             f"{f['comfy_fp8_module_bit_identical']}.",
+             f"- FP8 GEMM relative Frobenius error vs bf16: {err['fp8_vs_bf16']:.4f} (gate 0.05: "
+             f"{f['gemm_error_gate_5pct']}).",
+             f"- GEMM M,K,N = {gemm['shape_MKN']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in gemm["ms"].items())
+             + ".",
+             f"- TFLOP/s: " + ", ".join(f"{k} {v:.0f}" for k, v in gemm["tflops"].items()) + ".",
+             f"- fp8_linear including activation quantisation vs bf16: "
+             f"{gemm['speedup_fp8_incl_quant_vs_bf16']:.2f}x (target 1.6x); pre-quantised GEMM alone: "
+             f"{gemm['ms']['bf16_linear'] / gemm['ms']['fp8_prequantised_gemm']:.2f}x.",
+             f"- Dynamic quantisation alone: {quant_bytes / gemm['ms']['triton_dynamic_quant_only'] / 1e6:.0f} GB/s "
+             f"counting input once + output once (eager "
+             f"{quant_bytes / gemm['ms']['eager_dynamic_quant_only'] / 1e6:.0f} GB/s).", ""]
+    return lines
+
+
+def blocks_section(runs: list[tuple[str, dict]]) -> list[str]:
+    lines = ["## Block stack (Flux-shaped: 2 double + 4 single blocks, 4096 image + 512 text tokens, bf16)", "",
+             "| run | variant | ms (median) | spread over rounds | speedup vs stock | peak above weights (MiB) | "
+             "rel. error vs stock |", "|---|---|---|---|---|---|---|"]
+    for label, b in runs:
+        for name, v in b["block_stack"]["variants"].items():
+            spread = v.get("spread_ms")
+            lines.append(f"| {label} | {name} | {v['ms']:.2f} | "
+                         f"{'' if not spread else f'{spread[0]:.2f}-{spread[1]:.2f}'} | {v['speedup_vs_stock']:.2f}x | "
+                         f"{v['peak_above_start_mib']:.0f} | {v['relative_frobenius_error_vs_stock']:.4f} |")
+    b = runs[0][1]["block_stack"]
+    lines += ["", f"FP8 weight copies ({b['fp8_weight_copies_mib']:.0f} MiB) are held beside the bf16 weights "
+                  f"({b['weights_mib']:.0f} MiB) and are not in the peak figures.", ""]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--also", type=Path, nargs="*", default=[])
+    parser.add_argument("--analysis", type=Path, help="a Markdown file of notes appended verbatim")
+    parser.add_argument("--out", type=Path, default=Path("docs/gpu-report.md"))
+    parser.add_argument("--readme", type=Path, default=Path("README.md"),
+                        help="its block between the gpu-table markers gets the kernel table")
+    args = parser.parse_args()
+    ev = load(args.run, "evidence.json")
+    head = [f"# GPU report: {ev['gpu']} (sm_{ev['capability'][0]}{ev['capability'][1]})", "",
+            f"Generated by `scripts/gpu_report.py` from `{args.run}` (run by `benchmarks/gpu_evidence.py`, "
+            f"{ev['date']}): torch {ev['torch']}, triton {ev['triton']}, CUDA {ev['cuda']}, Python {ev['python']}. "
+            "Every figure below is read from that folder's JSON.", ""]
+    body = torch_section(ev) + comfy_section(ev)
+    if (k := load(args.run, "kernels.json")):
+        body += kernels_section(k)
+    if (g := load(args.run, "gates.json")):
+        body += parity_section(g)
+    b = load(args.run, "blocks.json")
+    if (f := load(args.run, "gpu_fp8_gates.json")) and b:
+        body += fp8_section(f, b)
+    if b:
+        runs = [(args.run.name, b)] + [(p.name, load(p, "blocks.json")) for p in args.also if load(p, "blocks.json")]
+        body += blocks_section(runs)
+    if args.analysis:
+        body += [args.analysis.read_text()]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(head + body).rstrip() + "\n")
+    if k and args.readme.exists():
+        update_readme(args.readme, kernels_section(k)[2:], f"{ev['gpu']}, torch {ev['torch']}, triton "
+                      f"{ev['triton']}, {ev['date'][:10]}, from `{args.run}`")
+
+
+START, END = "<!-- gpu-table:start -->", "<!-- gpu-table:end -->"
+
+
+def update_readme(readme: Path, table: list[str], source: str) -> None:
+    text = readme.read_text()
+    if START not in text or END not in text:
+        return
+    before, rest = text.split(START, 1)
+    _, after = rest.split(END, 1)
+    block = [START, f"Latest kernel table ({source}; generated by scripts/gpu_report.py):", "", *table, END]
+    readme.write_text(before + "\n".join(block) + after)
+
+
+if __name__ == "__main__":
+    main()
