@@ -25,20 +25,18 @@ def _sha256(path: Path) -> str | None:
 
 
 def lost_patches(root: Path) -> list[str]:
-    """Ids of applied patches with a file whose bytes no longer hash to what applier wrote."""
+    """Ids of applied patches with a file whose bytes no longer hash to what applier wrote last into it (two
+    patches may edit one file, e.g. nodes.py: the later one, by "seq", holds the file's expected hash)."""
     try:
         state = json.loads((root / ".applier" / "state.json").read_text(encoding="utf-8"))
-        applied = state.get("applied", {})
-        entries = [(pid, rec.get("files", [])) for pid, rec in applied.items()]
-    except (OSError, ValueError, AttributeError, TypeError):
+        records = sorted(state.get("applied", {}).items(), key=lambda item: item[1].get("seq", 0))
+        expected = {f["path"]: f["sha256_after"] for _, rec in records for f in rec.get("files", [])}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
         return []
     lost = []
-    for patch_id, files in entries:
-        try:
-            if any(_sha256(Path(f["path"])) != f["sha256_after"] for f in files):
-                lost.append(str(patch_id))
-        except (KeyError, TypeError):
-            continue
+    for patch_id, rec in records:
+        if any(_sha256(Path(f["path"])) != expected.get(f["path"]) for f in rec.get("files", []) if "path" in f):
+            lost.append(str(patch_id))
     return lost
 
 

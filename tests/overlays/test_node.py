@@ -147,3 +147,23 @@ def test_prestartup_is_silent_without_a_readable_state(tmp_path, content):
         (tmp_path / ".applier" / "state.json").write_text(content)
     stream = io.StringIO()
     assert prestartup.warn_if_lost(tmp_path, stream) == [] and stream.getvalue() == ""
+
+
+def test_prestartup_is_silent_when_two_patches_share_a_file(tmp_path):
+    # max-resolution then pil-pixel-limit both edit nodes.py: the first one's sha256_after is no longer the file's,
+    # the later one's (by seq) is; nothing was lost.
+    prestartup = _load_prestartup()
+    first, second = b"MAX_RESOLUTION = 40960\n", b"MAX_RESOLUTION = 40960\nImage.MAX_IMAGE_PIXELS = 1\n"
+    (tmp_path / "nodes.py").write_bytes(second)
+    path = str(tmp_path / "nodes.py")
+    state = {"applied": {
+        "comfyui/pil-pixel-limit": {"seq": 2, "files": [{"path": path,
+                                                         "sha256_after": hashlib.sha256(second).hexdigest()}]},
+        "comfyui/max-resolution": {"seq": 1, "files": [{"path": path,
+                                                        "sha256_after": hashlib.sha256(first).hexdigest()}]}}}
+    (tmp_path / ".applier").mkdir()
+    (tmp_path / ".applier" / "state.json").write_text(json.dumps(state))
+    stream = io.StringIO()
+    assert prestartup.warn_if_lost(tmp_path, stream) == [] and stream.getvalue() == ""
+    (tmp_path / "nodes.py").write_bytes(b"MAX_RESOLUTION = 16384\n")
+    assert prestartup.warn_if_lost(tmp_path, stream) == ["comfyui/max-resolution", "comfyui/pil-pixel-limit"]
