@@ -24,7 +24,8 @@ from .registry import CheckResult, Outcome
 
 PROBES_DIR = Path(__file__).resolve().parent / "probes"
 STDERR_TAIL_CHARS = 4000
-_PROBE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A leading underscore marks a module the probes share (probes/_probe.py), not a probe that can be run.
+_PROBE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 # Variables that would make the target's interpreter load something other than what it would load on its own.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "PYTHONUSERBASE")
 

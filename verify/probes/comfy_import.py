@@ -7,38 +7,11 @@ parsing enabled with `--cpu` so that comfy.model_management never touches a GPU.
 and the width max of EmptyLatentImage's INPUT_TYPES, which is what the UI offers and what execution.py's
 validation enforces. A real nodes.py needs torch and ComfyUI's requirements installed in that interpreter.
 """
-import json
 import os
 import sys
-import traceback
 
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
-
-
-def import_comfy_nodes(comfyui_root):
-    """Import nodes.py from comfyui_root as main.py would; returns (module, is a real ComfyUI checkout)."""
-    sys.path.insert(0, comfyui_root)
-    real = os.path.isfile(os.path.join(comfyui_root, "comfy", "cli_args.py"))
-    if real:
-        # main.py parses the command line before anything imports torch; --cpu keeps model_management off the GPU.
-        sys.argv = [os.path.join(comfyui_root, "main.py"), "--cpu"]
-        try:
-            import comfy.options
-            comfy.options.enable_args_parsing()
-        except (ImportError, AttributeError):  # checkouts before comfy/options.py parsed sys.argv unconditionally
-            pass
-    import nodes
-    return nodes, real
-
-
-def inside(path, folder):
-    try:
-        return os.path.commonpath([os.path.realpath(path), os.path.realpath(folder)]) == os.path.realpath(folder)
-    except ValueError:  # different drives on Windows
-        return False
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, import_comfy_nodes, inside, run  # noqa: E402 - importable only after the line above
 
 
 def main(args):
@@ -72,8 +45,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)

@@ -9,9 +9,11 @@ restart, 1 the stock RuntimeError. Stock: a plain RuntimeError("CUDA error: <mes
 probe initialises it first, so the patched out-of-memory branch really runs synchronize() and empty_cache().
 """
 import inspect
-import json
+import os
 import sys
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, run  # noqa: E402 - importable only after the line above
 
 DRIVER_MESSAGES = {
     1: b"invalid argument",
@@ -27,11 +29,6 @@ class FakeDriverLibrary:
     def cuGetErrorString(self, result, pointer_ref):
         pointer_ref._obj.value = DRIVER_MESSAGES.get(int(result), b"unrecognized error code")
         return 0
-
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
 
 
 def raised_by(check, code):
@@ -103,8 +100,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)

@@ -19,15 +19,12 @@ own; an installed fused_dit without `fused_dit.parity` is a SKIP asking for a re
 eager reference is reported as skipped, never passed; a case that runs out of GPU memory is skipped with that reason.
 """
 import importlib.util
-import json
 import os
 import sys
 import traceback
 
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, run  # noqa: E402 - importable only after the line above
 
 
 def run_case(case, torch, cuda):
@@ -112,8 +109,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)

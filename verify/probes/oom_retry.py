@@ -16,31 +16,13 @@ most of the free memory, a node asks for more than is left, the CUDA allocator r
 (here: the probe's weights, dropped by the unload call) and the retried node's allocation succeeds.
 """
 import asyncio
-import json
 import os
 import sys
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, inside, prepare_comfy_import, run  # noqa: E402 - importable only after the line above
 
 HELPER = "applier_oom_retry.py"
-
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
-
-
-def prepare_comfy_import(comfyui_root):
-    """sys.path and argv as ComfyUI's main.py has them; True for a real checkout."""
-    sys.path.insert(0, comfyui_root)
-    real = os.path.isfile(os.path.join(comfyui_root, "comfy", "cli_args.py"))
-    if real:
-        sys.argv = [os.path.join(comfyui_root, "main.py"), "--cpu"]
-        try:
-            import comfy.options
-            comfy.options.enable_args_parsing()
-        except (ImportError, AttributeError):
-            pass
-    return real
 
 
 def oom_error_type(model_management):
@@ -264,16 +246,5 @@ def main(args):
                         f"error re-raised; other errors: not retried ({kind} call site){gpu}{tail}", numbers)
 
 
-def inside(path, folder):
-    try:
-        return os.path.commonpath([os.path.realpath(path), os.path.realpath(folder)]) == os.path.realpath(folder)
-    except ValueError:
-        return False
-
-
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)

@@ -7,34 +7,14 @@ MAX_RESOLUTION x MAX_RESOLUTION PNG (no pixel data: nothing big is allocated), w
 DecompressionBombError above 2 x MAX_IMAGE_PIXELS, at Image.open, exactly where LoadImage would fail.
 """
 import io
-import json
 import os
 import struct
 import sys
-import traceback
 import warnings
 import zlib
 
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
-
-
-def import_comfy_nodes(comfyui_root):
-    """Import nodes.py from comfyui_root as main.py would; returns (module, is a real ComfyUI checkout)."""
-    sys.path.insert(0, comfyui_root)
-    real = os.path.isfile(os.path.join(comfyui_root, "comfy", "cli_args.py"))
-    if real:
-        # main.py parses the command line before anything imports torch; --cpu keeps model_management off the GPU.
-        sys.argv = [os.path.join(comfyui_root, "main.py"), "--cpu"]
-        try:
-            import comfy.options
-            comfy.options.enable_args_parsing()
-        except (ImportError, AttributeError):
-            pass
-    import nodes
-    return nodes, real
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, import_comfy_nodes, run  # noqa: E402 - importable only after the line above
 
 
 def png_header(width, height):
@@ -105,8 +85,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)

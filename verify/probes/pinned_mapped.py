@@ -11,17 +11,14 @@ patched install and is reported for a stock one.
 import ast
 import ctypes
 import inspect
-import json
+import os
 import sys
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, run  # noqa: E402 - importable only after the line above
 
 HOST_REGISTER_PORTABLE = 1
 HOST_REGISTER_MAPPED = 2
-
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
 
 
 def registered_flags(function):
@@ -120,8 +117,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)

@@ -7,10 +7,12 @@ published peaks: RTX 4090 fp16 tensor 165.2, fp8 660.6, fp32 CUDA cores 82.6 TFL
 Stock torch has no sm_89 rows (every call raises "No data for sm_89").
 """
 import inspect
-import json
+import os
 import sys
-import traceback
 from types import SimpleNamespace
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, run  # noqa: E402 - importable only after the line above
 
 TOLERANCE = 0.02   # the L40S sheet figure (362) uses a clock slightly below the 2520 MHz boost GPULimits sees
 
@@ -31,11 +33,6 @@ EXPECTED = {
     ("RTX 4090", "float32", False): 82.6,
     ("L40S", "float16", True): 362.0,
 }
-
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
 
 
 def peak_tflops(torch, limits_module, props, dtype, use_tensor_cores):
@@ -94,8 +91,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)

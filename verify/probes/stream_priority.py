@@ -5,24 +5,11 @@ signature of `torch.cuda.Stream.__new__`. With CUDA (device "auto" or "cuda"): c
 argument and reads the priority CUDA gave it, which is the default clamped to `Stream.priority_range()`.
 """
 import inspect
-import json
 import os
 import sys
-import traceback
 
-
-def emit(outcome, reason, numbers):
-    print(json.dumps({"outcome": outcome, "reason": reason, "numbers": numbers}, default=str))
-    return 0
-
-
-def under(path, folder):
-    if not folder:
-        return True
-    try:
-        return os.path.commonpath([os.path.realpath(path), os.path.realpath(folder)]) == os.path.realpath(folder)
-    except ValueError:  # different drives on Windows
-        return False
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
+from _probe import emit, inside, run  # noqa: E402 - importable only after the line above
 
 
 def main(args):
@@ -62,7 +49,8 @@ def main(args):
         if created != clamped:
             return emit("FAIL", f"a stream created without priority got {created}, expected {clamped} "
                                 f"(default {wanted} clamped to range {least}..{greatest})", numbers)
-    where = "" if under(source_file, args.get("site_packages")) else \
+    site_packages = args.get("site_packages")
+    where = "" if not site_packages or inside(source_file, site_packages) else \
         f" (but torch.cuda.streams was loaded from {source_file}, outside the target's site-packages)"
     tail = f"; a new stream got priority {created}" if cuda else "; no CUDA: stream creation not checked"
     outcome = "PASS" if not where else "WARN"
@@ -70,8 +58,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
-    except Exception as exc:  # the verdict must be the last line whatever happens
-        traceback.print_exc()
-        sys.exit(emit("FAIL", f"probe crashed: {type(exc).__name__}: {exc}", {}))
+    run(main)
