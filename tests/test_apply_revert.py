@@ -277,7 +277,8 @@ def test_fuzz_is_used_only_when_asked_and_remembered_for_revert(tmp_path):
 
 
 def test_a_claimed_variant_that_does_not_fit_falls_back_to_the_one_clean_dry_run(tmp_path):
-    # ComfyUI's v0.3.44 tag: its version says "sync" but its execution.py already has the "async" text
+    # ComfyUI's v0.3.44 tag: its version is claimed by the "async" variant, but its execution.py still has the
+    # "sync" text (the call changed after the version bump)
     comfy = make_comfy(tmp_path, version="0.3.44")
     catalog = tmp_path / "catalog"
     other = MAXRES_DIFF.replace("16384", "8192")
