@@ -25,12 +25,15 @@ INTERPRETER_TIMEOUT_S = 20
 NVIDIA_SMI_TIMEOUT_S = 3
 
 # Asked of the target's interpreter: stdlib only, no site customisation (-I), one JSON line.
+# find_spec locates torch without executing it (a .pth file may put it outside site-packages).
 SITE_QUERY = (
-    "import json,site,sys,sysconfig;"
+    "import importlib.util,json,site,sys,sysconfig;"
     "p=sysconfig.get_paths();"
     "g=getattr(site,'getsitepackages',lambda:[])();"
+    "t=importlib.util.find_spec('torch');"
     "print(json.dumps({'version':'%d.%d.%d'%sys.version_info[:3],'prefix':sys.prefix,"
-    "'purelib':p.get('purelib'),'platlib':p.get('platlib'),'site':g}))"
+    "'purelib':p.get('purelib'),'platlib':p.get('platlib'),'site':g,"
+    "'torch_dir':(t.submodule_search_locations or [None])[0] if t else None}))"
 )
 
 
@@ -148,6 +151,9 @@ def query_interpreter(python: Path) -> dict | None:
 
 
 def pick_site_packages(info: dict) -> Path | None:
+    """The folder that holds torch (where torch patches apply); else the env's own site-packages."""
+    if info.get("torch_dir"):
+        return Path(info["torch_dir"]).parent
     candidates = [info.get("purelib"), info.get("platlib"), *info.get("site", [])]
     paths = [Path(c) for c in candidates if c]
     for path in paths:

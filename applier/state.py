@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -140,10 +142,9 @@ def read_json(path: Path):
 
 def exclude_from_git(target_root: Path) -> None:
     """Keep .applier/ out of `git status` of a git checkout (never touches .gitignore, which is tracked)."""
-    git_dir = target_root / ".git"
-    if not git_dir.is_dir():
+    exclude = git_exclude_file(target_root)
+    if exclude is None:
         return
-    exclude = git_dir / "info" / "exclude"
     line = "/.applier/"
     try:
         existing = exclude.read_text(encoding="utf-8") if exclude.exists() else ""
@@ -154,6 +155,25 @@ def exclude_from_git(target_root: Path) -> None:
     exclude.parent.mkdir(parents=True, exist_ok=True)
     sep = "" if not existing or existing.endswith("\n") else "\n"
     atomic_write(exclude, (existing + sep + line + "\n").encode("utf-8"))
+
+
+def git_exclude_file(target_root: Path) -> Path | None:
+    """info/exclude of the checkout at target_root. `.git` is a folder in a plain clone and a file ("gitdir: ...")
+    in a worktree or a submodule: git itself says where the file is then."""
+    dot_git = target_root / ".git"
+    if dot_git.is_dir():
+        return dot_git / "info" / "exclude"
+    if not dot_git.is_file() or shutil.which("git") is None:
+        return None
+    try:
+        proc = subprocess.run(["git", "-C", str(target_root), "rev-parse", "--git-path", "info/exclude"],
+                              capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    path = Path(proc.stdout.strip())
+    return path if path.is_absolute() else target_root / path
 
 
 def ensure_dir(path: Path) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 import subprocess
 
 import pytest
@@ -126,3 +127,31 @@ def test_torch_reinstall_is_reported_lost_and_reapplied(torch_env, tmp_path):
     assert "priority=-1" in streams.read_text()
     run_cli("revert", "--target", str(env), "--patches", str(catalog), check=True)
     assert streams.read_bytes() == pristine
+
+
+def test_torch_found_through_a_pth_file_outside_site_packages(tmp_path):
+    import subprocess as sp
+    import sys
+    env = tmp_path / "venv"
+    sp.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = Path(sp.run([str(env / "bin" / "python"), "-I", "-c",
+                        "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+                       capture_output=True, text=True, check=True).stdout.strip())
+    elsewhere = tmp_path / "shared-packages"
+    (elsewhere / "torch").mkdir(parents=True)
+    (elsewhere / "torch" / "version.py").write_text("__version__ = '2.14.1+cu130'\ncuda = '13.0'\n")
+    (site / "shared.pth").write_text(str(elsewhere) + "\n")
+    found = detect(env, gpu=False)
+    assert found.site_packages == elsewhere
+    assert (found.torch_version, found.torch_cuda) == ("2.14.1+cu130", "13.0")
+
+
+def test_state_folder_is_excluded_in_a_git_worktree(tmp_path):
+    from shelltools import run_git
+    comfy = make_comfy(tmp_path / "main", git=True)
+    worktree = tmp_path / "wt"
+    run_git(comfy, "worktree", "add", "-q", "--detach", str(worktree))
+    catalog = make_catalog(tmp_path)
+    run_cli("apply", "--target", str(worktree), "--patches", str(catalog), check=True)
+    porcelain = run_git(worktree, "status", "--porcelain")
+    assert ".applier" not in porcelain and "nodes.py" in porcelain
