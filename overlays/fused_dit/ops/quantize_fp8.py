@@ -51,15 +51,50 @@ MAX_PROGRAMS = 1024
 # offsets are int32 in the kernels; larger tensors take the eager reference (same results). The margin covers the
 # grid's overshoot past n (under MAX_PROGRAMS + 1 chunks) for chunks of up to 2**14 elements.
 MAX_KERNEL_ELEMENTS = 2**31 - 2**25
+MAX_ELEMENTS_PER_ITERATION = 2**14
 
 
-def launch_grid(n: int) -> tuple[int, int]:
+# The dynamic quantiser's own launch settings (the comfy and GELU kernels keep the ones above). None: the shared
+# value above. DYNAMIC_PROGRAMS_PER_SM > 0: at most that many programs per SM instead of MAX_PROGRAMS.
+DYNAMIC_ELEMENTS_PER_ITERATION: int | None = None
+DYNAMIC_NUM_WARPS: int | None = None
+DYNAMIC_PROGRAMS_PER_SM = 0
+# bytes of x's tail that the absmax pass asks L2 to keep (evict_last; the chunks before it evict_first) for the
+# quantise pass, which walks the chunks last to first; 0: no cache hints. 32 MiB: +2% at [4608, 3072] and +4% at
+# [16384, 3072] bf16 on an H200 (benchmarks/results/tune-adaln-quant-2026-11-30.json)
+DYNAMIC_L2_KEEP_BYTES = 32 * 1024 * 1024
+
+
+def launch_grid(n: int, elements_per_iteration: int | None = None,
+                max_programs: int | None = None) -> tuple[int, int]:
     """(programs, iterations per program) covering n elements, with the chunks spread evenly over the programs."""
-    chunks = max(-(-n // ELEMENTS_PER_ITERATION), 1)
-    iterations = -(-chunks // MAX_PROGRAMS)
+    block = elements_per_iteration or ELEMENTS_PER_ITERATION
+    chunks = max(-(-n // block), 1)
+    iterations = -(-chunks // (max_programs or MAX_PROGRAMS))
     # as many programs as keep every program's last iteration busy (e.g. 3456 chunks: 864 x 4, not 1024 x 4)
     programs = -(-chunks // iterations)
     return programs, iterations
+
+
+def dynamic_launch(n: int, device: torch.device, element_size: int) -> dict:
+    """The dynamic quantiser's grid and settings for n elements of element_size bytes on device."""
+    block = min(DYNAMIC_ELEMENTS_PER_ITERATION or ELEMENTS_PER_ITERATION, MAX_ELEMENTS_PER_ITERATION)
+    max_programs = MAX_PROGRAMS
+    if DYNAMIC_PROGRAMS_PER_SM:
+        max_programs = min(MAX_PROGRAMS, DYNAMIC_PROGRAMS_PER_SM * _sm_count(device))
+    programs, iterations = launch_grid(n, block, max_programs)
+    keep_iterations = -(-DYNAMIC_L2_KEEP_BYTES // (programs * block * element_size))
+    return {"programs": programs, "iterations": iterations, "block": block,
+            "num_warps": DYNAMIC_NUM_WARPS or NUM_WARPS, "hints": DYNAMIC_L2_KEEP_BYTES > 0,
+            "keep_from": max(iterations - keep_iterations, 0)}
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count; 1 off CUDA, so the interpreter runs few programs."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,22 +208,33 @@ if triton is not None:
         return scale
 
     @triton.jit
-    def _absmax_kernel(x_ptr, stats_ptr, n, iterations, BLOCK: tl.constexpr):
+    def _absmax_kernel(x_ptr, stats_ptr, n, iterations, keep_from, BLOCK: tl.constexpr, HINTS: tl.constexpr):
+        """Partial max |x| per program; with HINTS, chunks from iteration keep_from on are kept in L2 (evict_last)
+        for the quantise pass and the earlier ones are let go first."""
         running_max = tl.zeros([BLOCK], dtype=tl.float32)
-        for i in range(iterations):
+        for i in range(keep_from):
             offs = chunk_offsets(i, iterations, BLOCK, False)
-            x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + offs, mask=offs < n, other=0.0,
+                        eviction_policy="evict_first" if HINTS else "").to(tl.float32)
+            running_max = tl.maximum(running_max, tl.abs(x))
+        for i in range(keep_from, iterations):
+            offs = chunk_offsets(i, iterations, BLOCK, False)
+            x = tl.load(x_ptr + offs, mask=offs < n, other=0.0,
+                        eviction_policy="evict_last" if HINTS else "").to(tl.float32)
             running_max = tl.maximum(running_max, tl.abs(x))
         store_partial_absmax(stats_ptr, running_max)
 
     @triton.jit
     def _quantize_dynamic_kernel(x_ptr, out_ptr, stats_ptr, n, iterations, floor, fmax,
-                                 OUT_FP8: tl.constexpr, BLOCK: tl.constexpr, MAX_PARTIALS: tl.constexpr):
+                                 OUT_FP8: tl.constexpr, BLOCK: tl.constexpr, MAX_PARTIALS: tl.constexpr,
+                                 HINTS: tl.constexpr):
         scale = scale_from_partials(stats_ptr, floor, fmax, MAX_PARTIALS)
         for i in range(iterations):
             offs = chunk_offsets(i, iterations, BLOCK, True)
             mask = offs < n
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            # x is read for the last time here: with HINTS its lines leave L2 first
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0,
+                        eviction_policy="evict_first" if HINTS else "").to(tl.float32)
             q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -fmax), fmax)
             if OUT_FP8:
                 tl.store(out_ptr + offs, q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
@@ -262,12 +308,15 @@ def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False) -> tuple[to
         return (codes.float() if out_fp32 else codes), scale
     source = kernel_input(x)
     out, written = new_output(x, out_fp32)
-    programs, iterations = launch_grid(n)
+    grid = dynamic_launch(n, x.device, x.element_size())
+    programs, iterations, block = grid["programs"], grid["iterations"], grid["block"]
     stats, scale = new_stats(programs, x.device)
-    _absmax_kernel[(programs,)](source, stats, n, iterations, BLOCK=ELEMENTS_PER_ITERATION, num_warps=NUM_WARPS)
+    _absmax_kernel[(programs,)](source, stats, n, iterations, grid["keep_from"], BLOCK=block, HINTS=grid["hints"],
+                                num_warps=grid["num_warps"])
     _quantize_dynamic_kernel[(programs,)](source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
-                                          OUT_FP8=not out_fp32, BLOCK=ELEMENTS_PER_ITERATION,
-                                          MAX_PARTIALS=triton.next_power_of_2(MAX_PROGRAMS), num_warps=NUM_WARPS)
+                                          OUT_FP8=not out_fp32, BLOCK=block,
+                                          MAX_PARTIALS=triton.next_power_of_2(programs), HINTS=grid["hints"],
+                                          num_warps=grid["num_warps"])
     return out, scale
 
 
