@@ -5,6 +5,10 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch (the kernels extra needs torch; the applier itself does not).
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+# Caches stay inside the repo too: `make demo` and `make test` write nothing outside it.
+export XDG_CACHE_HOME   := $(CURDIR)/.cache
+export PIP_CACHE_DIR    := $(CURDIR)/.cache/pip
+export TRITON_CACHE_DIR := $(CURDIR)/.cache/triton
 
 .PHONY: demo test test-fast clean-sandbox clean
 
@@ -15,7 +19,8 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) scripts/demo.py --sandbox sandbox --torch "$(TORCH)"
+	mkdir -p .cache/tmp
+	TMPDIR=$(CURDIR)/.cache/tmp $(PY) scripts/demo.py --sandbox sandbox --torch "$(TORCH)"
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -27,4 +32,4 @@ clean-sandbox:
 	rm -rf sandbox
 
 clean: clean-sandbox
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info .cache

@@ -120,7 +120,7 @@ def main() -> None:
     print(f"torch/cuda/*.py vs torch's RECORD sha256: {len(cuda_files) - len(bad)} match, {len(bad)} differ")
     if bad:
         sys.exit(1)
-    print("\ndemo finished: nothing outside", sandbox, "was touched")
+    print(f"\ndemo finished: it wrote only under {REPO} (the sandbox {sandbox.relative_to(REPO)}/, caches in .cache/)")
 
 
 if __name__ == "__main__":
