@@ -159,17 +159,13 @@ def list_cmd(target, python, patches_dir, as_json):
 
 
 def compute_statuses(target, python, patches_dir):
-    from applier import journal
-    from applier.lock import target_lock
+    from applier.journal import recover_if_pending
     from applier.state import StateStore
     from applier.status import compute_status
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
     store = StateStore(found.state_dir)
-    recovered = None
-    if store.journal_file.exists():
-        with target_lock(store.dir):
-            recovered = journal.recover(store)
+    recovered = recover_if_pending(store)
     return compute_status(found, catalog, store.load()), found, recovered
 
 
@@ -338,12 +334,15 @@ def verify(target, python, patches_dir, as_json, only, kernels, device, real_imp
 
     Exit 0 only when no check FAILs (SKIP is never PASS). Example: applier verify --target ComfyUI/ --real-import
     """
+    from applier.journal import recover_if_pending
     from applier.resources import load_verify
     from applier.state import StateStore
     verify_pkg = load_verify()
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
-    state = StateStore(found.state_dir).load()
+    store = StateStore(found.state_dir)
+    recover_if_pending(store)   # an interrupted apply/revert is finished before anything is judged
+    state = store.load()
     tty = sys.stderr.isatty() and not as_json
 
     def progress(name):

@@ -162,3 +162,13 @@ def recover(store: StateStore) -> str | None:
     store.save(state)
     clear(store)
     return f"finished an interrupted run ({journal.get('what', '?')}): {finished} file(s) completed"
+
+
+def recover_if_pending(store: StateStore) -> str | None:
+    """For read-only commands (status, list, verify): finish an interrupted run first, under the target's lock,
+    and only when there is one (a read of a target nobody is changing takes no lock)."""
+    if not store.journal_file.exists():
+        return None
+    from applier.lock import target_lock  # local: lock is a shell concern, journal stays importable alone
+    with target_lock(store.dir):
+        return recover(store)

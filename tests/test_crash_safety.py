@@ -106,3 +106,14 @@ def test_a_symlink_escaping_the_root_is_refused(tmp_path):
     proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog))
     assert proc.returncode == 3 and "symlink escape" in proc.stderr
     assert (outside / "victim.py").read_text() == "x = 1\n"
+
+
+def test_verify_finishes_an_interrupted_apply_before_judging(tmp_path):
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog),
+                   env={"APPLIER_FAILPOINT": "after-first-file"})
+    assert proc.returncode == failpoints.EXIT_CODE
+    code, report = cli_json("verify", "--target", str(comfy), "--patches", str(catalog), "--only", "integrity")
+    assert code == 0, report
+    assert not (comfy / ".applier" / "journal.json").exists()
+    assert [c["outcome"] for c in report["checks"]] == ["PASS"]
