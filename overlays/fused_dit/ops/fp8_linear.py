@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import dispatch
+# imported here, not inside ffn_forward_fp8: a function-level import costs microseconds on every FFN call
+from .gelu_quantize_fp8 import gelu_quantize_comfy_triton, gelu_quantize_dynamic_triton
 from .quantize_fp8 import (FP8_DTYPE, FP8_MIN_CAPABILITY, fp8_choice, quantize_comfy_triton, quantize_dynamic_triton,
                            quantize_fp8_comfy, quantize_fp8_dynamic)
 
@@ -196,28 +198,75 @@ class Fp8Plan:
     bias: torch.Tensor | None        # in the input's dtype and device
 
 
-def _patch_functions_present(module: torch.nn.Module) -> bool:
-    """Whether ComfyUI's weight_function/bias_function lists are non-empty (the instance's, else the class's).
+# Per module class: whether `module.weight` / `module.bias` can be read straight from module._parameters. True
+# when the class defines neither name itself and keeps nn.Module's attribute lookup, so the dict read finds what
+# the attribute read would (nn.Module.__setattr__ keeps registered parameters out of the instance __dict__);
+# nn.Module.__getattr__ costs about a microsecond per read, and the plan key reads both on every call.
+_PARAMETERS_READABLE: dict[type, bool] = {}
 
-    Read without nn.Module.__getattr__, whose AttributeError for plain torch Linears costs more than the rest of
-    the key; ComfyUI keeps these lists as class attributes and as instance attributes once patched.
+
+def _parameters_readable(cls: type) -> bool:
+    readable = _PARAMETERS_READABLE.get(cls)
+    if readable is None:
+        readable = _PARAMETERS_READABLE[cls] = (
+            not hasattr(cls, "weight") and not hasattr(cls, "bias")
+            and cls.__getattr__ is torch.nn.Module.__getattr__
+            and cls.__getattribute__ is object.__getattribute__)
+    return readable
+
+
+def _environ_reader(name: str):
+    """A function returning the current raw value of environment variable `name` (None when unset).
+
+    os.environ.get raises and catches a KeyError inside when the variable is unset (the usual case), about a
+    microsecond per call; the mapping behind os.environ answers the same question with one dict lookup. Falls back
+    to os.environ.get when os.environ is not the standard mapping (replaced by a test, another interpreter).
     """
-    for name in ("weight_function", "bias_function"):
-        functions = module.__dict__.get(name)
-        if functions is None:
-            functions = getattr(type(module), name, None)
-        if functions:
-            return True
-    return False
+    encodekey = getattr(os.environ, "encodekey", None)
+    encoded = encodekey(name) if encodekey is not None else None
+
+    def read():
+        environ = os.environ
+        data = getattr(environ, "_data", None) if type(environ) is os._Environ else None
+        if data is None or encoded is None:
+            return environ.get(name)
+        return data.get(encoded)
+    return read
+
+
+# the raw value (bytes on POSIX) is only compared, never interpreted: equal values, equal keys
+_backend_env = _environ_reader("FUSED_DIT_BACKEND")
 
 
 def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
-    """The module's cached plan for x, rebuilt whenever anything decline_reason or the FP8 weight read changes."""
-    weight = module.weight
-    bias = getattr(module, "bias", None)
-    key = (_tensor_key(weight), _tensor_key(bias), x.device, x.dtype, module.training,
-           _patch_functions_present(module), os.environ.get("FUSED_DIT_BACKEND"))
-    plan = module.__dict__.get(_PLAN_ATTR)
+    """The module's cached plan for x, rebuilt whenever anything decline_reason or the FP8 weight read changes.
+
+    The key holds what _tensor_key gives for the weight and the bias, the input's device and dtype, training mode,
+    whether weight_function/bias_function are non-empty and the backend environment; it is built inline because
+    it runs on every forward of every FP8 linear (see benchmarks/fp8_host_overhead.py).
+    """
+    attrs = module.__dict__
+    cls = type(module)
+    params = attrs.get("_parameters")
+    if params is not None and "weight" in params and _parameters_readable(cls):
+        weight = params["weight"]
+        bias = params["bias"] if "bias" in params else getattr(module, "bias", None)
+    else:
+        weight = module.weight
+        bias = getattr(module, "bias", None)
+    functions = attrs.get("weight_function")
+    if functions is None:
+        functions = getattr(cls, "weight_function", None)
+    if not functions:
+        functions = attrs.get("bias_function")
+        if functions is None:
+            functions = getattr(cls, "bias_function", None)
+    key = ((id(weight), weight.data_ptr(), weight.device, weight._version, weight.dtype) if weight is not None
+           else (),
+           (id(bias), bias.data_ptr(), bias.device, bias._version, bias.dtype) if bias is not None else (),
+           x.device, x.dtype, attrs["training"] if "training" in attrs else module.training, bool(functions),
+           _backend_env())
+    plan = attrs.get(_PLAN_ATTR)
     if plan is not None and plan.key == key:
         return plan
     reason = decline_reason(module, x)
@@ -225,7 +274,7 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
         plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x))
     else:
         plan = Fp8Plan(key, reason, None, None)
-    module.__dict__[_PLAN_ATTR] = plan
+    attrs[_PLAN_ATTR] = plan
     return plan
 
 
@@ -245,8 +294,6 @@ def is_linear(module: torch.nn.Module) -> bool:
 
 def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) -> torch.Tensor:
     """Linear -> GELU(tanh) -> Linear with FP8 GEMMs and op 7 (GELU fused into the second GEMM's quantisation)."""
-    from .gelu_quantize_fp8 import gelu_quantize_comfy_triton, gelu_quantize_dynamic_triton
-
     fc_in, _, fc_out = ffn[0], ffn[1], ffn[2]
     plan_in = fp8_plan_of(fc_in, x)
     if plan_in.decline_reason is not None:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .. import dispatch
 from . import quantize_fp8 as op5
-from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, fp8_choice, kernel_input, launch_grid, new_output, new_stats,
+from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, fp8_choice, kernel_input, launch_grid, new_output,
                            quantize_fp8_comfy_reference, quantize_fp8_dynamic_reference)
 
 
@@ -108,24 +108,42 @@ def _libdevice_tanh(device: torch.device) -> bool:
     return device.type == "cuda" and not dispatch.interpreting() and libdevice is not None
 
 
+# (n, the op 5 launch settings) -> (grid, iterations, MAX_PARTIALS): launch_grid and next_power_of_2 cost a few
+# microseconds per FFN call in Python for values that depend only on the key (settings included, so a sweep or a
+# test that sets them gets fresh values); the cap only guards against unbounded growth.
+_gelu_launches: dict[tuple, tuple] = {}
+
+
+def _gelu_launch_cached(n: int) -> tuple:
+    key = (n, op5.ELEMENTS_PER_ITERATION, op5.MAX_PROGRAMS)
+    launch = _gelu_launches.get(key)
+    if launch is None:
+        programs, iterations = launch_grid(n)
+        launch = ((programs,), iterations, triton.next_power_of_2(op5.MAX_PROGRAMS))
+        if len(_gelu_launches) >= op5._LAUNCH_CACHE_CAP:
+            _gelu_launches.clear()
+        _gelu_launches[key] = launch
+    return launch
+
+
 def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     n = h.numel()
     if n > op5.MAX_KERNEL_ELEMENTS:
         codes, scale = gelu_quantize_fp8_dynamic_reference(h)
         return (codes.float() if out_fp32 else codes), scale
     source = kernel_input(h)
-    out, written = new_output(h, out_fp32)
-    programs, iterations = launch_grid(n)
-    stats, scale = new_stats(programs, h.device)
+    out, written = new_output(source, out_fp32)
+    grid, iterations, max_partials = _gelu_launch_cached(n)
+    stats = torch.empty(grid[0] + 1, device=h.device, dtype=torch.float32)
     use_libdevice = _libdevice_tanh(h.device)
-    _gelu_absmax_kernel[(programs,)](source, stats, n, iterations, LIBDEVICE_TANH=use_libdevice,
-                                     BLOCK=op5.ELEMENTS_PER_ITERATION, num_warps=op5.NUM_WARPS)
-    _gelu_quantize_kernel[(programs,)](source, written, stats, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
-                                       DYNAMIC=True, HAS_SCALE=False, LIBDEVICE_TANH=use_libdevice,
-                                       OUT_FP8=not out_fp32, BLOCK=op5.ELEMENTS_PER_ITERATION,
-                                       MAX_PARTIALS=triton.next_power_of_2(op5.MAX_PROGRAMS),
-                                       num_warps=op5.NUM_WARPS)
-    return out, scale
+    block, num_warps = op5.ELEMENTS_PER_ITERATION, op5.NUM_WARPS
+    _gelu_absmax_kernel[grid](source, stats, n, iterations, LIBDEVICE_TANH=use_libdevice, BLOCK=block,
+                              num_warps=num_warps)
+    _gelu_quantize_kernel[grid](source, written, stats, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
+                                DYNAMIC=True, HAS_SCALE=False, LIBDEVICE_TANH=use_libdevice, OUT_FP8=not out_fp32,
+                                BLOCK=block, MAX_PARTIALS=max_partials, num_warps=num_warps)
+    # slot 0 of the stats buffer: the scale (see op5.new_stats)
+    return out, stats[0]
 
 
 def gelu_quantize_comfy_triton(h: torch.Tensor, scale_input: torch.Tensor | None = None,

@@ -276,6 +276,17 @@ def torch_fp8_cast_saturates(device: str) -> bool:
     return int(probe.item()) == 0x7E
 
 
+_saturates_by_device: dict[torch.device, bool] = {}
+
+
+def _cast_saturates(device: torch.device) -> bool:
+    """torch_fp8_cast_saturates for a device object, without formatting the device as a string on every call."""
+    saturates = _saturates_by_device.get(device)
+    if saturates is None:
+        saturates = _saturates_by_device[device] = device.type != "cuda" or torch_fp8_cast_saturates(str(device))
+    return saturates
+
+
 def new_output(like: torch.Tensor, out_fp32: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(tensor handed back, shaped like `like`; tensor the kernel writes): fp8 codes go through a uint8 view."""
     if out_fp32:
@@ -301,23 +312,46 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
+# (n, device, element size, the launch settings above) -> (grid, iterations, keep_from, block, hints, num_warps,
+# MAX_PARTIALS) of the dynamic quantiser. dynamic_launch builds a dict and next_power_of_2 loops in Python: a few
+# microseconds per FP8 linear call, for values that depend only on the key. The settings are part of the key, so a
+# sweep or a test that sets them gets fresh values. Few distinct sizes occur in a run (one per Linear input shape);
+# the cap only guards against unbounded growth.
+_dynamic_launches: dict[tuple, tuple] = {}
+_LAUNCH_CACHE_CAP = 4096
+
+
+def _dynamic_launch_cached(n: int, device: torch.device, element_size: int) -> tuple:
+    key = (n, device, element_size, ELEMENTS_PER_ITERATION, NUM_WARPS, MAX_PROGRAMS, DYNAMIC_ELEMENTS_PER_ITERATION,
+           DYNAMIC_NUM_WARPS, DYNAMIC_PROGRAMS_PER_SM, DYNAMIC_L2_KEEP_BYTES)
+    launch = _dynamic_launches.get(key)
+    if launch is None:
+        grid = dynamic_launch(n, device, element_size)
+        launch = ((grid["programs"],), grid["iterations"], grid["keep_from"], grid["block"], grid["hints"],
+                  grid["num_warps"], triton.next_power_of_2(grid["programs"]))
+        if len(_dynamic_launches) >= _LAUNCH_CACHE_CAP:
+            _dynamic_launches.clear()
+        _dynamic_launches[key] = launch
+    return launch
+
+
 def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.numel()
     if n > MAX_KERNEL_ELEMENTS:
         codes, scale = quantize_fp8_dynamic_reference(x)
         return (codes.float() if out_fp32 else codes), scale
     source = kernel_input(x)
-    out, written = new_output(x, out_fp32)
-    grid = dynamic_launch(n, x.device, x.element_size())
-    programs, iterations, block = grid["programs"], grid["iterations"], grid["block"]
-    stats, scale = new_stats(programs, x.device)
-    _absmax_kernel[(programs,)](source, stats, n, iterations, grid["keep_from"], BLOCK=block, HINTS=grid["hints"],
-                                num_warps=grid["num_warps"])
-    _quantize_dynamic_kernel[(programs,)](source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
-                                          OUT_FP8=not out_fp32, BLOCK=block,
-                                          MAX_PARTIALS=triton.next_power_of_2(programs), HINTS=grid["hints"],
-                                          num_warps=grid["num_warps"])
-    return out, scale
+    device = x.device
+    grid, iterations, keep_from, block, hints, num_warps, max_partials = _dynamic_launch_cached(
+        n, device, x.element_size())
+    out, written = new_output(source, out_fp32)
+    stats = torch.empty(grid[0] + 1, device=device, dtype=torch.float32)
+    _absmax_kernel[grid](source, stats, n, iterations, keep_from, BLOCK=block, HINTS=hints, num_warps=num_warps)
+    _quantize_dynamic_kernel[grid](source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
+                                   OUT_FP8=not out_fp32, BLOCK=block, MAX_PARTIALS=max_partials, HINTS=hints,
+                                   num_warps=num_warps)
+    # slot 0 of the stats buffer: the scale (see new_stats)
+    return out, stats[0]
 
 
 def quantize_comfy_triton(x: torch.Tensor, scale_input: torch.Tensor | None = None,
@@ -335,7 +369,7 @@ def quantize_comfy_triton(x: torch.Tensor, scale_input: torch.Tensor | None = No
     else:
         # the same two torch ops ComfyUI runs: the reciprocal in fp32, rounded to x's dtype
         reciprocal = (1.0 / scale_input.to(x.device)).to(x.dtype).reshape(1)
-    saturate = x.device.type != "cuda" or torch_fp8_cast_saturates(str(x.device))
+    saturate = _cast_saturates(x.device)
     if n:
         programs, iterations = launch_grid(n)
         _quantize_comfy_kernel[(programs,)](
