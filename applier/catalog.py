@@ -8,7 +8,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from applier.errors import ApplierError, RefusedError
+from applier.errors import RefusedError
 from applier.resources import PATCHES_DIR
 
 if sys.version_info >= (3, 11):
@@ -19,8 +19,8 @@ else:  # pragma: no cover
 COMPONENTS = ("comfyui", "torch")
 
 
-class CatalogError(ApplierError):
-    """The catalog itself is malformed (a maintainer's error, not the user's)."""
+class CatalogError(RefusedError):
+    """The catalog itself is missing or malformed: refused before anything is read from the target."""
 
 
 @dataclass(frozen=True)

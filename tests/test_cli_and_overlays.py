@@ -161,3 +161,16 @@ def test_the_shipped_pack_installs_imports_and_uninstalls_through_the_cli(tmp_pa
     assert code == 0, out
     assert not (site / "fused_dit").exists() and not (comfy / "custom_nodes" / "comfyui_fused_dit").exists()
     assert tree_bytes(comfy) == before
+
+
+def test_a_missing_or_malformed_catalog_is_refused_with_exit_3(tmp_path):
+    comfy = make_comfy(tmp_path)
+    proc = run_cli("list", "--target", str(comfy), "--patches", str(tmp_path / "nope"))
+    assert proc.returncode == 3 and "does not exist" in proc.stderr
+    bad = tmp_path / "bad" / "comfyui" / "x"
+    bad.mkdir(parents=True)
+    (bad / "patch.toml").write_text("title = [\n")
+    before = tree_bytes(comfy)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(tmp_path / "bad"))
+    assert proc.returncode == 3 and "patch.toml" in proc.stderr and "Traceback" not in proc.stderr
+    assert tree_bytes(comfy) == before
