@@ -117,3 +117,30 @@ def test_verify_finishes_an_interrupted_apply_before_judging(tmp_path):
     assert code == 0, report
     assert not (comfy / ".applier" / "journal.json").exists()
     assert [c["outcome"] for c in report["checks"]] == ["PASS"]
+
+
+def test_disk_full_mid_run_rolls_back_and_says_so(tmp_path, monkeypatch):
+    import errno
+
+    from applier import journal, operations
+    from applier.catalog import load_catalog
+    from applier.detect import detect
+    from applier.errors import IOFailure
+
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    before = tree_bytes(comfy)
+    real_write = journal.write_target
+    calls = []
+
+    def write_then_fill_the_disk(path, data, **kw):
+        calls.append(path)
+        if len(calls) == 2 and data is not None:       # the second file of the run: the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(path, data, **kw)
+
+    monkeypatch.setattr(journal, "write_target", write_then_fill_the_disk)
+    with pytest.raises(IOFailure, match="no space left"):
+        operations.apply(detect(comfy, gpu=False), load_catalog(catalog))
+    assert tree_bytes(comfy) == before                   # the first file was rolled back
+    assert not (comfy / ".applier" / "journal.json").exists()
+    assert not (comfy / ".applier" / "state.json").exists()
