@@ -94,6 +94,21 @@ def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) 
     return count
 
 
+def install_block_overlays(block, ops, report, class_name, expected_parameters, forward,
+                           linear_skip: tuple[str, ...]) -> str | None:
+    """Swap one recognised block's forward (and its Linears for FP8) in; the reason it was left stock otherwise."""
+    reason = forward_matches(block, class_name, expected_parameters)
+    if reason:
+        return reason
+    block_ops = ops - {"fp8_linear"}
+    if block_ops:
+        install_forward(block, lambda stock, *a, **kw: forward(block, block_ops, stock, *a, **kw))
+    if "fp8_linear" in ops:
+        report["fp8_linears"] += install_fp8_linears(block, linear_skip)
+    report["blocks"] += 1
+    return None
+
+
 def _block_installers():
     from . import flux, wan
     return {**flux.INSTALLERS, **wan.INSTALLERS}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import defining_module_global, forward_matches, install_forward, install_fp8_linears
+from . import defining_module_global, install_block_overlays
 
 DOUBLE = "DoubleStreamBlock"
 SINGLE = "SingleStreamBlock"
@@ -126,25 +126,14 @@ def single_block_forward(block, ops, stock, x, vec, pe, attn_mask=None, modulati
     return x
 
 
-def _install(block, ops, report, class_name, expected, forward, linear_skip) -> str | None:
-    reason = forward_matches(block, class_name, expected)
-    if reason:
-        return reason
-    block_ops = ops - {"fp8_linear"}
-    if block_ops:
-        install_forward(block, lambda stock, *a, **kw: forward(block, block_ops, stock, *a, **kw))
-    if "fp8_linear" in ops:
-        report["fp8_linears"] += install_fp8_linears(block, linear_skip)
-    report["blocks"] += 1
-    return None
-
-
 def install_double(block, ops, report):
-    return _install(block, ops, report, DOUBLE, DOUBLE_PARAMETERS, double_block_forward, ("img_mod", "txt_mod"))
+    return install_block_overlays(block, ops, report, DOUBLE, DOUBLE_PARAMETERS, double_block_forward,
+                                  ("img_mod", "txt_mod"))
 
 
 def install_single(block, ops, report):
-    return _install(block, ops, report, SINGLE, SINGLE_PARAMETERS, single_block_forward, ("modulation",))
+    return install_block_overlays(block, ops, report, SINGLE, SINGLE_PARAMETERS, single_block_forward,
+                                  ("modulation",))
 
 
 INSTALLERS = {DOUBLE: install_double, SINGLE: install_single}

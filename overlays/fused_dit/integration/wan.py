@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import defining_module_global, forward_matches, install_forward, install_fp8_linears
+from . import defining_module_global, install_block_overlays
 
 BLOCK = "WanAttentionBlock"
 BLOCK_PARAMETERS = ("x", "e", "freqs", "context", "context_img_len", "transformer_options")
@@ -68,16 +68,7 @@ def block_forward(block, ops, stock, x, e, freqs, context, context_img_len=257, 
 
 
 def install_block(block, ops, report) -> str | None:
-    reason = forward_matches(block, BLOCK, BLOCK_PARAMETERS)
-    if reason:
-        return reason
-    block_ops = ops - {"fp8_linear"}
-    if block_ops:
-        install_forward(block, lambda stock, *a, **kw: block_forward(block, block_ops, stock, *a, **kw))
-    if "fp8_linear" in ops:
-        report["fp8_linears"] += install_fp8_linears(block, ("modulation",))
-    report["blocks"] += 1
-    return None
+    return install_block_overlays(block, ops, report, BLOCK, BLOCK_PARAMETERS, block_forward, ("modulation",))
 
 
 INSTALLERS = {BLOCK: install_block}

@@ -116,12 +116,19 @@ def _linear_fp8_gpu(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | Non
     The same kernels and GEMM call as linear_fp8's dispatched path, without asking dispatch again; bias is
     already in x's dtype and on x's device.
     """
+    return _quantized_gemm(x, weight, bias, quantize_comfy_triton, quantize_dynamic_triton)
+
+
+def _quantized_gemm(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, quantize_static,
+                    quantize_dynamic) -> torch.Tensor:
+    """x [..., K] quantised by the given Triton quantisers (ComfyUI's static scale when the weight carries one, else
+    dynamic per-tensor), then one torch._scaled_mm: [..., N] in x's dtype."""
     x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if weight.static_input:
-        a_codes = quantize_comfy_triton(x2d, weight.input_scale)
+        a_codes = quantize_static(x2d, weight.input_scale)
         a_scale = weight.activation_scale
     else:
-        a_codes, a_scale = quantize_dynamic_triton(x2d)
+        a_codes, a_scale = quantize_dynamic(x2d)
     out = _scaled_mm(a_codes, a_scale, weight.codes_t, weight.scale_fp32, bias, x.dtype)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
@@ -305,15 +312,8 @@ def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) ->
     if plan_out.decline_reason is not None:
         dispatch.say_once(OP, "stock forward", plan_out.decline_reason)
         return stock_forward_of(fc_out)(F.gelu(hidden, approximate="tanh"))
-    weight = plan_out.weight
-    h2d = hidden if hidden.dim() == 2 else hidden.reshape(-1, hidden.shape[-1])
-    if weight.static_input:
-        a_codes = gelu_quantize_comfy_triton(h2d, weight.input_scale)
-        a_scale = weight.activation_scale
-    else:
-        a_codes, a_scale = gelu_quantize_dynamic_triton(h2d)
-    out = _scaled_mm(a_codes, a_scale, weight.codes_t, weight.scale_fp32, plan_out.bias, hidden.dtype)
-    return out if hidden.dim() == 2 else out.view(*hidden.shape[:-1], out.shape[-1])
+    return _quantized_gemm(hidden, plan_out.weight, plan_out.bias, gelu_quantize_comfy_triton,
+                           gelu_quantize_dynamic_triton)
 
 
 def is_gelu_tanh_ffn(module: torch.nn.Module) -> bool:

@@ -154,10 +154,7 @@ def gelu_quantize_comfy_triton(h: torch.Tensor, scale_input: torch.Tensor | None
         return codes.float() if out_fp32 else codes
     source = kernel_input(h)
     out, written = new_output(h, out_fp32)
-    if scale_input is None:
-        reciprocal = source        # a placeholder pointer: the kernel does not read it without HAS_SCALE
-    else:
-        reciprocal = (1.0 / scale_input.to(h.device)).to(h.dtype).reshape(1)
+    reciprocal = op5.comfy_reciprocal(scale_input, source)
     if n:
         programs, iterations = launch_grid(n)
         # stats_ptr is not read outside DYNAMIC mode; any pointer will do

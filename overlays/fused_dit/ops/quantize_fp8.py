@@ -354,6 +354,14 @@ def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False) -> tuple[to
     return out, stats[0]
 
 
+def comfy_reciprocal(scale_input: torch.Tensor | None, source: torch.Tensor) -> torch.Tensor:
+    """The kernels' reciprocal operand: the same two torch ops ComfyUI runs (the reciprocal in fp32, rounded to the
+    input's dtype); without a scale, `source` itself as a placeholder the kernel never reads (HAS_SCALE is off)."""
+    if scale_input is None:
+        return source
+    return (1.0 / scale_input.to(source.device)).to(source.dtype).reshape(1)
+
+
 def quantize_comfy_triton(x: torch.Tensor, scale_input: torch.Tensor | None = None,
                           clamp_input_in_place: bool = True, out_fp32: bool = False) -> torch.Tensor:
     write_back = clamp_input_in_place and scale_input is None
@@ -364,11 +372,7 @@ def quantize_comfy_triton(x: torch.Tensor, scale_input: torch.Tensor | None = No
         return codes.float() if out_fp32 else codes
     source = kernel_input(x)
     out, written = new_output(x, out_fp32)
-    if scale_input is None:
-        reciprocal = source        # a placeholder pointer: the kernel does not read it without HAS_SCALE
-    else:
-        # the same two torch ops ComfyUI runs: the reciprocal in fp32, rounded to x's dtype
-        reciprocal = (1.0 / scale_input.to(x.device)).to(x.dtype).reshape(1)
+    reciprocal = comfy_reciprocal(scale_input, source)
     saturate = _cast_saturates(x.device)
     if n:
         programs, iterations = launch_grid(n)
