@@ -104,7 +104,7 @@ SWEEPS = {
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
     "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (4, 8, 16), "FLUX_NUM_WARPS": (4, 8)}),
     "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1, 2, 4), "WAN_NUM_WARPS": (4, 8)}),
-    "adaln": (adaln, {"NUM_WARPS_LARGE": (4, 8, 16, 32)}),
+    "adaln": (adaln, {"ROWS_PER_PROGRAM": (2, 4, 8, 16), "NUM_WARPS": (4, 8)}),
     "gate_add_wan": (gate_add, {"ELEMENTS_PER_PROGRAM": (2048, 4096, 8192), "MAX_BLOCK_C": (512, 1024),
                                 "NUM_WARPS": (4, 8)}),
 }
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
         "launch_config": {"rms_rope": {n: getattr(rms_rope, n) for n in (
                               "FLUX_TOKENS_PER_PROGRAM", "FLUX_HEADS_PER_STEP", "FLUX_NUM_WARPS",
                               "WAN_TOKENS_PER_PROGRAM", "WAN_HEADS_PER_STEP", "WAN_NUM_WARPS")},
-                          "adaln": {n: getattr(adaln, n) for n in ("ELEMENTS_PER_PROGRAM", "NUM_WARPS_LARGE")},
+                          "adaln": {n: getattr(adaln, n) for n in ("ROWS_PER_PROGRAM", "NUM_WARPS")},
                           "gate_add": {n: getattr(gate_add, n) for n in ("ELEMENTS_PER_PROGRAM", "MAX_BLOCK_C",
                                                                          "NUM_WARPS")}},
         "shapes": {"flux": f"B=1 H={FLUX_HEADS} D={HEAD_DIM} C={FLUX_C}", "wan": f"B=1 H={WAN_HEADS} C={WAN_C}",

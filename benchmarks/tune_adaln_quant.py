@@ -17,6 +17,8 @@ and the fp8 codes), as benchmarks/kernels.py does.
 AdaLN's PROGRAMS_PER_SM / PREFETCH_NEXT_TILE belong to a grid-stride variant of the kernel that the 2026-11-30 run
 measured 7-10% slower than the one-row-per-program kernel and that was not kept: with the kernel in adaln.py they
 are inert, and only ELEMENTS_PER_PROGRAM / NUM_WARPS_LARGE change anything (tune-adaln-quant-2026-11-30.json).
+Since adaln.py computes LayerNorm's statistics in torch's order (ops/norm_order.py) all four AdaLN fields are inert:
+its ROWS_PER_PROGRAM / NUM_WARPS are swept by benchmarks/kernels.py --sweep; the quantiser part still applies.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ def modulation(B, rows, C, gen, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("B,L,C,rows", [
-    (2, 37, 67, 1),      # per sample, odd C
+    (2, 37, 68, 1),      # per sample, C not a multiple of the 512 channels per step
     (2, 37, 64, 37),     # per token
     (2, 40, 48, 4),      # Wan grouped rows, even split
     (2, 37, 48, 5),      # Wan grouped rows, uneven split (repeat_e repeats tokens // rows + 1)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..dispatch import choose
 from . import (KERNEL_DTYPES, as_batch_rows_channels, batch_stride, check_out, eager_because, into_out,
-               modulation_group, repeat_rows_like_comfy)
+               modulation_group, norm_order, repeat_rows_like_comfy)
 
 try:
     import triton
@@ -19,9 +19,9 @@ try:
 except Exception:  # the eager path must keep working without triton; dispatch says why
     triton = None
 
-ELEMENTS_PER_PROGRAM = 4096
-NUM_WARPS_LARGE = 4         # rows of >= 4096 channels, one row per program
-NUM_WARPS_SMALL = 4
+# Rows per program and warps; benchmarks/kernels.py --sweep tries others
+ROWS_PER_PROGRAM = 4
+NUM_WARPS = 4
 
 
 def _modulation_rows(x, shift, scale):
@@ -51,31 +51,65 @@ def reference_fp32(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, ep
 if triton is not None:
 
     @triton.jit
-    def _adaln_kernel(x_ptr, shift_ptr, scale_ptr, out_ptr, rows, L, C, shift_group, scale_group,
-                      sxb, sxl, sxc, shb, shr, shc, scb, scr, scc, eps,
-                      ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
-        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        row_mask = r < rows
-        l_idx = r % L
-        b = r // L
-        c = tl.arange(0, BLOCK_C)
-        c_mask = c < C
-        mask = row_mask[:, None] & c_mask[None, :]
-        x = tl.load(x_ptr + b[:, None] * sxb + l_idx[:, None] * sxl + c[None, :] * sxc,
-                    mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=1) / C
-        centred = tl.where(mask, x - mean[:, None], 0.0)
-        rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / C + eps)
+    def _modulate_store(normed, x_ptr, shift_ptr, scale_ptr, out_ptr, r, b, l_idx, c, mask, C,
+                        shift_group, scale_group, shb, shr, shc, scb, scr, scc):
+        """`addcmul(shift, normed, 1 + scale)` for a tile of rows r and channels c, stored to out."""
         # LayerNorm's output is a tensor of x's dtype in the eager chain
-        normed = (centred * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        normed = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
         shift_offsets = b[:, None] * shb + (l_idx // shift_group)[:, None] * shr + c[None, :] * shc
         scale_offsets = b[:, None] * scb + (l_idx // scale_group)[:, None] * scr + c[None, :] * scc
         shift = tl.load(shift_ptr + shift_offsets, mask=mask, other=0.0).to(tl.float32)
         scale = tl.load(scale_ptr + scale_offsets, mask=mask, other=0.0).to(tl.float32)
         # `1 + scale` is a tensor of scale's dtype in the eager chain
         scale_plus_one = (scale + 1.0).to(scale_ptr.dtype.element_ty).to(tl.float32)
-        out = shift + normed * scale_plus_one
+        # torch's CUDA addcmul is one fma (exactly mul + add when both factors are 16-bit; not for fp32)
+        out = tl.fma(normed, scale_plus_one, shift)
         tl.store(out_ptr + r[:, None] * C + c[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _adaln_kernel(x_ptr, shift_ptr, scale_ptr, out_ptr, rows, L, C, shift_group, scale_group,
+                      sxb, sxl, sxc, shb, shr, shc, scb, scr, scc, eps,
+                      ROWS: tl.constexpr, EVEN: tl.constexpr):
+        """Rows of C % 4 == 0 channels: mean and variance in torch's Welford order, so LayerNorm's output is
+        eager's bits (EVEN: C is a multiple of the 512 channels torch's block reads per step, no masks).
+
+        Pass 1 walks the row as torch's 128 threads do (4 channels each per step) with Welford's online update;
+        the per-thread states fold lane-then-warp. Pass 2 reads the (cache-resident) row again in the same chunks.
+        """
+        T: tl.constexpr = norm_order.THREADS
+        r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_mask = r < rows
+        l_idx = r % L
+        b = r // L
+        x_rows = x_ptr + b[:, None] * sxb + l_idx[:, None] * sxl
+        t = tl.arange(0, T)
+        vectors = C // 4
+        mean = tl.zeros([ROWS, T], dtype=tl.float32)
+        m2 = tl.zeros([ROWS, T], dtype=tl.float32)
+        for step in range(0, tl.cdiv(C, T * 4)):
+            c = tl.arange(0, T * 4) + step * (T * 4)
+            x = tl.load(x_rows + c[None, :] * sxc, mask=row_mask[:, None] & (c < C)[None, :],
+                        other=0.0).to(tl.float32)
+            x0, x1, x2, x3 = norm_order.elements_of_vectors(x, ROWS, T)
+            if EVEN:
+                valid = tl.full([1, T], 1, tl.int1)
+            else:
+                valid = (t + step * T < vectors)[None, :]
+            count = step * 4.0    # the thread's count before this vector, the same for every thread that has one
+            mean, m2 = norm_order.welford_push(mean, m2, x0, tl.math.div_rn(1.0, count + 1.0), valid)
+            mean, m2 = norm_order.welford_push(mean, m2, x1, tl.math.div_rn(1.0, count + 2.0), valid)
+            mean, m2 = norm_order.welford_push(mean, m2, x2, tl.math.div_rn(1.0, count + 3.0), valid)
+            mean, m2 = norm_order.welford_push(mean, m2, x3, tl.math.div_rn(1.0, count + 4.0), valid)
+        counts = 4.0 * tl.maximum((vectors - t + T - 1) // T, 0).to(tl.float32)
+        mean, m2 = norm_order.fold_welford(mean, m2, tl.zeros([ROWS, T], dtype=tl.float32) + counts[None, :],
+                                           ROWS, T)
+        rstd = tl.rsqrt(tl.math.div_rn(m2, C * 1.0) + eps)
+        for step in range(0, tl.cdiv(C, T * 4)):
+            c = tl.arange(0, T * 4) + step * (T * 4)
+            mask = row_mask[:, None] & (c < C)[None, :]
+            x = tl.load(x_rows + c[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
+            _modulate_store(rstd[:, None] * (x - mean[:, None]), x_ptr, shift_ptr, scale_ptr, out_ptr, r, b, l_idx,
+                            c, mask, C, shift_group, scale_group, shb, shr, shc, scb, scr, scc)
 
 
 def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6,
@@ -97,6 +131,8 @@ def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float 
                 groups = [modulation_group(m.size(1), x.size(1)) for m in (shift3, scale3)]
             except ValueError as exc:
                 reason = str(exc)
+            if reason is None and not norm_order.follows_torch_order(x.size(-1)):
+                reason = norm_order.OTHER_PATH.format(n=x.size(-1))
         if reason is None:
             return _launch(x, shift3, scale3, groups, eps, out)
         eager_because(op, reason)
@@ -110,14 +146,11 @@ def _launch(x, shift, scale, groups, eps, out):
         out = torch.empty((B, L, C), dtype=out_dtype, device=x.device)
     else:
         check_out(out, (B, L, C), out_dtype, x.device)
-    block_c = triton.next_power_of_2(C)
-    rows_per_program = max(1, ELEMENTS_PER_PROGRAM // block_c)
     rows = B * L
-    grid = (triton.cdiv(rows, rows_per_program),)
-    _adaln_kernel[grid](
-        x, shift, scale, out, rows, L, C, groups[0], groups[1], *x.stride(),
-        batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1), scale.stride(2),
-        eps, ROWS=rows_per_program, BLOCK_C=block_c,
-        num_warps=NUM_WARPS_LARGE if block_c >= 4096 else NUM_WARPS_SMALL,
-        enable_fp_fusion=False)  # addcmul rounds the product before the add: no fma contraction
+    args = (x, shift, scale, out, rows, L, C, groups[0], groups[1], *x.stride(),
+            batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1),
+            scale.stride(2), eps)
+    # no fma contraction beyond the explicit ones, which are torch's
+    _adaln_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
+        *args, ROWS=ROWS_PER_PROGRAM, EVEN=C % norm_order.CHUNK == 0, num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

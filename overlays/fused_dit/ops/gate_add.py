@@ -65,11 +65,14 @@ if triton is not None:
         y = tl.load(y_ptr + b[:, None] * syb + l_idx[:, None] * syl + c[None, :] * syc, mask=mask, other=0.0)
         gate = tl.load(gate_ptr + b[:, None] * sgb + (l_idx // group)[:, None] * sgr + c[None, :] * sgc,
                        mask=mask, other=0.0)
-        product = gate.to(tl.float32) * y.to(tl.float32)
         if ROUND_PRODUCT:
             # `gate * y` is a tensor of its own in the eager chain
-            product = product.to(PRODUCT_DTYPE).to(tl.float32)
-        out = x.to(tl.float32) + product
+            product = (gate.to(tl.float32) * y.to(tl.float32)).to(PRODUCT_DTYPE).to(tl.float32)
+            out = x.to(tl.float32) + product
+        else:
+            # torch's CUDA addcmul computes `a + b * c` as one fma (nvcc contracts it); for 16-bit operands the
+            # product is exact in fp32 so it makes no difference, for fp32 it does
+            out = tl.fma(gate.to(tl.float32), y.to(tl.float32), x.to(tl.float32))
         tl.store(out_ptr + b[:, None] * sob + l_idx[:, None] * sol + c[None, :] * soc,
                  out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -125,5 +128,5 @@ def _launch(x, y, gate, group, rounding, inplace, out):
         batch_stride(gate), gate.stride(1), gate.stride(2), *out.stride(),
         ROWS=rows_per_program, BLOCK_C=block_c, ROUND_PRODUCT=rounding == FLUX,
         PRODUCT_DTYPE=_TL_DTYPES[product_dtype], num_warps=NUM_WARPS,
-        enable_fp_fusion=False)  # eager rounds the product before the add: no fma contraction
+        enable_fp_fusion=False)  # only the fma eager has: Flux rounds the product before the add
     return out

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..dispatch import choose
 from . import KERNEL_DTYPES, batch_stride, check_out, eager_because, into_out
+from . import norm_order
 
 try:
     import triton
@@ -130,17 +131,27 @@ if triton is not None:
         return f00, f01, f10, f11
 
     @triton.jit
-    def _rotate(y, f00, f01, f10, f11, A: tl.constexpr, B: tl.constexpr, BLOCK_D: tl.constexpr):
-        """Rotate the pairs of y ([A, B, BLOCK_D], fp32, rounded already); f.. broadcast to [A, B, BLOCK_D // 2]."""
+    def _rotate(y, f00, f01, f10, f11, A: tl.constexpr, B: tl.constexpr, BLOCK_D: tl.constexpr,
+                FMA: tl.constexpr):
+        """Rotate the pairs of y ([A, B, BLOCK_D], fp32, rounded already); f.. broadcast to [A, B, BLOCK_D // 2].
+
+        FMA: Wan's apply_rope1 adds the second product with `addcmul_`, one fma on CUDA; Flux's apply_rope rounds
+        both products and adds them.
+        """
         y0, y1 = tl.split(tl.reshape(y, [A, B, BLOCK_D // 2, 2]))
-        out0 = f00 * y0 + f01 * y1
-        out1 = f10 * y0 + f11 * y1
+        if FMA:
+            out0 = tl.fma(f01, y1, f00 * y0)
+            out1 = tl.fma(f11, y1, f10 * y0)
+        else:
+            out0 = f00 * y0 + f01 * y1
+            out1 = f10 * y0 + f11 * y1
         return tl.reshape(tl.join(out0, out1), [A, B, BLOCK_D])
 
     @triton.jit
     def _flux_heads(x_ptr, w_ptr, out_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D,
                     sxb, sxh, sxn, sxd, eps,
-                    TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+                    TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                    LANES: tl.constexpr, WARPS: tl.constexpr):
         """Norm + rotate every head of one tensor for the program's tokens, HEADS heads per step."""
         d = tl.arange(0, BLOCK_D)
         d_mask = d < D
@@ -152,10 +163,15 @@ if triton is not None:
             mask = (h < H)[:, None, None] & n_mask[None, :, None] & d_mask[None, None, :]
             x_offsets = b * sxb + h[:, None, None] * sxh + n[None, :, None] * sxn + d[None, None, :] * sxd
             x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.rsqrt(tl.sum(x * x, axis=2) / D + eps)
+            # the sum of squares in torch's order (norm_order): a thread per 4 channels, then its tree
+            rows = tl.reshape(x, [HEADS * TOKENS, BLOCK_D])
+            x0, x1, x2, x3 = norm_order.elements_of_vectors(rows, HEADS * TOKENS, BLOCK_D // 4)
+            acc = norm_order.square_into(tl.zeros([HEADS * TOKENS, BLOCK_D // 4], tl.float32), x0, x1, x2, x3)
+            sum_sq = tl.reshape(norm_order.fold_sum(acc, HEADS * TOKENS, LANES, WARPS), [HEADS, TOKENS])
+            rstd = tl.rsqrt(tl.math.div_rn(sum_sq, D * 1.0) + eps)
             # first rounding: RMSNorm's output is in x's dtype
             y = (x * rstd[:, :, None] * w[None, None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
-            out = _rotate(y, f00, f01, f10, f11, HEADS, TOKENS, BLOCK_D)
+            out = _rotate(y, f00, f01, f10, f11, HEADS, TOKENS, BLOCK_D, False)
             # output is contiguous BHND: for each head the block's tokens are one contiguous run
             out_offsets = ((b * H + h[:, None, None]) * N + n[None, :, None]) * D + d[None, None, :]
             tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -164,7 +180,8 @@ if triton is not None:
     def _flux_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, H, N, D,
                               sqb, sqh, sqn, sqd, skb, skh, skn, skd,
                               spb, spn, spi, spr, spc, eps,
-                              TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+                              TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                              LANES: tl.constexpr, WARPS: tl.constexpr):
         # program (token block, batch): the block's rotations are loaded once and serve all heads of q and k
         n = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
         n_mask = n < N
@@ -173,9 +190,9 @@ if triton is not None:
                                              BLOCK_D // 2)
         f00, f01, f10, f11 = f00[None, :, :], f01[None, :, :], f10[None, :, :], f11[None, :, :]
         _flux_heads(q_ptr, wq_ptr, oq_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, sqb, sqh, sqn, sqd, eps,
-                    TOKENS, HEADS, BLOCK_D)
+                    TOKENS, HEADS, BLOCK_D, LANES, WARPS)
         _flux_heads(k_ptr, wk_ptr, ok_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, skb, skh, skn, skd, eps,
-                    TOKENS, HEADS, BLOCK_D)
+                    TOKENS, HEADS, BLOCK_D, LANES, WARPS)
 
     @triton.jit
     def _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc,
@@ -195,14 +212,14 @@ if triton is not None:
         w = tl.load(w_ptr + c, mask=c_mask, other=0.0).to(dtype_ptr.dtype.element_ty).to(tl.float32)
         y = (x * rstd[:, None, None] * w[None, :, :]).to(dtype_ptr.dtype.element_ty)
         if HAS_ROPE:
-            y = _rotate(y.to(tl.float32), f00, f01, f10, f11, TOKENS, HEADS, BLOCK_D)
+            y = _rotate(y.to(tl.float32), f00, f01, f10, f11, TOKENS, HEADS, BLOCK_D, True)
         tl.store(out_ptr + r[:, None, None] * C + c[None, :, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _wan_tokens(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, L, C, D,
                     sxb, sxl, sxc, spb, spl, spi, spr, spc, eps,
                     TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
-                    HAS_ROPE: tl.constexpr, ONE_STEP: tl.constexpr):
+                    HAS_ROPE: tl.constexpr):
         # The norm spans a token's full C (all heads), the rotation is per head: C is walked in head-aligned
         # steps of HEADS * D channels. Output contiguous [B, L, C].
         r = row_start + tl.arange(0, TOKENS)
@@ -216,36 +233,40 @@ if triton is not None:
             f00, f01, f10, f11 = f00[:, None, :], f01[:, None, :], f10[:, None, :], f11[:, None, :]
         else:
             f00, f01, f10, f11 = 0.0, 0.0, 0.0, 0.0   # unused without a rotation
-        if ONE_STEP:
-            # the whole row fits one tile: keep it in registers between the sum of squares and the output
-            x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, 0, C, D, sxc, HEADS, BLOCK_D)
-            rstd = tl.rsqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / C + eps)
+        # pass 1: sum of squares over C in torch's order; pass 2 reads the (L1/L2-resident) row again to
+        # normalize + rotate
+        sum_sq = _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS)
+        rstd = tl.rsqrt(tl.math.div_rn(sum_sq, C * 1.0) + eps)
+        for c0 in range(0, C, HEADS * D):
+            x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
             _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
                             TOKENS, HEADS, BLOCK_D, HAS_ROPE)
-        else:
-            # pass 1: sum of squares over C; pass 2 reads the (L1/L2-resident) row again to normalize + rotate
-            sum_sq = tl.zeros([TOKENS], dtype=tl.float32)
-            for c0 in range(0, C, HEADS * D):
-                x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
-                sum_sq += tl.sum(tl.sum(x * x, axis=2), axis=1)
-            rstd = tl.rsqrt(sum_sq / C + eps)
-            for c0 in range(0, C, HEADS * D):
-                x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
-                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
-                                TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+
+    @triton.jit
+    def _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS: tl.constexpr):
+        """Sum of squares of each token's C channels in torch's order: 128 threads x 4 channels per step."""
+        T: tl.constexpr = norm_order.THREADS
+        acc = tl.zeros([TOKENS, T], dtype=tl.float32)
+        for c0 in range(0, C, T * 4):
+            c = c0 + tl.arange(0, T * 4)
+            x = tl.load(x_ptr + row_offsets[:, None] + c[None, :] * sxc, mask=r_mask[:, None] & (c < C)[None, :],
+                        other=0.0).to(tl.float32)
+            x0, x1, x2, x3 = norm_order.elements_of_vectors(x, TOKENS, T)
+            acc = norm_order.square_into(acc, x0, x1, x2, x3)
+        return norm_order.fold_sum(acc, TOKENS, norm_order.LANES_PER_WARP, T // norm_order.LANES_PER_WARP)
 
     @triton.jit
     def _wan_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows_q, rows_k, Lq, Lk, C, D,
                              sqb, sql, sqc, skb, skl, skc, spb, spl, spi, spr, spc, eps,
                              TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
-                             HAS_ROPE: tl.constexpr, ONE_STEP: tl.constexpr):
+                             HAS_ROPE: tl.constexpr):
         row_start = tl.program_id(0) * TOKENS
         if tl.program_id(1) == 0:
             _wan_tokens(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows_q, Lq, C, D, sqb, sql, sqc,
-                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, ONE_STEP)
+                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE)
         else:
             _wan_tokens(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows_k, Lk, C, D, skb, skl, skc,
-                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, ONE_STEP)
+                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,6 +282,14 @@ def _pe_strides(pe: torch.Tensor, batch: int, tokens: int, token_dim: int) -> tu
 
 def _weight_ok(weight: torch.Tensor, size: int) -> bool:
     return weight.dim() == 1 and weight.numel() == size and weight.stride(0) == 1
+
+
+def _head_threads(block_d: int) -> tuple[int, int]:
+    """(lanes, warps) of torch's norm block that hold a head of `block_d` channels (d <= 512: one pass of its 128
+    threads); lanes past d hold zeros, which the tree adds exactly."""
+    threads = block_d // norm_order.TORCH_VEC
+    lanes = min(norm_order.WARP, threads)
+    return lanes, threads // lanes
 
 
 def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
@@ -280,6 +309,8 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
         reason = f"dtype {q.dtype} / head dim {q.size(-1)} not supported by the kernel"
     elif not (_weight_ok(q_scale, q.size(-1)) and _weight_ok(k_scale, q.size(-1))):
         reason = "norm weights are not contiguous [D] vectors"
+    elif not norm_order.follows_torch_order(q.size(-1)) or q.size(-1) > norm_order.CHUNK:
+        reason = norm_order.OTHER_PATH.format(n=q.size(-1))
     pe_strides = None if reason else _pe_strides(pe, q.size(0), q.size(2), token_dim=2)
     if reason is None and (pe_strides is None or pe.size(1) != 1):
         reason = f"pe {tuple(pe.shape)} is not [B|1, 1, N, D/2, 2, 2]"
@@ -295,11 +326,13 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
         q_out, k_out = (check_out(o, (B, H, N, D), q.dtype, q.device) for o in out)
     block_d = triton.next_power_of_2(D)
     heads_per_step = min(FLUX_HEADS_PER_STEP, triton.next_power_of_2(H))
+    lanes, warps = _head_threads(block_d)
     grid = (triton.cdiv(N, FLUX_TOKENS_PER_PROGRAM), B)
     _flux_rms_rope_kernel[grid](
         q, k, q_scale, k_scale, q_out, k_out, pe, H, N, D,
         *q.stride(), *k.stride(), *pe_strides, eps,
-        TOKENS=FLUX_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=block_d, num_warps=FLUX_NUM_WARPS,
+        TOKENS=FLUX_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=block_d, LANES=lanes, WARPS=warps,
+        num_warps=FLUX_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
@@ -313,6 +346,8 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
         return f"dtype {q.dtype} not supported by the kernel"
     if not (_weight_ok(q_weight, C) and _weight_ok(k_weight, C)):
         return "norm weights are not contiguous [C] vectors"
+    if not norm_order.follows_torch_order(C):
+        return norm_order.OTHER_PATH.format(n=C)
     # the kernel walks C in "heads" of head_dim channels; without a rotation any chunk width will do
     head_dim, pe_strides = WAN_NORM_CHUNK, (0, 0, 0, 0, 0)
     if freqs is not None:
@@ -336,7 +371,7 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
         q, k, q_weight, k_weight, q_out, k_out, freqs if freqs is not None else q,
         rows_q, rows_k, q.size(1), k.size(1), C, head_dim, *q.stride(), *k.stride(), *pe_strides, eps,
         TOKENS=WAN_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=triton.next_power_of_2(head_dim),
-        HAS_ROPE=freqs is not None, ONE_STEP=heads_per_step * head_dim >= C, num_warps=WAN_NUM_WARPS,
+        HAS_ROPE=freqs is not None, num_warps=WAN_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
