@@ -134,16 +134,34 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
         codes, scale = qf.quantize_fp8_dynamic_reference(x)
         return fl.matmul_fp8(codes, scale, w_codes, w_scale, b, torch.bfloat16)
 
+    def linear_accum(fast):
+        def run():
+            saved, fl.FAST_ACCUM = fl.FAST_ACCUM, fast
+            try:
+                return fl.linear_fp8(x, weight, b)
+            finally:
+                fl.FAST_ACCUM = saved
+        return run
+
+    reference = F.linear(x, w, b).float()
+    frobenius = {f"fp8_linear_{'fast' if fast else 'exact'}_accum": float(
+        (linear_accum(fast)().float() - reference).norm() / reference.norm()) for fast in (True, False)}
     timings = {
         "bf16_linear": time_ms(lambda: F.linear(x, w, b)),
         "fp8_prequantised_gemm": time_ms(lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b,
                                                                torch.bfloat16)),
+        "fp8_prequantised_gemm_fast_accum": time_ms(lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b,
+                                                                          torch.bfloat16, fast_accum=True)),
+        # the product's setting (FAST_ACCUM) and the other one, side by side
         "fp8_linear_with_triton_quant": time_ms(lambda: fl.linear_fp8(x, weight, b)),
+        "fp8_linear_with_triton_quant_fast_accum": time_ms(linear_accum(True)),
+        "fp8_linear_with_triton_quant_exact_accum": time_ms(linear_accum(False)),
         "fp8_linear_with_eager_quant": time_ms(eager_quant_linear),
         "triton_dynamic_quant_only": time_ms(lambda: qf.quantize_fp8_dynamic(x)),
         "eager_dynamic_quant_only": time_ms(lambda: qf.quantize_fp8_dynamic_reference(x)),
     }
-    result = {"shape_MKN": [m, k, n], "ms": timings,
+    result = {"shape_MKN": [m, k, n], "ms": timings, "fast_accum_default": fl.FAST_ACCUM,
+              "relative_frobenius_vs_bf16": frobenius,
               "tflops": {name: flops / (ms * 1e-3) / 1e12 for name, ms in timings.items() if "only" not in name},
               "quant_gb_per_s": {name: x.numel() * 3 / (ms * 1e-3) / 1e9 for name, ms in timings.items()
                                  if "only" in name}}

@@ -4,7 +4,7 @@ Two weight sources:
 - bf16/fp16 weights: quantised once to e4m3 with a per-tensor scale (absmax/448, op 5) and cached on the module,
   keyed by the weight tensor's identity, storage, device and version counter, so a ModelPatcher that swaps or
   edits a weight (LoRA baking, offload/reload) gets a fresh quantisation. Activations use op 5's dynamic
-  per-tensor scale. (Row-wise scales are not offered: _scaled_mm's row-wise mode needs row-wise activation scales
+  per-tensor scale, and the GEMM uses Hopper's fast FP8 accumulation (FAST_ACCUM). (Row-wise scales are not offered: _scaled_mm's row-wise mode needs row-wise activation scales
   as well, which op 5 does not produce.)
 - float8_e4m3fn weights (ComfyUI's fp8 checkpoints, `scale_weight`/`scale_input` attributes): the module's own
   codes and scales, with ComfyUI's static activation semantics (unit or static scale, in-place clamp): the same
@@ -41,6 +41,10 @@ from .quantize_fp8 import (FP8_DTYPE, FP8_MIN_CAPABILITY, fp8_choice, quantize_c
                            quantize_fp8_comfy, quantize_fp8_dynamic)
 
 OP = "fp8_linear"
+# Hopper's fast FP8 accumulation (`use_fast_accum`) for the overlay's own dynamic-scale path; ComfyUI's fp8
+# checkpoints (static input scale) keep ComfyUI's exact `_scaled_mm` call. benchmarks/blocks.py times both and
+# reports the relative Frobenius error of each against the bf16 linear.
+FAST_ACCUM = True
 _CACHE_ATTR = "_fused_dit_fp8_weight"
 _PLAN_ATTR = "_fused_dit_fp8_plan"
 SUPPORTED_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -75,18 +79,19 @@ def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _scaled_mm(a_codes: torch.Tensor, a_scale: torch.Tensor, w_codes_t: torch.Tensor, w_scale: torch.Tensor,
-               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+               bias: torch.Tensor | None, out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
     """torch._scaled_mm with operands already in the form it needs (fp32 scales, bias in out_dtype)."""
-    out = torch._scaled_mm(a_codes, w_codes_t, scale_a=a_scale, scale_b=w_scale, bias=bias, out_dtype=out_dtype)
+    out = torch._scaled_mm(a_codes, w_codes_t, scale_a=a_scale, scale_b=w_scale, bias=bias, out_dtype=out_dtype,
+                           use_fast_accum=fast_accum)
     return out[0] if isinstance(out, tuple) else out
 
 
 def matmul_fp8(a_codes: torch.Tensor, a_scale: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
-               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+               bias: torch.Tensor | None, out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
     """out[M, N] = (a_codes*a_scale) @ (w_codes*w_scale).T + bias, a_codes [M, K] and w_codes [N, K] in e4m3."""
     if fp8_choice("fp8_scaled_mm", a_codes).triton and out_dtype in SUPPORTED_ACTIVATION_DTYPES:
         return _scaled_mm(a_codes, a_scale.float(), w_codes.t(), w_scale.float(),
-                          None if bias is None else bias.to(out_dtype), out_dtype)
+                          None if bias is None else bias.to(out_dtype), out_dtype, fast_accum)
     # emulation for CPUs and older GPUs: the same codes and scales, fp32 accumulation
     a = a_codes.float() * a_scale.float()
     w = w_codes.float() * w_scale.float()
@@ -106,7 +111,8 @@ def linear_fp8(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
         a_scale = weight.activation_scale
     else:
         a_codes, a_scale = quantize_fp8_dynamic(x2d)
-    out = matmul_fp8(a_codes.reshape(-1, k), a_scale.to(x.device), weight.codes, weight.scale, bias, x.dtype)
+    out = matmul_fp8(a_codes.reshape(-1, k), a_scale.to(x.device), weight.codes, weight.scale, bias, x.dtype,
+                     fast_accum=FAST_ACCUM and not weight.static_input)
     return out.reshape(*x.shape[:-1], weight.codes.shape[0])
 
 
@@ -129,7 +135,8 @@ def _quantized_gemm(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | Non
         a_scale = weight.activation_scale
     else:
         a_codes, a_scale = quantize_dynamic(x2d)
-    out = _scaled_mm(a_codes, a_scale, weight.codes_t, weight.scale_fp32, bias, x.dtype)
+    out = _scaled_mm(a_codes, a_scale, weight.codes_t, weight.scale_fp32, bias, x.dtype,
+                     FAST_ACCUM and not weight.static_input)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
 
