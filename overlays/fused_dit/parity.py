@@ -422,7 +422,8 @@ def _float_cases(device: str, small: bool) -> list[ParityCase]:
             adaln(2, 8, 48, 1, fp32), adaln(2, 9, 48, 4, fp32), adaln(1, 6, 40, 6, fp32),
             gate(2, 8, 48, 1, fp32, "wan"), gate(2, 8, 48, 8, fp32, "flux"), gate(2, 9, 40, 4, fp32, "wan"),
         ]
-    # the real DiT shapes benchmarks/gpu_gates.py has always run (names unchanged so result files compare)
+    # the real DiT shapes benchmarks/gpu_gates.py runs (names unchanged so result files compare; the odd-C adaln
+    # cases became C=3068 when rows of C % 4 != 0 started deferring to eager: a partial 512-channel step instead)
     cases = [flux(1, 24, N, 128, bf16) for N in (4096, 16384)]
     cases += [flux(2, 3, 37, 64, bf16, pe_batch=2), flux(2, 24, 37, 128, fp16), flux(1, 24, 4096, 128, fp32)]
     cases += [wan(1, 32760, 5120, 40, bf16), wan(2, 4096, 5120, 40, bf16, freqs_batch=2),
@@ -430,7 +431,7 @@ def _float_cases(device: str, small: bool) -> list[ParityCase]:
     cases += [wan_norm(2, 32760, 512, 5120, bf16)]
     cases += [adaln(1, L, 3072, 1, bf16) for L in (4096, 16384)]
     cases += [adaln(1, 32760, 5120, 1, bf16), adaln(2, 4096, 3072, 4096, bf16), adaln(2, 32760, 5120, 21, bf16),
-              adaln(2, 4097, 3072, 21, bf16), adaln(2, 37, 3071, 1, bf16), adaln(2, 37, 3071, 1, fp16),
+              adaln(2, 4097, 3072, 21, bf16), adaln(2, 37, 3068, 1, bf16), adaln(2, 37, 3068, 1, fp16),
               adaln(1, 4096, 3072, 1, fp32)]
     for tag in ("wan", "flux"):
         cases += [gate(1, 32760, 5120, 1, bf16, tag), gate(2, 16384, 3072, 16384, bf16, tag),

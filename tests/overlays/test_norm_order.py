@@ -99,15 +99,16 @@ def test_flux_and_wan_norms_fold_in_torch_order(seed, device):
     assert _bits_equal(out_q.reshape(-1, D), want)
 
 
-def test_rows_torch_normalises_another_way_run_eager_and_say_so(seed, caplog):
+def test_rows_torch_normalises_another_way_run_eager_and_say_so(seed, caplog, device):
     gen = generator(seed)
-    x = torch.randn(2, 5, 67, generator=gen)
-    shift, scale = torch.randn(2, 1, 67, generator=gen), torch.randn(2, 1, 67, generator=gen)
+    x = torch.randn(2, 5, 67, generator=gen).to(device)
+    shift, scale = (torch.randn(2, 1, 67, generator=gen).to(device) for _ in range(2))
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         out = adaln.adaln(x, shift, scale)
-        q = torch.randn(1, 2, 5, 66, generator=gen)
-        pe = torch.randn(1, 1, 5, 33, 2, 2, generator=gen)
-        rms_rope.flux_rms_rope(q, q, torch.ones(66), torch.ones(66), pe)
+        q = torch.randn(1, 2, 5, 66, generator=gen).to(device)
+        pe = torch.randn(1, 1, 5, 33, 2, 2, generator=gen).to(device)
+        ones = torch.ones(66, device=device)
+        rms_rope.flux_rms_rope(q, q, ones, ones, pe)
     assert torch.equal(out, adaln.reference_comfy(x, shift, scale))
     said = caplog.text
     assert "adaln -> eager (rows of 67 channels" in said

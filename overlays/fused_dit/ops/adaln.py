@@ -19,8 +19,8 @@ try:
 except Exception:  # the eager path must keep working without triton; dispatch says why
     triton = None
 
-# Rows per program and warps; benchmarks/kernels.py --sweep tries others
-ROWS_PER_PROGRAM = 4
+# Rows per program and warps: the fastest in benchmarks/kernels.py --sweep (h200-2026-11-30-run4/kernels.json)
+ROWS_PER_PROGRAM = 8
 NUM_WARPS = 4
 
 

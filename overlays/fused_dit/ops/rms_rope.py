@@ -26,12 +26,13 @@ except Exception:  # the eager path must keep working without triton; dispatch s
 # them. Both kernels give a program a block of tokens, load those tokens' rotation matrices once, and then walk
 # over the heads (Flux: every head of q and of k; Wan: the head-aligned chunks of C) with a [heads, tokens, D]
 # tile, so the table is read once per token and no lane is spent on padding C up to a power of two.
-# Chosen from benchmarks/results/rms_rope-sweep-2026-11-30.json (fastest summed over L=4096 and 16384).
-FLUX_TOKENS_PER_PROGRAM = 4
+# Chosen by benchmarks/kernels.py --sweep in benchmarks/results/h200-2026-11-30-run4/kernels.json (the kernels with
+# torch's norm order; the earlier configurations in rms_rope-sweep-2026-11-30.json predate it).
+FLUX_TOKENS_PER_PROGRAM = 8
 FLUX_HEADS_PER_STEP = 4
 FLUX_NUM_WARPS = 8
-WAN_TOKENS_PER_PROGRAM = 2
-WAN_HEADS_PER_STEP = 8       # channels per step = heads * D; one step covering every head skips the reload
+WAN_TOKENS_PER_PROGRAM = 1
+WAN_HEADS_PER_STEP = 8       # channels per step = heads * D
 WAN_NUM_WARPS = 4
 WAN_NORM_CHUNK = 128         # norm only (no heads): C is walked in chunks of this many channels
 
