@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from fused_dit.ops import norm_order
+from fused_dit.testing import byte_mismatch
 
 DEVICE = "cuda"
 EPS = 1e-6
@@ -34,8 +35,7 @@ def _set_threads(threads: int) -> None:
 
 def _differs(ours: torch.Tensor, torchs: torch.Tensor) -> int:
     """Elements whose bits differ, ours cast to torch's dtype (the stats are float32 on CUDA)."""
-    bits = {2: torch.int16, 4: torch.int32}[torchs.element_size()]
-    return int((ours.to(torchs.dtype).reshape(torchs.shape).view(bits) != torchs.view(bits)).sum())
+    return byte_mismatch(ours.to(torchs.dtype).reshape(torchs.shape), torchs)[0]
 
 
 def probe_length(n: int, rows: int, seed: int) -> dict:
