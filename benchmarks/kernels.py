@@ -1,8 +1,9 @@
 """Kernel benchmark of the fused DiT ops on CUDA: eager, torch.compile of the eager chain, the Triton overlay.
 
 Bandwidth counts each input read once and each output written once, against a copy ceiling (x.copy_ of a large
-bf16 tensor) measured in the same run. CUDA-event timing, warm-up, median of repeats. `--sweep` first tries a
-few launch configurations per op at the largest L and keeps the fastest for the table.
+bf16 tensor) measured in the same run. CUDA-event timing, warm-up, median of repeats. Each row also times a
+plain copy of the same number of bytes (`same_size_copy`): at L=4096 a copy does not reach the 1 GiB ceiling
+either. `--sweep` first tries launch configurations per op at each L and uses the fastest for that L's rows.
 
     PYTHONPATH=overlays:. python benchmarks/kernels.py --sweep --out benchmarks/results/
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from fused_dit.ops import adaln, gate_add, rms_rope
+from fused_dit.ops import adaln, gate_add, quantize_fp8, rms_rope
 
 DEVICE = "cuda"
 BF16 = torch.bfloat16
@@ -98,16 +99,50 @@ def problems(L: int):
     yield ("gate_add_flux", lambda: gate_add.gate_add(x, y, gate, gate_add.FLUX),
            lambda x, y, g: gate_add.reference_comfy(x, y, g, gate_add.FLUX), (x, y, gate),
            3 * nbytes(x) + nbytes(gate))
+    if torch.cuda.get_device_capability() >= quantize_fp8.FP8_MIN_CAPABILITY:
+        # a Flux block's Linear input [L, 3072]; bytes: x read once, the e4m3 codes written once (a per-tensor
+        # scale needs the whole absmax before the first code, so the kernel reads x twice: see notes)
+        a = torch.randn(L, FLUX_C, device=DEVICE, dtype=BF16)
+        yield ("quantize_fp8_dynamic", lambda: quantize_fp8.quantize_fp8_dynamic(a),
+               quantize_fp8.quantize_fp8_dynamic_reference, (a,), nbytes(a) + a.numel())
 
 
 SWEEPS = {
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
-    "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (4, 8, 16), "FLUX_NUM_WARPS": (4, 8)}),
+    "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (2, 4, 8, 16), "FLUX_NUM_WARPS": (4, 8),
+                                 "FLUX_SPLIT_QK": (False, True)}),
     "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1, 2, 4), "WAN_NUM_WARPS": (4, 8)}),
-    "adaln": (adaln, {"ROWS_PER_PROGRAM": (2, 4, 8, 16), "NUM_WARPS": (4, 8)}),
+    "adaln": (adaln, {"ROWS_PER_PROGRAM": (1, 2, 4, 8, 16), "NUM_WARPS": (2, 4, 8)}),
     "gate_add_wan": (gate_add, {"ELEMENTS_PER_PROGRAM": (2048, 4096, 8192), "MAX_BLOCK_C": (512, 1024),
                                 "NUM_WARPS": (4, 8)}),
+    "quantize_fp8_dynamic": (quantize_fp8, {"DYNAMIC_ELEMENTS_PER_ITERATION": (4096, 8192),
+                                            "DYNAMIC_NUM_WARPS": (8, 16),
+                                            "DYNAMIC_PROGRAMS_PER_SM": (0, 8)}),
 }
+
+
+# ops whose launch parameters are another op's
+SHARED_CONFIG = {"gate_add_flux": "gate_add_wan"}
+
+
+def launch_config() -> dict:
+    """The swept launch parameters as the modules hold them now."""
+    return {op: {name: getattr(module, name) for name in grid} for op, (module, grid) in SWEEPS.items()}
+
+
+def set_launch_config(config: dict) -> None:
+    for op, (module, grid) in SWEEPS.items():
+        for name in grid:
+            setattr(module, name, config[op][name])
+
+
+def same_size_copy_ms(moved: int) -> float:
+    """A device copy moving `moved` bytes in all (half read, half written), timed like the ops."""
+    src = torch.empty(max(moved // 4, 1), device=DEVICE, dtype=BF16).normal_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    del src, dst
+    return ms
 
 
 def sweep(L: int) -> dict:
@@ -115,6 +150,8 @@ def sweep(L: int) -> dict:
     report = {}
     by_op = {p[0]: p for p in problems(L)}
     for op, (module, grid) in SWEEPS.items():
+        if op not in by_op:      # quantize_fp8_dynamic below sm_89
+            continue
         overlay = by_op[op][1]
         trials = []
         for values in itertools.product(*grid.values()):
@@ -159,18 +196,27 @@ def main(argv=None) -> int:
     _L2_FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=DEVICE)
     ceiling = copy_ceiling_gbs()
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
-    sweep_report = sweep(max(args.lengths)) if args.sweep else None
+    defaults = launch_config()
+    sweep_report = {} if args.sweep else None
     rows = []
     for L in args.lengths:
+        if args.sweep:
+            # each length gets its own best configuration, swept from the defaults; the rows at L use it
+            set_launch_config(defaults)
+            sweep_report[str(L)] = sweep(L)
         for op, overlay, eager, inputs, moved in problems(L):
-            row = {"op": op, "L": L, "bytes": moved}
+            copy_ms = same_size_copy_ms(moved)
+            config = launch_config().get(SHARED_CONFIG.get(op, op))
+            row = {"op": op, "L": L, "bytes": moved, "launch_config": config,
+                   "same_size_copy": {"ms": copy_ms, "gbs": moved / copy_ms / 1e6}}
             candidates = {"eager": lambda: eager(*inputs), "overlay": overlay}
             if not args.no_compile:
                 compiled = torch.compile(eager, dynamic=False)
                 candidates["torch_compile"] = lambda: compiled(*inputs)
             for name, fn in candidates.items():
                 ms = time_ms(fn)
-                row[name] = {"ms": ms, "gbs": moved / ms / 1e6, "of_copy_ceiling": moved / ms / 1e6 / ceiling}
+                row[name] = {"ms": ms, "gbs": moved / ms / 1e6, "of_copy_ceiling": moved / ms / 1e6 / ceiling,
+                             "of_same_size_copy": copy_ms / ms}
             if "torch_compile" in row:
                 row["overlay_vs_compile"] = row["torch_compile"]["ms"] / row["overlay"]["ms"]
             row["overlay_vs_eager"] = row["eager"]["ms"] / row["overlay"]["ms"]
@@ -182,12 +228,7 @@ def main(argv=None) -> int:
         "cuda": torch.version.cuda,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "copy_ceiling_gbs": ceiling, "comfy_kitchen": comfy_kitchen_status(),
-        "launch_config": {"rms_rope": {n: getattr(rms_rope, n) for n in (
-                              "FLUX_TOKENS_PER_PROGRAM", "FLUX_HEADS_PER_STEP", "FLUX_NUM_WARPS",
-                              "WAN_TOKENS_PER_PROGRAM", "WAN_HEADS_PER_STEP", "WAN_NUM_WARPS")},
-                          "adaln": {n: getattr(adaln, n) for n in ("ROWS_PER_PROGRAM", "NUM_WARPS")},
-                          "gate_add": {n: getattr(gate_add, n) for n in ("ELEMENTS_PER_PROGRAM", "MAX_BLOCK_C",
-                                                                         "NUM_WARPS")}},
+        "launch_config_defaults": defaults,
         "shapes": {"flux": f"B=1 H={FLUX_HEADS} D={HEAD_DIM} C={FLUX_C}", "wan": f"B=1 H={WAN_HEADS} C={WAN_C}",
                    "modulation": "[1, 1, C] strided chunks of a [1, 1, 6, C] tensor"},
         "results": rows, "sweep": sweep_report,

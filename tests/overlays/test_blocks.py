@@ -71,6 +71,25 @@ def test_unknown_op_family_is_refused():
         fused_dit.enable(model, ops=("flash",))
 
 
+def test_unknown_fp8_weight_storage_is_refused_before_anything_changes():
+    model, _ = blocks.make_flux_stack()
+    with pytest.raises(ValueError, match="fp8_weights='moved'; expected one of alongside, replace"):
+        fused_dit.enable(model, ops=ALL_OPS, fp8_weights="moved")
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_replace_storage_leaves_weights_where_fp8_cannot_run():
+    # CPU weights: the FP8 forward declines for them, so nothing is quantised or moved (GPU: test_fp8_storage.py)
+    model, inputs = blocks.make_flux_stack()
+    weights = {name: p.clone() for name, p in model.named_parameters()}
+    stock = blocks.run(model, inputs)
+    report = fused_dit.enable(model, ops=ALL_OPS, fp8_weights="replace")
+    assert report["fp8_weights_stored_in_host_memory"] == 0 and report["gpu_bytes_freed"] == 0
+    fused_dit.disable(model)
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters())
+    assert relative_error(blocks.run(model, inputs, ops=ALL_OPS), stock) <= 1e-5
+
+
 def test_block_with_changed_signature_is_left_stock():
     class DoubleStreamBlock(blocks.DoubleStreamBlock):
         def forward(self, img, txt, vec, pe, extra=None):   # a future ComfyUI signature

@@ -43,6 +43,18 @@ def test_flux_kernel_matches_comfy_chain_and_fp64_and_writes_every_element(B, H,
         assert_close_fp32(got, exact, "vs fp64")
 
 
+@pytest.mark.parametrize("tokens", [2, 8])
+def test_flux_kernel_with_q_and_k_in_separate_programs_writes_the_same_bits(tokens, monkeypatch, seed):
+    q, k, sq, sk, pe = flux_inputs(2, 3, 37, 64, 2, generator(seed))
+    monkeypatch.setattr(rms_rope, "FLUX_TOKENS_PER_PROGRAM", tokens)
+    together = rms_rope.flux_rms_rope(q, k, sq, sk, pe)
+    monkeypatch.setattr(rms_rope, "FLUX_SPLIT_QK", True)
+    out = (poisoned_empty((2, 3, 37, 64), q.dtype), poisoned_empty((2, 3, 37, 64), q.dtype))
+    apart = rms_rope.flux_rms_rope(q, k, sq, sk, pe, out=out)
+    for got, expected in zip(apart, together):
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+
+
 def test_flux_returns_contiguous_bhnd_in_input_dtype(seed):
     q, k, sq, sk, pe = flux_inputs(1, 2, 5, 64, 1, generator(seed))
     q_out, k_out = rms_rope.flux_rms_rope(q, k, sq, sk, pe)

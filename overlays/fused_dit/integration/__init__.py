@@ -20,11 +20,13 @@ import sys
 import torch
 
 from ..ops.fp8_linear import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward,
-                              is_gelu_tanh_ffn, is_linear, stock_forward_of)
+                              is_gelu_tanh_ffn, is_linear, restore_stored_weight, stock_forward_of, store_fp8_only)
 
 log = logging.getLogger("fused_dit")
 
 OP_FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
+# where the FP8 linears' bf16/fp16 weights stay: beside their FP8 codes on the GPU, or in host memory
+FP8_WEIGHT_STORAGE = ("alongside", "replace")
 OVERLAY_MARK = "_fused_dit_overlay"
 
 
@@ -77,9 +79,12 @@ def forward_matches(block: torch.nn.Module, class_name: str, expected_parameters
     return None
 
 
-def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> int:
-    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock."""
-    count = 0
+def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
+    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock.
+
+    Returns the Linear modules that now run in FP8.
+    """
+    linears: list[torch.nn.Module] = []
     handled: set[int] = set()
     for name, module in block.named_modules():
         if any(name == p or name.startswith(p + ".") for p in skip_prefixes) or id(module) in handled:
@@ -87,11 +92,11 @@ def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) 
         if is_gelu_tanh_ffn(module):
             handled.update({id(module[0]), id(module[2])})
             install_forward(module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock))
-            count += 2
+            linears += [module[0], module[2]]
         elif is_linear(module):
             install_forward(module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock))
-            count += 1
-    return count
+            linears.append(module)
+    return linears
 
 
 def install_block_overlays(block, ops, report, class_name, expected_parameters, forward,
@@ -104,7 +109,9 @@ def install_block_overlays(block, ops, report, class_name, expected_parameters, 
     if block_ops:
         install_forward(block, lambda stock, *a, **kw: forward(block, block_ops, stock, *a, **kw))
     if "fp8_linear" in ops:
-        report["fp8_linears"] += install_fp8_linears(block, linear_skip)
+        linears = install_fp8_linears(block, linear_skip)
+        report["fp8_linears"] += len(linears)
+        report.setdefault("_fp8_modules", []).extend(linears)
     report["blocks"] += 1
     return None
 
@@ -126,12 +133,19 @@ def supported_blocks(model: torch.nn.Module) -> int:
     return count
 
 
-def enable(model: torch.nn.Module, ops=OP_FAMILIES) -> dict:
-    """Install the overlays on every supported block of `model`; returns what was patched and what was skipped."""
+def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongside") -> dict:
+    """Install the overlays on every supported block of `model`; returns what was patched and what was skipped.
+
+    fp8_weights="replace" (with the fp8_linear family): quantise the FP8 linears' weights now and keep only their
+    FP8 codes on the GPU, the bf16/fp16 originals in host memory until `disable` moves them back. For scripts that
+    enable once and run many calls; each enable/disable pair copies those weights across PCIe twice.
+    """
     ops = frozenset(ops)
     unknown = ops - set(OP_FAMILIES)
     if unknown:
         raise ValueError(f"unknown op families {sorted(unknown)}; known: {', '.join(OP_FAMILIES)}")
+    if fp8_weights not in FP8_WEIGHT_STORAGE:
+        raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHT_STORAGE)}")
     supported_blocks(model)
     installers = _block_installers()
     report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
@@ -143,14 +157,21 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES) -> dict:
                     report["skipped"].append(f"{type(module).__name__}: {reason}")
                     log.info("fused_dit: %s left stock (%s)", type(module).__name__, reason)
                 break
+    fp8_modules = report.pop("_fp8_modules", [])
+    if fp8_weights == "replace":
+        freed = [store_fp8_only(module) for module in fp8_modules]
+        report["fp8_weights_stored_in_host_memory"] = sum(1 for b in freed if b)
+        report["gpu_bytes_freed"] = sum(freed)
     return report
 
 
 def disable(model: torch.nn.Module, drop_fp8_weights: bool = False) -> int:
-    """Restore every forward the overlays replaced; returns how many. FP8 weight copies are kept unless asked."""
+    """Restore every forward the overlays replaced and move weights stored in host memory back; returns how many
+    forwards. FP8 weight copies are kept unless asked."""
     restored = 0
     for module in model.modules():
         restored += restore_forward(module)
+        restore_stored_weight(module)
         if drop_fp8_weights:
             drop_fp8_cache(module)
     return restored

@@ -4,8 +4,8 @@ Two weight sources:
 - bf16/fp16 weights: quantised once to e4m3 with a per-tensor scale (absmax/448, op 5) and cached on the module,
   keyed by the weight tensor's identity, storage, device and version counter, so a ModelPatcher that swaps or
   edits a weight (LoRA baking, offload/reload) gets a fresh quantisation. Activations use op 5's dynamic
-  per-tensor scale, and the GEMM uses Hopper's fast FP8 accumulation (FAST_ACCUM). (Row-wise scales are not offered: _scaled_mm's row-wise mode needs row-wise activation scales
-  as well, which op 5 does not produce.)
+  per-tensor scale, and the GEMM uses Hopper's fast FP8 accumulation (FAST_ACCUM). (Row-wise scales are not
+  offered: _scaled_mm's row-wise mode needs row-wise activation scales as well, which op 5 does not produce.)
 - float8_e4m3fn weights (ComfyUI's fp8 checkpoints, `scale_weight`/`scale_input` attributes): the module's own
   codes and scales, with ComfyUI's static activation semantics (unit or static scale, in-place clamp): the same
   _scaled_mm call as ComfyUI's fp8_linear, with the input quantisation fused into one kernel.
@@ -20,6 +20,12 @@ the activation dtype) keyed by everything that decision reads: the weight and bi
 device, dtype and version counter, the input's device and dtype, training mode, whether weight_function /
 bias_function are empty, and the backend environment. A hit costs one tuple comparison and then goes straight to
 the quantisation kernel and torch._scaled_mm, without re-running the checks or dispatch.
+
+Weight storage: by default the FP8 codes are held beside the module's bf16 weight (1 byte per parameter more on
+the GPU). `store_fp8_only` moves the bf16 weight to host memory once its codes exist, so the GPU holds 1 byte per
+parameter instead of 2 (scripts: `fused_dit.enable(model, fp8_weights="replace")`); `restore_stored_weight` moves
+it back. While it is away, a call the FP8 forward declines runs the stock forward with the weight brought back to
+the GPU for that call (slow, logged).
 
 GEMM constraints (FACTS.md): 2-D operands, first row-major, second column-major (`W8.t()`), fp32 scales, bias in
 the output dtype, sm_89+. Below sm_89 or on CPU the FP8 forward declines too (dispatch logs the reason); the
@@ -47,6 +53,7 @@ OP = "fp8_linear"
 FAST_ACCUM = True
 _CACHE_ATTR = "_fused_dit_fp8_weight"
 _PLAN_ATTR = "_fused_dit_fp8_plan"
+_STORED_ATTR = "_fused_dit_fp8_stored"
 SUPPORTED_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -149,7 +156,7 @@ def decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
     if x.dtype not in SUPPORTED_ACTIVATION_DTYPES:
         return f"input dtype {x.dtype} (FP8 GEMM output needs bf16/fp16)"
     weight = module.weight
-    if weight.device != x.device:
+    if weight_device(module) != x.device:
         return f"weight on {weight.device}, input on {x.device} (offloaded weights: stock forward casts them)"
     n, k = weight.shape
     if k % 16 or n % 16:
@@ -169,12 +176,33 @@ def _tensor_key(tensor: torch.Tensor | None) -> tuple:
     return (id(tensor), tensor.data_ptr(), tensor.device, tensor._version, tensor.dtype)
 
 
+@dataclass(frozen=True)
+class StoredWeight:
+    """A module whose bf16 weight store_fp8_only moved to host memory."""
+    device: torch.device     # where the weight lived, and where its FP8 codes are
+    key: tuple               # _tensor_key of the weight right after the move: still equal, the codes are its own
+
+
+def _stored_intact(module: torch.nn.Module) -> StoredWeight | None:
+    """The module's StoredWeight while its weight is exactly what store_fp8_only left on the host, else None."""
+    stored = module.__dict__.get(_STORED_ATTR)
+    if stored is not None and stored.key == _tensor_key(module.weight):
+        return stored
+    return None
+
+
+def weight_device(module: torch.nn.Module) -> torch.device:
+    """The device the module's weight counts as on: its own, or where its FP8 codes are while it is stored."""
+    stored = _stored_intact(module)
+    return module.weight.device if stored is None else stored.device
+
+
 def fp8_weight_of(module: torch.nn.Module) -> Fp8Weight:
     """The module's FP8 weight, quantised on first use and re-quantised when the weight tensor changes."""
     weight = module.weight
     key = _tensor_key(weight)
     cached = module.__dict__.get(_CACHE_ATTR)
-    if cached is not None and cached.source_key == key:
+    if cached is not None and (cached.source_key == key or _stored_intact(module) is not None):
         return cached
     if weight.dtype == FP8_DTYPE:
         scale_weight = getattr(module, "scale_weight", None)
@@ -194,8 +222,59 @@ def fp8_weight_of(module: torch.nn.Module) -> Fp8Weight:
 
 
 def drop_fp8_cache(module: torch.nn.Module) -> None:
+    """Forget the module's FP8 codes and plan (a stored weight is moved back first: the codes are its copy)."""
+    restore_stored_weight(module)
     module.__dict__.pop(_CACHE_ATTR, None)
     module.__dict__.pop(_PLAN_ATTR, None)
+
+
+def store_fp8_only(module: torch.nn.Module, host: torch.device = torch.device("cpu")) -> int:
+    """Quantise the module's weight now and move the original to `host`; returns the bytes that left the GPU.
+
+    0, and nothing moved, where the FP8 forward could not use the codes (decline_reason for an input of the
+    weight's dtype on its device: CPU weights, GPUs below sm_89, weight functions, shapes, training) or the weight
+    is stored already / already FP8 (then the codes are the weight itself).
+    """
+    weight = module.weight
+    if _STORED_ATTR in module.__dict__ or weight.dtype == FP8_DTYPE or weight.device.type != "cuda":
+        return 0
+    probe_dtype = weight.dtype if weight.dtype in SUPPORTED_ACTIVATION_DTYPES else torch.bfloat16
+    if decline_reason(module, weight.new_empty((0, weight.shape[-1]), dtype=probe_dtype)) is not None:
+        return 0
+    fp8_weight_of(module)
+    device, freed = weight.device, weight.numel() * weight.element_size()
+    weight.data = weight.detach().to(host)
+    module.__dict__[_STORED_ATTR] = StoredWeight(device, _tensor_key(weight))
+    module.__dict__.pop(_PLAN_ATTR, None)
+    return freed
+
+
+def restore_stored_weight(module: torch.nn.Module) -> bool:
+    """Move a weight store_fp8_only moved back to its device (whatever was done to it meanwhile); True if moved."""
+    stored = module.__dict__.pop(_STORED_ATTR, None)
+    if stored is None:
+        return False
+    weight = module.weight
+    if weight.device != stored.device:
+        weight.data = weight.detach().to(stored.device)
+    module.__dict__.pop(_PLAN_ATTR, None)
+    return True
+
+
+def _declined(module: torch.nn.Module, reason: str, stock_forward, x: torch.Tensor) -> torch.Tensor:
+    """The stock forward for a call the FP8 path declines; a stored weight visits its device for the call."""
+    dispatch.say_once(OP, "stock forward", reason)
+    stored = module.__dict__.get(_STORED_ATTR)
+    weight = module.weight
+    if stored is None or weight.device == stored.device:
+        return stock_forward(x)
+    dispatch.say_once(OP, "stock forward", "weight stored in host memory: copied to the GPU for this call")
+    host = weight.data
+    weight.data = host.to(stored.device)
+    try:
+        return stock_forward(x)
+    finally:
+        weight.data = host
 
 
 def module_bias(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
@@ -296,8 +375,7 @@ def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) 
     """Forward for a Linear module: the FP8 path when it may run, else `stock_forward(x)`."""
     plan = fp8_plan_of(module, x)
     if plan.decline_reason is not None:
-        dispatch.say_once(OP, "stock forward", plan.decline_reason)
-        return stock_forward(x)
+        return _declined(module, plan.decline_reason, stock_forward, x)
     return _linear_fp8_gpu(x, plan.weight, plan.bias)
 
 
@@ -311,14 +389,13 @@ def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) ->
     fc_in, _, fc_out = ffn[0], ffn[1], ffn[2]
     plan_in = fp8_plan_of(fc_in, x)
     if plan_in.decline_reason is not None:
-        dispatch.say_once(OP, "stock forward", plan_in.decline_reason)
-        hidden = stock_forward_of(fc_in)(x)
+        hidden = _declined(fc_in, plan_in.decline_reason, stock_forward_of(fc_in), x)
     else:
         hidden = _linear_fp8_gpu(x, plan_in.weight, plan_in.bias)
     plan_out = fp8_plan_of(fc_out, hidden)
     if plan_out.decline_reason is not None:
-        dispatch.say_once(OP, "stock forward", plan_out.decline_reason)
-        return stock_forward_of(fc_out)(F.gelu(hidden, approximate="tanh"))
+        return _declined(fc_out, plan_out.decline_reason, stock_forward_of(fc_out),
+                         F.gelu(hidden, approximate="tanh"))
     return _quantized_gemm(hidden, plan_out.weight, plan_out.bias, gelu_quantize_comfy_triton,
                            gelu_quantize_dynamic_triton)
 

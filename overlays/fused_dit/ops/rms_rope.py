@@ -26,11 +26,14 @@ except Exception:  # the eager path must keep working without triton; dispatch s
 # them. Both kernels give a program a block of tokens, load those tokens' rotation matrices once, and then walk
 # over the heads (Flux: every head of q and of k; Wan: the head-aligned chunks of C) with a [heads, tokens, D]
 # tile, so the table is read once per token and no lane is spent on padding C up to a power of two.
-# Chosen by benchmarks/kernels.py --sweep in benchmarks/results/h200-2026-11-30-run4/kernels.json (the kernels with
-# torch's norm order; the earlier configurations in rms_rope-sweep-2026-11-30.json predate it).
-FLUX_TOKENS_PER_PROGRAM = 8
+# Chosen by benchmarks/kernels.py --sweep, per length, in benchmarks/results/h200-2026-11-30-run7/kernels.json (the
+# kernels with torch's norm order; the earlier configurations in rms_rope-sweep-2026-11-30.json predate it). Flux:
+# 2 tokens x 4 warps was within 0.3% of the fastest at L=4096 (4 tokens, q and k split) and the fastest at 16384.
+FLUX_TOKENS_PER_PROGRAM = 2
 FLUX_HEADS_PER_STEP = 4
-FLUX_NUM_WARPS = 8
+FLUX_NUM_WARPS = 4
+# True: q and k of a token block go to two programs (twice the programs, the block's rotations loaded twice)
+FLUX_SPLIT_QK = False
 WAN_TOKENS_PER_PROGRAM = 1
 WAN_HEADS_PER_STEP = 8       # channels per step = heads * D
 WAN_NUM_WARPS = 4
@@ -182,18 +185,21 @@ if triton is not None:
                               sqb, sqh, sqn, sqd, skb, skh, skn, skd,
                               spb, spn, spi, spr, spc, eps,
                               TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
-                              LANES: tl.constexpr, WARPS: tl.constexpr):
-        # program (token block, batch): the block's rotations are loaded once and serve all heads of q and k
+                              LANES: tl.constexpr, WARPS: tl.constexpr, SPLIT_QK: tl.constexpr):
+        # program (token block, batch[, q or k]): the block's rotations are loaded once and serve all heads of
+        # q and k (SPLIT_QK: of the one tensor program axis 2 picks)
         n = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
         n_mask = n < N
         b = tl.program_id(1)
         f00, f01, f10, f11 = _load_rotations(pe_ptr, b * spb + n * spn, n_mask, spi, spr, spc, D // 2,
                                              BLOCK_D // 2)
         f00, f01, f10, f11 = f00[None, :, :], f01[None, :, :], f10[None, :, :], f11[None, :, :]
-        _flux_heads(q_ptr, wq_ptr, oq_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, sqb, sqh, sqn, sqd, eps,
-                    TOKENS, HEADS, BLOCK_D, LANES, WARPS)
-        _flux_heads(k_ptr, wk_ptr, ok_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, skb, skh, skn, skd, eps,
-                    TOKENS, HEADS, BLOCK_D, LANES, WARPS)
+        if not SPLIT_QK or tl.program_id(2) == 0:
+            _flux_heads(q_ptr, wq_ptr, oq_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, sqb, sqh, sqn, sqd,
+                        eps, TOKENS, HEADS, BLOCK_D, LANES, WARPS)
+        if not SPLIT_QK or tl.program_id(2) == 1:
+            _flux_heads(k_ptr, wk_ptr, ok_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, skb, skh, skn, skd,
+                        eps, TOKENS, HEADS, BLOCK_D, LANES, WARPS)
 
     @triton.jit
     def _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc,
@@ -328,12 +334,12 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
     block_d = triton.next_power_of_2(D)
     heads_per_step = min(FLUX_HEADS_PER_STEP, triton.next_power_of_2(H))
     lanes, warps = _head_threads(block_d)
-    grid = (triton.cdiv(N, FLUX_TOKENS_PER_PROGRAM), B)
+    grid = (triton.cdiv(N, FLUX_TOKENS_PER_PROGRAM), B, 2 if FLUX_SPLIT_QK else 1)
     _flux_rms_rope_kernel[grid](
         q, k, q_scale, k_scale, q_out, k_out, pe, H, N, D,
         *q.stride(), *k.stride(), *pe_strides, eps,
         TOKENS=FLUX_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=block_d, LANES=lanes, WARPS=warps,
-        num_warps=FLUX_NUM_WARPS,
+        SPLIT_QK=FLUX_SPLIT_QK, num_warps=FLUX_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
