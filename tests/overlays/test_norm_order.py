@@ -66,7 +66,7 @@ def _adaln_from_emulation(x, shift, scale, eps=1e-6):
     return norm_order._fma(normed.view(x.shape), 1 + scale, shift)   # addcmul: one fma on CUDA
 
 
-@pytest.mark.parametrize("C", [64, 516, 1540])
+@pytest.mark.parametrize("C", [64, 516, 1540, 1024, 1536])   # 1024, 1536: the pair-sum tree (equal counts)
 def test_adaln_kernel_folds_in_torch_order(C, seed, device):
     if device != "cpu":
         pytest.skip("bit equality with the CPU emulation holds in the interpreter; on a GPU the gates check it")
@@ -75,6 +75,21 @@ def test_adaln_kernel_folds_in_torch_order(C, seed, device):
     shift, scale = torch.randn(2, 1, C, generator=gen) * 0.5, torch.randn(2, 1, C, generator=gen) * 0.5
     assert choose("adaln", x, shift, scale).triton
     assert _bits_equal(adaln.adaln(x, shift, scale), _adaln_from_emulation(x, shift, scale))
+
+
+def test_pair_sum_tree_applies_to_rows_of_whole_512_channel_steps():
+    assert norm_order.halves_are_exact(3072) and norm_order.halves_are_exact(5120)
+    assert not norm_order.halves_are_exact(3068) and not norm_order.halves_are_exact(1540)
+
+
+@pytest.mark.parametrize("C", [1024, 1536])
+def test_pair_sum_tree_gives_the_general_trees_bits(C, monkeypatch, seed, device):
+    gen = generator(seed)
+    x = (torch.randn(2, 9, C, generator=gen) * 3 + 1.1).to(device)
+    shift, scale = (torch.randn(2, 1, C, generator=gen) * 0.5).to(device), torch.zeros(2, 1, C).to(device)
+    fast = adaln.adaln(x, shift, scale)
+    monkeypatch.setattr(adaln, "EQUAL_HALVES", False)
+    assert _bits_equal(fast, adaln.adaln(x, shift, scale))
 
 
 def test_flux_and_wan_norms_fold_in_torch_order(seed, device):

@@ -22,6 +22,8 @@ except Exception:  # the eager path must keep working without triton; dispatch s
 # Rows per program and warps: the fastest in benchmarks/kernels.py --sweep (h200-2026-11-30-run4/kernels.json)
 ROWS_PER_PROGRAM = 8
 NUM_WARPS = 4
+# False: the general Welford tree also where the pair-sum fold applies (norm_order.halves_are_exact), to compare
+EQUAL_HALVES = True
 
 
 def _modulation_rows(x, shift, scale):
@@ -69,9 +71,10 @@ if triton is not None:
     @triton.jit
     def _adaln_kernel(x_ptr, shift_ptr, scale_ptr, out_ptr, rows, L, C, shift_group, scale_group,
                       sxb, sxl, sxc, shb, shr, shc, scb, scr, scc, eps,
-                      ROWS: tl.constexpr, EVEN: tl.constexpr):
+                      ROWS: tl.constexpr, EVEN: tl.constexpr, EQUAL_HALVES: tl.constexpr):
         """Rows of C % 4 == 0 channels: mean and variance in torch's Welford order, so LayerNorm's output is
-        eager's bits (EVEN: C is a multiple of the 512 channels torch's block reads per step, no masks).
+        eager's bits (EVEN: C is a multiple of the 512 channels torch's block reads per step, no masks;
+        EQUAL_HALVES: norm_order.halves_are_exact(C), the per-thread states fold by pair sums).
 
         Pass 1 walks the row as torch's 128 threads do (4 channels each per step) with Welford's online update;
         the per-thread states fold lane-then-warp. Pass 2 reads the (cache-resident) row again in the same chunks.
@@ -100,9 +103,14 @@ if triton is not None:
             mean, m2 = norm_order.welford_push(mean, m2, x1, tl.math.div_rn(1.0, count + 2.0), valid)
             mean, m2 = norm_order.welford_push(mean, m2, x2, tl.math.div_rn(1.0, count + 3.0), valid)
             mean, m2 = norm_order.welford_push(mean, m2, x3, tl.math.div_rn(1.0, count + 4.0), valid)
-        counts = 4.0 * tl.maximum((vectors - t + T - 1) // T, 0).to(tl.float32)
-        mean, m2 = norm_order.fold_welford(mean, m2, tl.zeros([ROWS, T], dtype=tl.float32) + counts[None, :],
-                                           ROWS, T)
+        if EQUAL_HALVES:
+            # every thread holds 4 elements per step: the general tree's layout shuffles (and its registers,
+            # 178 against 92 in an sm_90 compile at 8 rows x 4 warps) are not needed
+            mean, m2 = norm_order.fold_welford_equal(mean, m2, (C // (T * 4)) * 4.0, ROWS, T)
+        else:
+            counts = 4.0 * tl.maximum((vectors - t + T - 1) // T, 0).to(tl.float32)
+            mean, m2 = norm_order.fold_welford(mean, m2, tl.zeros([ROWS, T], dtype=tl.float32) + counts[None, :],
+                                               ROWS, T)
         rstd = tl.rsqrt(tl.math.div_rn(m2, C * 1.0) + eps)
         for step in range(0, tl.cdiv(C, T * 4)):
             c = tl.arange(0, T * 4) + step * (T * 4)
@@ -152,5 +160,6 @@ def _launch(x, shift, scale, groups, eps, out):
             scale.stride(2), eps)
     # no fma contraction beyond the explicit ones, which are torch's
     _adaln_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
-        *args, ROWS=ROWS_PER_PROGRAM, EVEN=C % norm_order.CHUNK == 0, num_warps=NUM_WARPS, enable_fp_fusion=False)
+        *args, ROWS=ROWS_PER_PROGRAM, EVEN=C % norm_order.CHUNK == 0,
+        EQUAL_HALVES=EQUAL_HALVES and norm_order.halves_are_exact(C), num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out

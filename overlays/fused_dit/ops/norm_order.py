@@ -22,6 +22,8 @@ rounding cases of probability ~2**-29 per operation).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -53,6 +55,25 @@ def follows_torch_order(n: int) -> bool:
 def steps(n: int) -> int:
     """Iterations of a thread's loop over a row of n channels."""
     return -(-n // CHUNK)
+
+
+@functools.lru_cache(maxsize=None)
+def halves_are_exact(n: int) -> bool:
+    """Whether every fold of torch's Welford tree over a row of n channels weighs both sides by exactly 0.5.
+
+    True when n is a multiple of CHUNK (every thread then holds 4 * steps(n) elements, so the two states of each
+    fold have equal counts m) and float32 `m * (1 / (2m))` rounds to 0.5 at every level; then the fold is
+    `mean = 0.5 * (own + other)`, `m2 = fma(delta * delta * m, 0.5, own_m2 + other_m2)`: sums of pairs, which
+    fold_welford_equal computes without moving values between threads' layouts.
+    """
+    if n <= 0 or n % CHUNK:
+        return False
+    count = torch.tensor(4.0 * steps(n), dtype=torch.float32)   # float32 arithmetic on the CPU, IEEE division
+    for _ in range(7):      # 5 lane folds, then up to 2 warp folds
+        if float(count * (1.0 / (count + count))) != 0.5:
+            return False
+        count = count + count
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -206,6 +227,38 @@ if triton is not None:
         m2 = tl.fma(delta * delta * a_n, nb, a_m2 + b_m2)
         empty = n == 0.0
         return tl.where(empty, 0.0, mean), tl.where(empty, 0.0, m2), n
+
+    @triton.jit
+    def _fold_equal_pairs(mean, m2, count, A: tl.constexpr, N: tl.constexpr):
+        """One fold of `[A, N]` states that all hold `count` elements: element j takes in element j + N/2.
+
+        torch's combine with both weights exactly 0.5 (halves_are_exact): each result is a sum over a size-2 axis
+        (own + other, own - other), like fold_sum, so no value changes layout. `0.5 * (own + other)` equals torch's
+        `fma(0.5, other, 0.5 * own)` unless a partial mean is below 2**-125 in magnitude (then 0.5 * it rounds).
+        """
+        pairs = tl.reshape(mean, [A, 2, N // 2])
+        own_minus_other = tl.where(tl.arange(0, 2) == 0, 1.0, -1.0)[None, :, None]
+        delta = tl.sum(pairs * own_minus_other, axis=1)
+        new_mean = tl.sum(pairs, axis=1) * 0.5
+        new_m2 = tl.fma(delta * delta * count, 0.5, tl.sum(tl.reshape(m2, [A, 2, N // 2]), axis=1))
+        return new_mean, new_m2
+
+    @triton.jit
+    def fold_welford_equal(mean, m2, count, R: tl.constexpr, T: tl.constexpr):
+        """fold_welford for states `[R, T]` that all hold `count` elements, when halves_are_exact(row length)."""
+        WARPS: tl.constexpr = T // 32
+        mean = tl.reshape(mean, [R * WARPS, 32])
+        m2 = tl.reshape(m2, [R * WARPS, 32])
+        for i in tl.static_range(5):
+            mean, m2 = _fold_equal_pairs(mean, m2, count, R * WARPS, 32 >> i)
+            count = count * 2.0
+        mean = tl.reshape(mean, [R, WARPS])
+        m2 = tl.reshape(m2, [R, WARPS])
+        for i in tl.static_range(3):
+            if (WARPS >> i) > 1:
+                mean, m2 = _fold_equal_pairs(mean, m2, count, R, WARPS >> i)
+                count = count * 2.0
+        return tl.reshape(mean, [R]), tl.reshape(m2, [R])
 
     @triton.jit
     def fold_welford(mean, m2, count, R: tl.constexpr, T: tl.constexpr):
