@@ -97,6 +97,16 @@ def main() -> None:
     with torch.no_grad():
         timings["fp8_linear_forward"] = host_us(lambda: fl.fp8_linear_forward(linear, x, stock))
         timings["bf16_linear_forward"] = host_us(lambda: stock(x))
+        # the same two with fused_dit.launch's direct path switched off (the JIT's kernel[grid] per launch)
+        import os
+        from fused_dit import launch
+        result["direct_launch_enabled"] = launch.direct_enabled()
+        os.environ["FUSED_DIT_DIRECT_LAUNCH"] = "0"
+        try:
+            timings["quantize_dynamic_triton_jit_path"] = host_us(lambda: qf.quantize_dynamic_triton(x))
+            timings["fp8_linear_forward_jit_path"] = host_us(lambda: fl.fp8_linear_forward(linear, x, stock))
+        finally:
+            del os.environ["FUSED_DIT_DIRECT_LAUNCH"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for name, value in timings.items():

@@ -19,9 +19,10 @@ try:
 except Exception:  # the eager path must keep working without triton; dispatch says why
     triton = None
 
-# Rows per program and warps: the fastest in benchmarks/kernels.py --sweep (h200-2026-11-30-run4/kernels.json)
-ROWS_PER_PROGRAM = 8
-NUM_WARPS = 4
+# Rows per program and warps: benchmarks/kernels.py --sweep per length with the pair-sum tree
+# (h200-2026-11-30-run8/kernels.json): 2 rows x 2 warps was the fastest at L=4096 and 2% from the fastest at 16384
+ROWS_PER_PROGRAM = 2
+NUM_WARPS = 2
 # False: the general Welford tree also where the pair-sum fold applies (norm_order.halves_are_exact), to compare
 EQUAL_HALVES = True
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import dispatch
+from ..launch import launch as run_kernel
 from . import quantize_fp8 as op5
 from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, fp8_choice, kernel_input, launch_grid, new_output,
                            quantize_fp8_comfy_reference, quantize_fp8_dynamic_reference)
@@ -137,11 +138,13 @@ def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False) -> tup
     stats = torch.empty(grid[0] + 1, device=h.device, dtype=torch.float32)
     use_libdevice = _libdevice_tanh(h.device)
     block, num_warps = op5.ELEMENTS_PER_ITERATION, op5.NUM_WARPS
-    _gelu_absmax_kernel[grid](source, stats, n, iterations, LIBDEVICE_TANH=use_libdevice, BLOCK=block,
-                              num_warps=num_warps)
-    _gelu_quantize_kernel[grid](source, written, stats, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
-                                DYNAMIC=True, HAS_SCALE=False, LIBDEVICE_TANH=use_libdevice, OUT_FP8=not out_fp32,
-                                BLOCK=block, MAX_PARTIALS=max_partials, num_warps=num_warps)
+    # the launches' specialisation, as in op5.quantize_dynamic_triton (see fused_dit.launch)
+    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, use_libdevice, grid, iterations, block)
+    run_kernel(_gelu_absmax_kernel, grid, key, source, stats, n, iterations, use_libdevice, block, num_warps=num_warps)
+    # arguments: h, out, stats, reciprocal (unread when DYNAMIC), n, iterations, floor, fmax, DYNAMIC, HAS_SCALE,
+    # LIBDEVICE_TANH, OUT_FP8, BLOCK, MAX_PARTIALS
+    run_kernel(_gelu_quantize_kernel, grid, key, source, written, stats, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
+               True, False, use_libdevice, not out_fp32, block, max_partials, num_warps=num_warps)
     # slot 0 of the stats buffer: the scale (see op5.new_stats)
     return out, stats[0]
 

@@ -34,6 +34,7 @@ import os
 import torch
 
 from .. import dispatch
+from ..launch import launch as run_kernel
 
 E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
@@ -346,10 +347,12 @@ def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False) -> tuple[to
         n, device, x.element_size())
     out, written = new_output(source, out_fp32)
     stats = torch.empty(grid[0] + 1, device=device, dtype=torch.float32)
-    _absmax_kernel[grid](source, stats, n, iterations, keep_from, BLOCK=block, HINTS=hints, num_warps=num_warps)
-    _quantize_dynamic_kernel[grid](source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
-                                   OUT_FP8=not out_fp32, BLOCK=block, MAX_PARTIALS=max_partials, HINTS=hints,
-                                   num_warps=num_warps)
+    # what the two launches specialise on: source's dtype and alignment, and n, from which every int argument and
+    # constexpr derives (out and stats are fresh allocations, always aligned); see fused_dit.launch
+    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, grid, iterations, keep_from, block, hints)
+    run_kernel(_absmax_kernel, grid, key, source, stats, n, iterations, keep_from, block, hints, num_warps=num_warps)
+    run_kernel(_quantize_dynamic_kernel, grid, key, source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
+               not out_fp32, block, max_partials, hints, num_warps=num_warps)
     # slot 0 of the stats buffer: the scale (see new_stats)
     return out, stats[0]
 
