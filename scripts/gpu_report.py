@@ -70,13 +70,16 @@ def kernels_section(k: dict) -> list[str]:
     lines = ["## Kernels (GB/s; each input read once, each output written once)", "",
              f"Copy ceiling measured in the same run: {k['copy_ceiling_gbs']:.0f} GB/s. comfy-kitchen: "
              f"{k['comfy_kitchen']}.", "",
-             "| op | L | eager | torch.compile | overlay | % of copy | x compile | x eager |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| op | L | eager | torch.compile | overlay | % of copy | % of same-size copy | x compile | x eager |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in k["results"]:
+        same = r["overlay"].get("of_same_size_copy")
         lines.append(f"| {r['op']} | {r['L']} | {r['eager']['gbs']:.0f} | {r['torch_compile']['gbs']:.0f} | "
                      f"{r['overlay']['gbs']:.0f} | {pct(r['overlay']['of_copy_ceiling'])} | "
+                     f"{'' if same is None else pct(same)} | "
                      f"{r['overlay_vs_compile']:.2f} | {r['overlay_vs_eager']:.1f} |")
-    lines.append("")
+    lines += ["", "% of same-size copy: the overlay's time against a plain copy of the same bytes timed the same way "
+                  "(at L=4096 a copy does not reach the 1 GiB copy's rate either).", ""]
     return lines
 
 
@@ -122,24 +125,49 @@ def fp8_section(f: dict, b: dict) -> list[str]:
              f"{gemm['ms']['bf16_linear'] / gemm['ms']['fp8_prequantised_gemm']:.2f}x.",
              f"- Dynamic quantisation alone: {quant_bytes / gemm['ms']['triton_dynamic_quant_only'] / 1e6:.0f} GB/s "
              f"counting input once + output once (eager "
-             f"{quant_bytes / gemm['ms']['eager_dynamic_quant_only'] / 1e6:.0f} GB/s).", ""]
+             f"{quant_bytes / gemm['ms']['eager_dynamic_quant_only'] / 1e6:.0f} GB/s)."]
+    if (bound := gemm.get("bound")):
+        lines.append(f"- Bound at this GEMM: with the quantisation at its two-pass floor ({bound['copy_gbs']:.0f} GB/s "
+                     f"copy, {bound['two_pass_quant_floor_ms'] * 1000:.0f} us) the linear could reach "
+                     f"{bound['speedup_if_quant_at_floor']:.2f}x; with free quantisation "
+                     f"{bound['speedup_if_quant_free']:.2f}x.")
+    lines.append("")
     return lines
 
 
 def blocks_section(runs: list[tuple[str, dict]]) -> list[str]:
-    lines = ["## Block stack (Flux-shaped: 2 double + 4 single blocks, 4096 image + 512 text tokens, bf16)", "",
-             "| run | variant | ms (median) | spread over rounds | speedup vs stock | peak above weights (MiB) | "
-             "rel. error vs stock |", "|---|---|---|---|---|---|---|"]
+    lines = ["## Block stack (Flux-shaped: 2 double + 4 single blocks, 512 text tokens, bf16)", "",
+             "Each run is one process; `graph` is the call captured in a CUDA graph and replayed (GPU time without "
+             "host launch gaps). Peak total: torch.cuda.max_memory_allocated over one call, weights and FP8 codes "
+             "included.", "",
+             "| run | image tokens | variant | ms (median) | spread over rounds | speedup vs stock | graph speedup | "
+             "peak total (MiB) | peak above start (MiB) | rel. error vs stock |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for label, b in runs:
+        tokens = b["block_stack"]["shape"]["img_tokens"]
         for name, v in b["block_stack"]["variants"].items():
             spread = v.get("spread_ms")
-            lines.append(f"| {label} | {name} | {v['ms']:.2f} | "
+            graph = v.get("graph_replay_speedup_vs_stock")
+            total = v.get("peak_total_mib")
+            lines.append(f"| {label} | {tokens} | {name} | {v['ms']:.2f} | "
                          f"{'' if not spread else f'{spread[0]:.2f}-{spread[1]:.2f}'} | {v['speedup_vs_stock']:.2f}x | "
+                         f"{'' if graph is None else f'{graph:.2f}x'} | {'' if total is None else f'{total:.0f}'} | "
                          f"{v['peak_above_start_mib']:.0f} | {v['relative_frobenius_error_vs_stock']:.4f} |")
     b = runs[0][1]["block_stack"]
-    lines += ["", f"FP8 weight copies ({b['fp8_weight_copies_mib']:.0f} MiB) are held beside the bf16 weights "
-                  f"({b['weights_mib']:.0f} MiB) and are not in the peak figures.", ""]
+    lines += ["", f"FP8 codes of the block Linears: {b['fp8_weight_copies_mib']:.0f} MiB; all weights "
+                  f"{b['weights_mib']:.0f} MiB in bf16. `overlays_fp8` holds the codes beside the bf16 weights; "
+                  "`overlays_fp8_weights_replaced` (`enable(..., fp8_weights=\"replace\")`) keeps those Linears' "
+                  "bf16 weights in host memory.", ""]
     return lines
+
+
+def block_runs(run: Path, also: list[Path]) -> list[tuple[str, dict]]:
+    """Every blocks*.json of the run folder, then those of the --also folders."""
+    runs = []
+    for folder in [run, *also]:
+        for path in sorted(folder.glob("blocks*.json")):
+            runs.append((f"{folder.name}/{path.stem}", json.loads(path.read_text())))
+    return runs
 
 
 def main() -> None:
@@ -165,8 +193,7 @@ def main() -> None:
     if (f := load(args.run, "gpu_fp8_gates.json")) and b:
         body += fp8_section(f, b)
     if b:
-        runs = [(args.run.name, b)] + [(p.name, load(p, "blocks.json")) for p in args.also if load(p, "blocks.json")]
-        body += blocks_section(runs)
+        body += blocks_section(block_runs(args.run, args.also))
     if args.analysis:
         body += [args.analysis.read_text()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
