@@ -97,16 +97,25 @@ def main() -> None:
     with torch.no_grad():
         timings["fp8_linear_forward"] = host_us(lambda: fl.fp8_linear_forward(linear, x, stock))
         timings["bf16_linear_forward"] = host_us(lambda: stock(x))
-        # the same two with fused_dit.launch's direct path switched off (the JIT's kernel[grid] per launch)
+        # fused_dit.launch's direct path against the JIT's kernel[grid] (FUSED_DIT_DIRECT_LAUNCH=0), interleaved
+        # round by round: this host's per-call cost moves in steps during a run (seen: 51 -> 32 us), so timing
+        # one path after the other would compare two states of the host
         import os
         from fused_dit import launch
         result["direct_launch_enabled"] = launch.direct_enabled()
-        os.environ["FUSED_DIT_DIRECT_LAUNCH"] = "0"
-        try:
-            timings["quantize_dynamic_triton_jit_path"] = host_us(lambda: qf.quantize_dynamic_triton(x))
-            timings["fp8_linear_forward_jit_path"] = host_us(lambda: fl.fp8_linear_forward(linear, x, stock))
-        finally:
-            del os.environ["FUSED_DIT_DIRECT_LAUNCH"]
+        pairs = {"quantize_dynamic_triton": lambda: qf.quantize_dynamic_triton(x),
+                 "fp8_linear_forward": lambda: fl.fp8_linear_forward(linear, x, stock)}
+        interleaved = {f"{name}_{path}": [] for name in pairs for path in ("direct", "jit_path")}
+        for _ in range(5):
+            for name, fn in pairs.items():
+                interleaved[f"{name}_direct"].append(host_us(fn, rounds=1)["us"])
+                os.environ["FUSED_DIT_DIRECT_LAUNCH"] = "0"
+                try:
+                    interleaved[f"{name}_jit_path"].append(host_us(fn, rounds=1)["us"])
+                finally:
+                    del os.environ["FUSED_DIT_DIRECT_LAUNCH"]
+        for name, values in interleaved.items():
+            timings[f"interleaved_{name}"] = {"us": statistics.median(values), "rounds_us": values}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for name, value in timings.items():

@@ -130,7 +130,10 @@ def fp8_section(f: dict, b: dict) -> list[str]:
         lines.append(f"- Bound at this GEMM: with the quantisation at its two-pass floor ({bound['copy_gbs']:.0f} GB/s "
                      f"copy, {bound['two_pass_quant_floor_ms'] * 1000:.0f} us) the linear could reach "
                      f"{bound['speedup_if_quant_at_floor']:.2f}x; with free quantisation "
-                     f"{bound['speedup_if_quant_free']:.2f}x.")
+                     f"{bound['speedup_if_quant_free']:.2f}x"
+                     + (f" (the GEMM {bound['fastest_prequantised_gemm_ms']:.3f} ms; 1.6x leaves the quantisation "
+                        f"{bound['quant_budget_for_1.6x_ms'] * 1000:.0f} us)" if "quant_budget_for_1.6x_ms" in bound
+                        else " (the exact-accumulation GEMM)") + ".")
     lines.append("")
     return lines
 
