@@ -109,8 +109,8 @@ def problems(L: int):
 
 SWEEPS = {
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
-    "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (2, 4, 8, 16), "FLUX_NUM_WARPS": (4, 8),
-                                 "FLUX_SPLIT_QK": (False, True)}),
+    "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2, 4, 8), "FLUX_HEADS_PER_STEP": (2, 4, 8),
+                                 "FLUX_NUM_WARPS": (2, 4, 8), "FLUX_SPLIT_QK": (False,)}),
     "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1, 2, 4), "WAN_NUM_WARPS": (4, 8)}),
     "adaln": (adaln, {"ROWS_PER_PROGRAM": (1, 2, 4, 8, 16), "NUM_WARPS": (2, 4, 8)}),
     "gate_add_wan": (gate_add, {"ELEMENTS_PER_PROGRAM": (2048, 4096, 8192), "MAX_BLOCK_C": (512, 1024),
@@ -145,12 +145,13 @@ def same_size_copy_ms(moved: int) -> float:
     return ms
 
 
-def sweep(L: int) -> dict:
-    """Try each launch configuration at length L; leave the fastest set in the module and report all."""
+def sweep(L: int, ops=None) -> dict:
+    """Try each launch configuration at length L (of `ops`, default all); leave the fastest set in the module
+    and report all."""
     report = {}
     by_op = {p[0]: p for p in problems(L)}
     for op, (module, grid) in SWEEPS.items():
-        if op not in by_op:      # quantize_fp8_dynamic below sm_89
+        if op not in by_op or (ops and op not in ops):      # quantize_fp8_dynamic below sm_89
             continue
         overlay = by_op[op][1]
         trials = []
@@ -187,6 +188,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
     parser.add_argument("--sweep", action="store_true", help="tune launch configurations first")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--ops", nargs="+", help="only these ops (sweep and table)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels: no CUDA device", file=sys.stderr)
@@ -203,8 +205,10 @@ def main(argv=None) -> int:
         if args.sweep:
             # each length gets its own best configuration, swept from the defaults; the rows at L use it
             set_launch_config(defaults)
-            sweep_report[str(L)] = sweep(L)
+            sweep_report[str(L)] = sweep(L, args.ops)
         for op, overlay, eager, inputs, moved in problems(L):
+            if args.ops and op not in args.ops:
+                continue
             copy_ms = same_size_copy_ms(moved)
             config = launch_config().get(SHARED_CONFIG.get(op, op))
             row = {"op": op, "L": L, "bytes": moved, "launch_config": config,

@@ -26,12 +26,13 @@ except Exception:  # the eager path must keep working without triton; dispatch s
 # them. Both kernels give a program a block of tokens, load those tokens' rotation matrices once, and then walk
 # over the heads (Flux: every head of q and of k; Wan: the head-aligned chunks of C) with a [heads, tokens, D]
 # tile, so the table is read once per token and no lane is spent on padding C up to a power of two.
-# Chosen by benchmarks/kernels.py --sweep, per length, in benchmarks/results/h200-2026-11-30-run7/kernels.json (the
-# kernels with torch's norm order; the earlier configurations in rms_rope-sweep-2026-11-30.json predate it). Flux:
-# 2 tokens x 4 warps was within 0.3% of the fastest at L=4096 (4 tokens, q and k split) and the fastest at 16384.
-FLUX_TOKENS_PER_PROGRAM = 2
-FLUX_HEADS_PER_STEP = 4
-FLUX_NUM_WARPS = 4
+# Chosen by benchmarks/kernels.py --sweep, per length (the kernels with torch's norm order; the earlier
+# configurations in rms_rope-sweep-2026-11-30.json predate it). Flux, h200-2026-11-30-run13: 1 token x 8 heads per
+# step x 2 warps was the fastest at L=16384 and 3% from the fastest at 4096 (2 tokens, same heads and warps);
+# Wan: run7/run8.
+FLUX_TOKENS_PER_PROGRAM = 1
+FLUX_HEADS_PER_STEP = 8
+FLUX_NUM_WARPS = 2
 # True: q and k of a token block go to two programs (twice the programs, the block's rotations loaded twice)
 FLUX_SPLIT_QK = False
 WAN_TOKENS_PER_PROGRAM = 1
