@@ -111,6 +111,7 @@ def install_block_overlays(block, ops, report, class_name, expected_parameters, 
     if "fp8_linear" in ops:
         linears = install_fp8_linears(block, linear_skip)
         report["fp8_linears"] += len(linears)
+        # handed to enable() (which pops it) for fp8_weights="replace"; not part of the returned report
         report.setdefault("_fp8_modules", []).extend(linears)
     report["blocks"] += 1
     return None
