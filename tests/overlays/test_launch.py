@@ -51,3 +51,71 @@ def test_direct_launch_writes_the_jit_paths_bytes(shape, offset, monkeypatch, se
         assert byte_mismatch(codes, want_codes)[0] == 0
         assert byte_mismatch(scale.reshape(1), want_scale.reshape(1))[0] == 0
     assert launch.direct_enabled() and not launch._broken
+
+
+class _FakeCompiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, refuse=False):
+        self.runs, self.refuse = [], refuse
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        if self.refuse:
+            raise TypeError("launcher takes other arguments")
+        self.runs.append(args)
+
+
+class _FakeKernel:
+    """kernel[grid](*args, **options) records the JIT launch and returns the compiled kernel, as Triton's does."""
+
+    def __init__(self, compiled):
+        self.compiled, self.jit_launches = compiled, []
+
+    def __getitem__(self, grid):
+        def jit(*args, **options):
+            self.jit_launches.append((grid, args, options))
+            return self.compiled
+        return jit
+
+
+@pytest.fixture
+def direct(monkeypatch):
+    """launch() with its direct path on and no GPU behind it (stream 7, device 0, no launch hooks)."""
+    class Runtime:
+        launch_enter_hook = launch_exit_hook = None
+    monkeypatch.setattr(launch, "direct_enabled", lambda: not launch._broken)
+    monkeypatch.setattr(launch, "_runtime", lambda: Runtime)
+    monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
+    monkeypatch.setattr(launch.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_compiled", {})
+    monkeypatch.setattr(launch, "_broken", [])
+    return Runtime
+
+
+def test_first_call_of_a_key_goes_through_the_jit_and_repeats_go_direct(direct):
+    kernel = _FakeKernel(_FakeCompiled())
+    launch.launch(kernel, (4,), ("bf16", True, 64), "x", 64, 8, num_warps=4)
+    assert len(kernel.jit_launches) == 1 and not kernel.compiled.runs
+    launch.launch(kernel, (4,), ("bf16", True, 64), "y", 64, 8, num_warps=4)
+    assert len(kernel.jit_launches) == 1
+    assert kernel.compiled.runs == [(4, 1, 1, 7, "fn", "meta", None, None, None, "y", 64, 8)]
+
+
+def test_another_key_or_other_options_compile_again(direct):
+    kernel = _FakeKernel(_FakeCompiled())
+    launch.launch(kernel, (4,), ("bf16", True, 64), "x", num_warps=4)
+    launch.launch(kernel, (4,), ("bf16", False, 64), "x", num_warps=4)     # misaligned input: its own key
+    launch.launch(kernel, (4,), ("bf16", True, 64), "x", num_warps=8)      # another compile option
+    assert len(kernel.jit_launches) == 3 and not kernel.compiled.runs
+
+
+def test_a_launcher_that_refuses_the_call_falls_back_to_the_jit_for_good(direct):
+    kernel = _FakeKernel(_FakeCompiled(refuse=True))
+    launch.launch(kernel, (2, 3), "key", "x")
+    launch.launch(kernel, (2, 3), "key", "x")       # direct attempt refused: launched through the JIT instead
+    assert len(kernel.jit_launches) == 2 and launch._broken
+    launch.launch(kernel, (2, 3), "key", "x")       # the direct path stays off in this process
+    assert len(kernel.jit_launches) == 3
