@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import importlib.util  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fp8_gates import environment  # noqa: E402
+from kernels import copy_ceiling_gbs  # noqa: E402
+from results_io import environment  # noqa: E402
 
 
 def _load_fixtures():
@@ -211,7 +212,7 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
     result["speedup_fp8_incl_quant_vs_bf16"] = timings["bf16_linear"] / timings["fp8_linear_with_triton_quant"]
     # What this GEMM allows: the pre-quantised GEMM plus a two-pass per-tensor quantisation moving its bytes at
     # the copy bandwidth (x read twice, codes written once), the fastest such a linear could be.
-    copy_gbs = copy_bandwidth_gbs()
+    copy_gbs = copy_ceiling_gbs()
     floor_ms = (2 * x.numel() * x.element_size() + x.numel()) / copy_gbs / 1e6
     gemm_ms = min(timings["fp8_prequantised_gemm"], timings["fp8_prequantised_gemm_fast_accum"])
     result["bound"] = {
@@ -220,14 +221,6 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
         "speedup_if_quant_free": timings["bf16_linear"] / gemm_ms,
         "quant_budget_for_1.6x_ms": timings["bf16_linear"] / 1.6 - gemm_ms}
     return result
-
-
-def copy_bandwidth_gbs() -> float:
-    """A 1 GiB device-to-device copy, bytes read plus written per second."""
-    src = torch.randn(512 * 1024 * 1024, device="cuda").bfloat16()
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), warmup=3, repeats=10)
-    return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gpu_fp8_gates import environment  # noqa: E402
+from results_io import environment  # noqa: E402
 
 ROUNDS = 9
 TOKENS = 4608          # Flux at 1024x1024: 4096 image + 512 text tokens

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import blocks as bench  # noqa: E402
-from gpu_fp8_gates import environment  # noqa: E402
+from results_io import environment  # noqa: E402
 
 
 def profile_variant(model, inputs, ops) -> dict:

@@ -14,22 +14,14 @@ gemm_relative_frobenius_error, comfy_fp8_module_bit_identical, ...); "cases" hol
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
 
 from fused_dit.parity import parity_cases
-
-
-def environment() -> dict:
-    import triton
-    return {"gpu": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-            "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+from results_io import environment
 
 
 def _bytes_of(result: dict, output: str) -> dict:

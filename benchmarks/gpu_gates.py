@@ -11,14 +11,13 @@ the tier-1 fp64 reference (fp32 outputs: the same gate; otherwise for context, a
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from fused_dit.parity import GATE_TEXT, parity_cases
+from results_io import environment, write_json
 
 DEVICE = "cuda"
 
@@ -30,7 +29,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_gates: no CUDA device; the CPU tests cover the interpreter path", file=sys.stderr)
         return 2
-    import triton
     results = []
     for case in parity_cases(DEVICE, small=False):
         if case.fp8:
@@ -47,17 +45,13 @@ def main(argv=None) -> int:
             print(f"    {failure}", flush=True)
         torch.cuda.empty_cache()
     report = {
-        "gpu": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **environment(),
         "gate": {"bf16_fp16": GATE_TEXT["ulp"], "fp32": GATE_TEXT["fp32"]},
         "cases_from": "fused_dit.parity.parity_cases",
         "all_passed": all(r["passed"] for r in results), "cases": results,
     }
     if args.out:
-        path = args.out / f"gates-{datetime.date.today().isoformat()}.json" if args.out.is_dir() else args.out
-        path.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {path}")
+        write_json(report, args.out, "gates")
     return 0 if report["all_passed"] else 1
 
 

@@ -10,9 +10,7 @@ either. `--sweep` first tries launch configurations per op at each L and uses th
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import math
 import statistics
 import sys
@@ -21,6 +19,7 @@ from pathlib import Path
 import torch
 
 from fused_dit.ops import adaln, gate_add, quantize_fp8, rms_rope
+from results_io import environment, write_json
 
 DEVICE = "cuda"
 BF16 = torch.bfloat16
@@ -42,7 +41,8 @@ def time_ms(fn, warmup: int = 10, repeats: int = 50) -> float:
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     torch.cuda._sleep(100_000_000)
     for start, end in zip(starts, ends):
-        _L2_FLUSH.zero_()
+        if _L2_FLUSH is not None:     # None when imported by another script that did not set one up
+            _L2_FLUSH.zero_()
         start.record()
         fn()
         end.record()
@@ -110,7 +110,7 @@ def problems(L: int):
 SWEEPS = {
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
     "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2, 4, 8), "FLUX_HEADS_PER_STEP": (2, 4, 8),
-                                 "FLUX_NUM_WARPS": (2, 4, 8), "FLUX_SPLIT_QK": (False,)}),
+                                 "FLUX_NUM_WARPS": (2, 4, 8), "FLUX_SPLIT_QK": (False, True)}),
     "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1, 2, 4), "WAN_NUM_WARPS": (4, 8)}),
     "adaln": (adaln, {"ROWS_PER_PROGRAM": (1, 2, 4, 8, 16), "NUM_WARPS": (2, 4, 8)}),
     "gate_add_wan": (gate_add, {"ELEMENTS_PER_PROGRAM": (2048, 4096, 8192), "MAX_BLOCK_C": (512, 1024),
@@ -193,7 +193,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("kernels: no CUDA device", file=sys.stderr)
         return 2
-    import triton
     global _L2_FLUSH
     _L2_FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=DEVICE)
     ceiling = copy_ceiling_gbs()
@@ -228,9 +227,7 @@ def main(argv=None) -> int:
             print(f"{op:14s} L={L:6d} " + "  ".join(
                 f"{n} {row[n]['ms']:.4f} ms {row[n]['gbs']:.0f} GB/s" for n in candidates), flush=True)
     report = {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **environment(),
         "copy_ceiling_gbs": ceiling, "comfy_kitchen": comfy_kitchen_status(),
         "launch_config_defaults": defaults,
         "shapes": {"flux": f"B=1 H={FLUX_HEADS} D={HEAD_DIM} C={FLUX_C}", "wan": f"B=1 H={WAN_HEADS} C={WAN_C}",
@@ -238,9 +235,7 @@ def main(argv=None) -> int:
         "results": rows, "sweep": sweep_report,
     }
     if args.out:
-        path = args.out / f"kernels-{datetime.date.today().isoformat()}.json" if args.out.is_dir() else args.out
-        path.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {path}")
+        write_json(report, args.out, "kernels")
     return 0
 
 

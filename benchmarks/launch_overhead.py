@@ -10,13 +10,13 @@ forward. Also checks that the direct launch writes the same bits.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from results_io import environment, write_json
 
 
 def host_us(fn, calls: int = 2000, rounds: int = 5) -> dict:
@@ -35,8 +35,6 @@ def host_us(fn, calls: int = 2000, rounds: int = 5) -> dict:
 
 
 def main() -> None:
-    import triton
-
     from fused_dit.ops import fp8_linear as fl
     from fused_dit.ops import quantize_fp8 as qf
 
@@ -55,9 +53,7 @@ def main() -> None:
                                        num_warps=num_warps)
 
     compiled = absmax_launch()
-    result = {"environment": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "triton": triton.__version__,
-                              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+    result = {"environment": environment(),
               "input": [64, 256], "host_us": {}}
     timings = result["host_us"]
     timings["triton_launch_kernel_grid"] = host_us(absmax_launch)
@@ -117,7 +113,7 @@ def main() -> None:
         for name, values in interleaved.items():
             timings[f"interleaved_{name}"] = {"us": statistics.median(values), "rounds_us": values}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(result, args.out, "launch-overhead")
     for name, value in timings.items():
         print(f"{name:32s} {value['us']:8.2f} us")
     print("direct launch:", direct_error or f"same bits {result.get('direct_launch_same_bits')}")

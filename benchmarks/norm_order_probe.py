@@ -12,8 +12,6 @@ differ. The fused kernels themselves are held to the eager chain by benchmarks/g
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import torch.nn.functional as F
 
 from fused_dit.ops import norm_order
 from fused_dit.testing import byte_mismatch
+from results_io import environment, write_json
 
 DEVICE = "cuda"
 EPS = 1e-6
@@ -97,14 +96,11 @@ def main(argv=None) -> int:
                   == c["layer_norm"]["output_elements_differ"] == c["rms_norm"]["output_elements_differ"] == 0
                   for r in results for name, c in r["candidates"].items() if name == "torch_order_128_threads")
     report = {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **environment(),
         "eps": EPS, "torch_order_128_threads_bit_exact": matched, "results": results,
     }
     if args.out:
-        path = args.out / f"norm-order-{datetime.date.today().isoformat()}.json" if args.out.is_dir() else args.out
-        path.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"wrote {path}")
+        write_json(report, args.out, "norm-order")
     return 0
 
 

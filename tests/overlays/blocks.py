@@ -314,13 +314,18 @@ def _randomise(model: nn.Module, generator: torch.Generator) -> None:
                 p.copy_(0.02 * values)
 
 
-def make_flux_stack(hidden=64, heads=4, depth=1, depth_single=1, batch=2, img_len=24, txt_len=8,
-                    dtype=torch.float32, device="cpu", seed=0):
+def _random_model(build, dtype, device, seed):
+    """(model built on device with seeded random weights, in dtype and eval mode; the generator, for its inputs)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
-        model = Flux(hidden, heads, depth, depth_single)
+        model = build()
     _randomise(model, generator)
-    model = model.to(dtype=dtype).eval()
+    return model.to(dtype=dtype).eval(), generator
+
+
+def make_flux_stack(hidden=64, heads=4, depth=1, depth_single=1, batch=2, img_len=24, txt_len=8,
+                    dtype=torch.float32, device="cpu", seed=0):
+    model, generator = _random_model(lambda: Flux(hidden, heads, depth, depth_single), dtype, device, seed)
     head_dim = hidden // heads
     positions = torch.arange(txt_len + img_len, dtype=torch.float32)
     pe = rope_table(positions, head_dim).reshape(1, 1, txt_len + img_len, head_dim // 2, 2, 2)
@@ -335,11 +340,7 @@ def make_flux_stack(hidden=64, heads=4, depth=1, depth_single=1, batch=2, img_le
 
 def make_wan_stack(dim=64, heads=4, ffn_dim=128, depth=1, batch=2, length=24, context_len=8,
                    dtype=torch.float32, device="cpu", seed=0):
-    generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.device(device):
-        model = WanModel(dim, ffn_dim, heads, depth)
-    _randomise(model, generator)
-    model = model.to(dtype=dtype).eval()
+    model, generator = _random_model(lambda: WanModel(dim, ffn_dim, heads, depth), dtype, device, seed)
     head_dim = dim // heads
     freqs = rope_table(torch.arange(length, dtype=torch.float32), head_dim).reshape(1, length, 1, head_dim // 2, 2, 2)
     inputs = dict(

@@ -134,12 +134,14 @@ def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False) -> tup
         return (codes.float() if out_fp32 else codes), scale
     source = kernel_input(h)
     out, written = new_output(source, out_fp32)
-    grid, iterations, max_partials = _gelu_launch_cached(n)
+    launch = _gelu_launch_cached(n)
+    grid, iterations, max_partials = launch
     stats = torch.empty(grid[0] + 1, device=h.device, dtype=torch.float32)
     use_libdevice = _libdevice_tanh(h.device)
     block, num_warps = op5.ELEMENTS_PER_ITERATION, op5.NUM_WARPS
-    # the launches' specialisation, as in op5.quantize_dynamic_triton (see fused_dit.launch)
-    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, use_libdevice, grid, iterations, block)
+    # the launches' specialisation, as in op5.quantize_dynamic_triton (see fused_dit.launch): the launch tuple
+    # (grid, iterations, MAX_PARTIALS) and the block size
+    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, use_libdevice, launch, block)
     run_kernel(_gelu_absmax_kernel, grid, key, source, stats, n, iterations, use_libdevice, block, num_warps=num_warps)
     # arguments: h, out, stats, reciprocal (unread when DYNAMIC), n, iterations, floor, fmax, DYNAMIC, HAS_SCALE,
     # LIBDEVICE_TANH, OUT_FP8, BLOCK, MAX_PARTIALS

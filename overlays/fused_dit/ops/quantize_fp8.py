@@ -343,13 +343,13 @@ def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False) -> tuple[to
         return (codes.float() if out_fp32 else codes), scale
     source = kernel_input(x)
     device = x.device
-    grid, iterations, keep_from, block, hints, num_warps, max_partials = _dynamic_launch_cached(
-        n, device, x.element_size())
+    launch = _dynamic_launch_cached(n, device, x.element_size())
+    grid, iterations, keep_from, block, hints, num_warps, max_partials = launch
     out, written = new_output(source, out_fp32)
     stats = torch.empty(grid[0] + 1, device=device, dtype=torch.float32)
-    # what the two launches specialise on: source's dtype and alignment, and n, from which every int argument and
-    # constexpr derives (out and stats are fresh allocations, always aligned); see fused_dit.launch
-    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, grid, iterations, keep_from, block, hints)
+    # what the two launches specialise on: source's dtype and alignment, n and the launch derived from it (every
+    # other int argument and constexpr); out and stats are fresh allocations, always aligned. See fused_dit.launch
+    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, launch)
     run_kernel(_absmax_kernel, grid, key, source, stats, n, iterations, keep_from, block, hints, num_warps=num_warps)
     run_kernel(_quantize_dynamic_kernel, grid, key, source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
                not out_fp32, block, max_partials, hints, num_warps=num_warps)
