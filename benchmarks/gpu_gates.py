@@ -6,11 +6,18 @@ seed is recorded), poisons the outputs with NaN, runs the Triton overlay, and co
 (ComfyUI's eager chain: bf16/fp16 gate <= 1 ulp on >= 99.9% of elements and <= 2 ulp max; fp32 gate 1e-5) and with
 the tier-1 fp64 reference (fp32 outputs: the same gate; otherwise for context, as is eager itself).
 
-    PYTHONPATH=overlays:. python benchmarks/gpu_gates.py --out benchmarks/results/
+    PYTHONPATH=overlays:. python benchmarks/gpu_gates.py --out benchmarks/results/ [--set adaln.ROWS_PER_PROGRAM=4]
+
+`--set module.NAME=value` sets an op module's launch setting first (a Python literal), so a configuration a sweep
+found can be held to the gates before it becomes the default (`--sweep-best kernels.json:16384` sets every op's
+fastest configuration at that length); the settings are recorded in the JSON.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -22,10 +29,52 @@ from results_io import environment, write_json
 DEVICE = "cuda"
 
 
+def apply_settings(assignments: list[str]) -> dict:
+    """Set `fused_dit.ops.<module>.<NAME>` for each "module.NAME=value"; only names the module already has."""
+    applied = {}
+    for assignment in assignments:
+        target, sep, literal = assignment.partition("=")
+        module_name, dot, name = target.partition(".")
+        if not (sep and dot and name.isupper()):
+            raise ValueError(f"--set {assignment!r}: expected module.NAME=value, e.g. adaln.ROWS_PER_PROGRAM=4")
+        module = importlib.import_module(f"fused_dit.ops.{module_name}")
+        if not hasattr(module, name):
+            raise ValueError(f"--set {assignment!r}: fused_dit.ops.{module_name} has no setting {name}")
+        value = ast.literal_eval(literal)
+        setattr(module, name, value)
+        applied[target] = value
+    return applied
+
+
+def sweep_best(spec: str | None) -> list[str]:
+    """"module.NAME=value" assignments for the best configuration of each op a kernels.py sweep found at one L."""
+    if not spec:
+        return []
+    path, _, length = spec.rpartition(":")
+    try:
+        sweeps = json.loads(Path(path).read_text())["sweep"][length]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--sweep-best {spec!r}: no sweep at L={length} there ({type(exc).__name__}: {exc})")
+    import kernels
+    assignments = []
+    for op, report in sweeps.items():
+        module = kernels.SWEEPS[op][0].__name__.rsplit(".", 1)[-1]
+        assignments += [f"{module}.{name}={value!r}" for name, value in report["best"].items() if name != "error"]
+    return assignments
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="JSON file, or a folder for gates-<date>.json")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                        help="an op module's launch setting, e.g. adaln.ROWS_PER_PROGRAM=4 (repeatable)")
+    parser.add_argument("--sweep-best", metavar="KERNELS_JSON:L",
+                        help="first set every op's fastest configuration at length L of a kernels.py --sweep run")
     args = parser.parse_args(argv)
+    try:
+        settings = apply_settings(sweep_best(args.sweep_best) + args.settings)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not torch.cuda.is_available():
         print("gpu_gates: no CUDA device; the CPU tests cover the interpreter path", file=sys.stderr)
         return 2
@@ -47,7 +96,7 @@ def main(argv=None) -> int:
     report = {
         **environment(),
         "gate": {"bf16_fp16": GATE_TEXT["ulp"], "fp32": GATE_TEXT["fp32"]},
-        "cases_from": "fused_dit.parity.parity_cases",
+        "cases_from": "fused_dit.parity.parity_cases", "settings": settings,
         "all_passed": all(r["passed"] for r in results), "cases": results,
     }
     if args.out:

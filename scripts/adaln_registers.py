@@ -23,7 +23,7 @@ from triton.compiler import ASTSource
 from fused_dit.ops import adaln
 
 SETTINGS = [(8, 4), (2, 2), (1, 2), (16, 8)]
-DIVISIBLE = ("x_ptr", "shift_ptr", "scale_ptr", "out_ptr", "rows", "L", "C", "sxb", "sxl", "shb", "shr", "scb",
+DIVISIBLE = ("x_ptr", "shift_ptr", "scale_ptr", "out_ptr", "rcp_ptr", "rows", "L", "C", "sxb", "sxl", "shb", "shr", "scb",
              "scr")
 UNIT = ("sxc", "shc", "scc")
 

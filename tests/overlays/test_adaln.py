@@ -80,3 +80,50 @@ def test_output_dtype_follows_eager_type_promotion(seed):
     x = torch.randn(1, 4, 32, generator=gen, dtype=torch.float64).float()
     shift, scale = modulation(1, 1, 32, gen, torch.float16)
     assert adaln.adaln(x, shift, scale).dtype == adaln.reference_comfy(x, shift, scale).dtype == torch.float32
+
+
+@pytest.mark.parametrize("L,rows,per_program,shared", [
+    (8, 1, 2, True),     # Flux: one row per sample, the group is every token
+    (40, 4, 2, True),    # Wan groups of 10 tokens
+    (40, 4, 4, False),   # groups of 10 split across programs of 4 rows
+    (37, 1, 2, False),   # a sample's last program would run into the next sample
+    (48, 6, 4, True),    # groups of 8
+])
+def test_rows_of_a_program_share_one_modulation_row_only_where_they_all_have_it(L, rows, per_program, shared,
+                                                                                monkeypatch, seed, device):
+    """The shared-modulation path loads the first row's shift/scale for the whole program: at batch > 1 and
+    grouped rows it must give the per-row path's bits, and be taken only where every row has that modulation."""
+    B, C = 3, 64
+    assert adaln.shared_modulation(L, [modulation_group(rows, L)] * 2, per_program) is shared
+    monkeypatch.setattr(adaln, "ROWS_PER_PROGRAM", per_program)
+    gen = generator(seed)
+    x = (torch.randn(B, L, C, generator=gen) * 2 + 0.3).to(device)
+    shift, scale = (m.to(device) for m in modulation(B, rows, C, gen))
+    out = adaln.adaln(x, shift, scale, out=poisoned_empty((B, L, C), x.dtype).to(device))
+    monkeypatch.setattr(adaln, "SHARED_MODULATION", False)
+    assert torch.equal(out, adaln.adaln(x, shift, scale))
+    assert_close_fp32(out.cpu(), adaln.reference_comfy(x.cpu(), shift.cpu(), scale.cpu()), "vs ComfyUI chain")
+
+
+PLAIN_LOOPS = {"PREFETCH": False, "STATS_UNROLL": 1, "LOOP_UNROLL": 1, "LOOP_STAGES": None}
+
+
+@pytest.mark.parametrize("C", [1024, 1540])
+@pytest.mark.parametrize("schedule", [{}, {"PREFETCH": True}, {"LOOP_UNROLL": 2}, {"STATS_UNROLL": 3},
+                                      {"LOOP_STAGES": 2}, {"PREFETCH": True, "STATS_UNROLL": 2, "LOOP_UNROLL": 2}])
+def test_loop_schedules_keep_the_bits(C, schedule, monkeypatch, seed, device):
+    """Prefetching the next chunk, unrolling and pipelining change when loads are issued, never the values: the
+    shipped schedule ({}) and each variant equal the plain loops bit for bit, tail chunks (C % 512) included."""
+    gen = generator(seed)
+    x = (torch.randn(2, 6, C, generator=gen) * 2 + 0.3).to(device)
+    shift, scale = (m.to(device) for m in modulation(2, 1, C, gen))
+    scheduled = adaln.adaln(x, shift, scale, out=poisoned_empty(x.shape, x.dtype).to(device)) if not schedule \
+        else None
+    for name, value in PLAIN_LOOPS.items():
+        monkeypatch.setattr(adaln, name, value)
+    plain = adaln.adaln(x, shift, scale)
+    for name, value in schedule.items():
+        monkeypatch.setattr(adaln, name, value)
+    if schedule:
+        scheduled = adaln.adaln(x, shift, scale, out=poisoned_empty(x.shape, x.dtype).to(device))
+    assert torch.equal(scheduled, plain)

@@ -73,6 +73,24 @@ def test_wan_kernel_norms_full_c_then_ropes_per_head(B, L, H, D, pe_batch, seed)
         assert_close_fp32(got, exact, "vs fp64")
 
 
+@pytest.mark.parametrize("schedule", [{}, {"WAN_PREFETCH": True}, {"WAN_LOOP_UNROLL": 2}, {"WAN_STATS_UNROLL": 3}])
+@pytest.mark.parametrize("H,D", [(5, 128), (3, 36)])    # 640 and 108 channels: tails in both loops
+def test_wan_loop_schedules_keep_the_bits(schedule, H, D, monkeypatch, seed):
+    """Prefetching the next chunk and unrolling change when loads are issued, not the values: the shipped
+    schedule ({}) and each variant equal the plain loops bit for bit."""
+    q, k, wq, wk, freqs = wan_inputs(2, 7, H, D, 1, generator(seed))
+    out = (poisoned_empty((2, 7, H, D), q.dtype), poisoned_empty((2, 7, H, D), q.dtype))
+    shipped = rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, out=out) if not schedule else None
+    for name, value in {"WAN_PREFETCH": False, "WAN_STATS_UNROLL": 1, "WAN_LOOP_UNROLL": 1}.items():
+        monkeypatch.setattr(rms_rope, name, value)
+    plain = rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H)
+    for name, value in schedule.items():
+        monkeypatch.setattr(rms_rope, name, value)
+    got = shipped or rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, out=out)
+    for a, b in zip(got, plain):
+        assert torch.equal(a, b)
+
+
 def test_wan_norm_is_not_a_per_head_norm(seed):
     """Guards the trap other packs fell into: Wan's norm spans all heads, so a per-head norm must differ."""
     q, k, wq, wk, freqs = wan_inputs(1, 8, 4, 32, 1, generator(seed))

@@ -20,11 +20,25 @@ except Exception:  # the eager path must keep working without triton; dispatch s
     triton = None
 
 # Rows per program and warps: benchmarks/kernels.py --sweep per length with the pair-sum tree
-# (h200-2026-11-30-run8/kernels.json): 2 rows x 2 warps was the fastest at L=4096 and 2% from the fastest at 16384
+# (h200-2026-11-30-run8/kernels.json): 2 rows x 2 warps was the fastest at L=4096 and 2% from the fastest at 16384;
+# it stayed within 2% of the fastest with the loop schedules below (run17-run19)
 ROWS_PER_PROGRAM = 2
 NUM_WARPS = 2
 # False: the general Welford tree also where the pair-sum fold applies (norm_order.halves_are_exact), to compare
 EQUAL_HALVES = True
+# The loops over a row's 512-channel steps, unrolled (the statistics pass STATS_UNROLL times, the normalising pass
+# LOOP_UNROLL times) and software-pipelined over LOOP_STAGES stages (None: not pipelined), so that a program has more
+# than one step's loads in flight. Sweeps on the H200 (h200-2026-11-30-run17..run19/kernels-sweep.json): unrolling
+# by 2 with PREFETCH took L=16384 from 72.6 to 65.4 us and L=4096 from 23.2 to 21.8 us; unrolling by 3 or 6, and
+# pipelining (LOOP_STAGES=2), were no faster
+STATS_UNROLL = 2
+LOOP_UNROLL = 2
+LOOP_STAGES = None
+# True: the normalising pass loads each chunk one step ahead of its stores
+PREFETCH = True
+# False: every row loads its own shift/scale even where all rows of a program share them (shared_modulation), to
+# compare
+SHARED_MODULATION = True
 
 
 def _modulation_rows(x, shift, scale):
@@ -55,14 +69,27 @@ if triton is not None:
 
     @triton.jit
     def _modulate_store(normed, x_ptr, shift_ptr, scale_ptr, out_ptr, r, b, l_idx, c, mask, C,
-                        shift_group, scale_group, shb, shr, shc, scb, scr, scc):
-        """`addcmul(shift, normed, 1 + scale)` for a tile of rows r and channels c, stored to out."""
+                        shift_group, scale_group, shb, shr, shc, scb, scr, scc, SHARED: tl.constexpr):
+        """`addcmul(shift, normed, 1 + scale)` for a tile of rows r and channels c, stored to out.
+
+        SHARED: every row of the tile has the modulation row of the first (shared_modulation), loaded once as
+        `[1, channels]` and broadcast, so `1 + scale` is computed once per channel rather than once per element.
+        """
         # LayerNorm's output is a tensor of x's dtype in the eager chain
         normed = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
-        shift_offsets = b[:, None] * shb + (l_idx // shift_group)[:, None] * shr + c[None, :] * shc
-        scale_offsets = b[:, None] * scb + (l_idx // scale_group)[:, None] * scr + c[None, :] * scc
-        shift = tl.load(shift_ptr + shift_offsets, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.load(scale_ptr + scale_offsets, mask=mask, other=0.0).to(tl.float32)
+        if SHARED:
+            # the tile's rows are consecutive tokens of one sample: its first row's sample and token
+            b0 = tl.min(b, axis=0)
+            l0 = tl.min(l_idx, axis=0)
+            shift_offsets = (b0 * shb + (l0 // shift_group) * shr + c * shc)[None, :]
+            scale_offsets = (b0 * scb + (l0 // scale_group) * scr + c * scc)[None, :]
+            mod_mask = (c < C)[None, :]
+        else:
+            shift_offsets = b[:, None] * shb + (l_idx // shift_group)[:, None] * shr + c[None, :] * shc
+            scale_offsets = b[:, None] * scb + (l_idx // scale_group)[:, None] * scr + c[None, :] * scc
+            mod_mask = mask
+        shift = tl.load(shift_ptr + shift_offsets, mask=mod_mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_ptr + scale_offsets, mask=mod_mask, other=0.0).to(tl.float32)
         # `1 + scale` is a tensor of scale's dtype in the eager chain
         scale_plus_one = (scale + 1.0).to(scale_ptr.dtype.element_ty).to(tl.float32)
         # torch's CUDA addcmul is one fma (exactly mul + add when both factors are 16-bit; not for fp32)
@@ -70,12 +97,16 @@ if triton is not None:
         tl.store(out_ptr + r[:, None] * C + c[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _adaln_kernel(x_ptr, shift_ptr, scale_ptr, out_ptr, rows, L, C, shift_group, scale_group,
+    def _adaln_kernel(x_ptr, shift_ptr, scale_ptr, out_ptr, rcp_ptr, rows, L, C, shift_group, scale_group,
                       sxb, sxl, sxc, shb, shr, shc, scb, scr, scc, eps,
-                      ROWS: tl.constexpr, EVEN: tl.constexpr, EQUAL_HALVES: tl.constexpr):
+                      ROWS: tl.constexpr, EVEN: tl.constexpr, EQUAL_HALVES: tl.constexpr,
+                      SHARED_MOD: tl.constexpr, STATS_UNROLL: tl.constexpr, UNROLL: tl.constexpr,
+                      STAGES: tl.constexpr,
+                      PREFETCH: tl.constexpr):
         """Rows of C % 4 == 0 channels: mean and variance in torch's Welford order, so LayerNorm's output is
         eager's bits (EVEN: C is a multiple of the 512 channels torch's block reads per step, no masks;
-        EQUAL_HALVES: norm_order.halves_are_exact(C), the per-thread states fold by pair sums).
+        EQUAL_HALVES: norm_order.halves_are_exact(C), the per-thread states fold by pair sums; SHARED_MOD: the
+        program's rows share one modulation row, see shared_modulation).
 
         Pass 1 walks the row as torch's 128 threads do (4 channels each per step) with Welford's online update;
         the per-thread states fold lane-then-warp. Pass 2 reads the (cache-resident) row again in the same chunks.
@@ -90,7 +121,7 @@ if triton is not None:
         vectors = C // 4
         mean = tl.zeros([ROWS, T], dtype=tl.float32)
         m2 = tl.zeros([ROWS, T], dtype=tl.float32)
-        for step in range(0, tl.cdiv(C, T * 4)):
+        for step in tl.range(0, tl.cdiv(C, T * 4), loop_unroll_factor=STATS_UNROLL, num_stages=STAGES):
             c = tl.arange(0, T * 4) + step * (T * 4)
             x = tl.load(x_rows + c[None, :] * sxc, mask=row_mask[:, None] & (c < C)[None, :],
                         other=0.0).to(tl.float32)
@@ -99,11 +130,13 @@ if triton is not None:
                 valid = tl.full([1, T], 1, tl.int1)
             else:
                 valid = (t + step * T < vectors)[None, :]
-            count = step * 4.0    # the thread's count before this vector, the same for every thread that has one
-            mean, m2 = norm_order.welford_push(mean, m2, x0, tl.math.div_rn(1.0, count + 1.0), valid)
-            mean, m2 = norm_order.welford_push(mean, m2, x1, tl.math.div_rn(1.0, count + 2.0), valid)
-            mean, m2 = norm_order.welford_push(mean, m2, x2, tl.math.div_rn(1.0, count + 3.0), valid)
-            mean, m2 = norm_order.welford_push(mean, m2, x3, tl.math.div_rn(1.0, count + 4.0), valid)
+            # 1 / the thread's count after each element, the same for every thread that has this vector: from a
+            # table (IEEE quotients, as torch's 1.f / count), not a division per step with its slow-path call
+            count = step * 4
+            mean, m2 = norm_order.welford_push(mean, m2, x0, tl.load(rcp_ptr + count), valid)
+            mean, m2 = norm_order.welford_push(mean, m2, x1, tl.load(rcp_ptr + count + 1), valid)
+            mean, m2 = norm_order.welford_push(mean, m2, x2, tl.load(rcp_ptr + count + 2), valid)
+            mean, m2 = norm_order.welford_push(mean, m2, x3, tl.load(rcp_ptr + count + 3), valid)
         if EQUAL_HALVES:
             # every thread holds 4 elements per step: the general tree's layout shuffles (and its registers,
             # 178 against 84 at 8 rows x 4 warps for sm_90a: scripts/adaln_registers.py) are not needed
@@ -113,12 +146,27 @@ if triton is not None:
             mean, m2 = norm_order.fold_welford(mean, m2, tl.zeros([ROWS, T], dtype=tl.float32) + counts[None, :],
                                                ROWS, T)
         rstd = tl.rsqrt(tl.math.div_rn(m2, C * 1.0) + eps)
-        for step in range(0, tl.cdiv(C, T * 4)):
-            c = tl.arange(0, T * 4) + step * (T * 4)
+        if PREFETCH:
+            # the next step's chunk is loaded before this one is stored: the compiler keeps loads after stores
+            # that may alias them, so without this a program has one chunk in flight (past C: masked, no traffic)
+            c = tl.arange(0, T * 4)
             mask = row_mask[:, None] & (c < C)[None, :]
-            x = tl.load(x_rows + c[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
-            _modulate_store(rstd[:, None] * (x - mean[:, None]), x_ptr, shift_ptr, scale_ptr, out_ptr, r, b, l_idx,
-                            c, mask, C, shift_group, scale_group, shb, shr, shc, scb, scr, scc)
+            x = tl.load(x_rows + c[None, :] * sxc, mask=mask, other=0.0)
+            for step in tl.range(0, tl.cdiv(C, T * 4), loop_unroll_factor=UNROLL, num_stages=STAGES):
+                c_next = c + T * 4
+                mask_next = row_mask[:, None] & (c_next < C)[None, :]
+                x_next = tl.load(x_rows + c_next[None, :] * sxc, mask=mask_next, other=0.0)
+                _modulate_store(rstd[:, None] * (x.to(tl.float32) - mean[:, None]), x_ptr, shift_ptr, scale_ptr,
+                                out_ptr, r, b, l_idx, c, mask, C, shift_group, scale_group, shb, shr, shc, scb, scr,
+                                scc, SHARED_MOD)
+                x, c, mask = x_next, c_next, mask_next
+        else:
+            for step in tl.range(0, tl.cdiv(C, T * 4), loop_unroll_factor=UNROLL, num_stages=STAGES):
+                c = tl.arange(0, T * 4) + step * (T * 4)
+                mask = row_mask[:, None] & (c < C)[None, :]
+                x = tl.load(x_rows + c[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
+                _modulate_store(rstd[:, None] * (x - mean[:, None]), x_ptr, shift_ptr, scale_ptr, out_ptr, r, b,
+                                l_idx, c, mask, C, shift_group, scale_group, shb, shr, shc, scb, scr, scc, SHARED_MOD)
 
 
 def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6,
@@ -148,6 +196,16 @@ def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float 
     return into_out(reference_comfy(x, shift, scale, eps), out)
 
 
+def shared_modulation(tokens: int, groups, rows_per_program: int) -> bool:
+    """Whether all rows of every program read the same shift and scale rows.
+
+    A program's rows are `rows_per_program` consecutive rows starting at a multiple of it; with tokens per sample
+    and tokens per modulation row (`groups`, e.g. all tokens for Flux's per-sample `[B, 1, C]`) multiples of it,
+    they lie in one sample and one modulation group.
+    """
+    return all(n % rows_per_program == 0 for n in (tokens, *groups))
+
+
 def _launch(x, shift, scale, groups, eps, out):
     B, L, C = x.shape
     out_dtype = torch.promote_types(torch.promote_types(x.dtype, shift.dtype), scale.dtype)
@@ -156,11 +214,16 @@ def _launch(x, shift, scale, groups, eps, out):
     else:
         check_out(out, (B, L, C), out_dtype, x.device)
     rows = B * L
-    args = (x, shift, scale, out, rows, L, C, groups[0], groups[1], *x.stride(),
+    args = (x, shift, scale, out, norm_order.count_reciprocals(norm_order.steps(C) * norm_order.TORCH_VEC, x.device),
+            rows, L, C, groups[0], groups[1], *x.stride(),
             batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1),
             scale.stride(2), eps)
     # no fma contraction beyond the explicit ones, which are torch's
     _adaln_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
         *args, ROWS=ROWS_PER_PROGRAM, EVEN=C % norm_order.CHUNK == 0,
-        EQUAL_HALVES=EQUAL_HALVES and norm_order.halves_are_exact(C), num_warps=NUM_WARPS, enable_fp_fusion=False)
+        EQUAL_HALVES=EQUAL_HALVES and norm_order.halves_are_exact(C),
+        SHARED_MOD=SHARED_MODULATION and shared_modulation(L, groups, ROWS_PER_PROGRAM), STATS_UNROLL=STATS_UNROLL,
+        UNROLL=LOOP_UNROLL,
+        STAGES=LOOP_STAGES, PREFETCH=PREFETCH, num_warps=NUM_WARPS,
+        enable_fp_fusion=False)
     return out

@@ -57,6 +57,20 @@ def steps(n: int) -> int:
     return -(-n // CHUNK)
 
 
+_reciprocals: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def count_reciprocals(n: int, device: torch.device) -> torch.Tensor:
+    """float32 `1 / k` for k = 1..n on device: the Welford update's reciprocals of the count, as IEEE quotients
+    (torch's `1.f / count`; divided on the CPU, copied once per (n, device) and kept)."""
+    key = (n, device)
+    table = _reciprocals.get(key)
+    if table is None:
+        counts = torch.arange(1, n + 1, dtype=torch.float32)
+        table = _reciprocals[key] = torch.ones(n, dtype=torch.float32).div(counts).to(device)
+    return table
+
+
 @functools.lru_cache(maxsize=None)
 def halves_are_exact(n: int) -> bool:
     """Whether every fold of torch's Welford tree over a row of n channels weighs both sides by exactly 0.5.

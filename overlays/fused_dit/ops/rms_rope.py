@@ -29,7 +29,7 @@ except Exception:  # the eager path must keep working without triton; dispatch s
 # Chosen by benchmarks/kernels.py --sweep, per length (the kernels with torch's norm order; the earlier
 # configurations in rms_rope-sweep-2026-11-30.json predate it). Flux, h200-2026-11-30-run13: 1 token x 8 heads per
 # step x 2 warps was the fastest at L=16384 and 3% from the fastest at 4096 (2 tokens, same heads and warps);
-# Wan: run7/run8.
+# Wan: run7/run8 (1 token x 8 heads x 4 warps; again the fastest with unrolled loops in run17-run19).
 FLUX_TOKENS_PER_PROGRAM = 1
 FLUX_HEADS_PER_STEP = 8
 FLUX_NUM_WARPS = 2
@@ -39,6 +39,12 @@ WAN_TOKENS_PER_PROGRAM = 1
 WAN_HEADS_PER_STEP = 8       # channels per step = heads * D
 WAN_NUM_WARPS = 4
 WAN_NORM_CHUNK = 128         # norm only (no heads): C is walked in chunks of this many channels
+# The loops over C unrolled (loads of later steps issued earlier): the sum of squares' 512-channel steps and the
+# normalising pass's head steps. run18/run19 sweeps: 5 and 5 took L=4096 from 55.3 to 52.3 us and L=16384 from
+# 193 to 183 us; loading one step ahead (WAN_PREFETCH) was slower with unrolling
+WAN_STATS_UNROLL = 5
+WAN_LOOP_UNROLL = 5
+WAN_PREFETCH = False         # True: the normalising loop loads each chunk one step ahead of its stores
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,7 +233,8 @@ if triton is not None:
     def _wan_tokens(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, L, C, D,
                     sxb, sxl, sxc, spb, spl, spi, spr, spc, eps,
                     TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
-                    HAS_ROPE: tl.constexpr):
+                    HAS_ROPE: tl.constexpr, STATS_UNROLL: tl.constexpr, UNROLL: tl.constexpr,
+                    PREFETCH: tl.constexpr):
         # The norm spans a token's full C (all heads), the rotation is per head: C is walked in head-aligned
         # steps of HEADS * D channels. Output contiguous [B, L, C].
         r = row_start + tl.arange(0, TOKENS)
@@ -243,19 +250,30 @@ if triton is not None:
             f00, f01, f10, f11 = 0.0, 0.0, 0.0, 0.0   # unused without a rotation
         # pass 1: sum of squares over C in torch's order; pass 2 reads the (L1/L2-resident) row again to
         # normalize + rotate
-        sum_sq = _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS)
+        sum_sq = _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS, STATS_UNROLL)
         rstd = tl.rsqrt(tl.math.div_rn(sum_sq, C * 1.0) + eps)
-        for c0 in range(0, C, HEADS * D):
-            x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
-            _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
-                            TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+        if PREFETCH:
+            # the next step's chunk is loaded before this one is stored (loads stay after stores that may alias
+            # them); past C the load is masked and moves nothing
+            x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, 0, C, D, sxc, HEADS, BLOCK_D)
+            for c0 in tl.range(0, C, HEADS * D, loop_unroll_factor=UNROLL):
+                x_next, c_next, c_mask_next, mask_next = _wan_load_step(x_ptr, row_offsets, r_mask, c0 + HEADS * D,
+                                                                        C, D, sxc, HEADS, BLOCK_D)
+                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
+                                TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+                x, c, c_mask, mask = x_next, c_next, c_mask_next, mask_next
+        else:
+            for c0 in tl.range(0, C, HEADS * D, loop_unroll_factor=UNROLL):
+                x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
+                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
+                                TOKENS, HEADS, BLOCK_D, HAS_ROPE)
 
     @triton.jit
-    def _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS: tl.constexpr):
+    def _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS: tl.constexpr, UNROLL: tl.constexpr):
         """Sum of squares of each token's C channels in torch's order: 128 threads x 4 channels per step."""
         T: tl.constexpr = norm_order.THREADS
         acc = tl.zeros([TOKENS, T], dtype=tl.float32)
-        for c0 in range(0, C, T * 4):
+        for c0 in tl.range(0, C, T * 4, loop_unroll_factor=UNROLL):
             c = c0 + tl.arange(0, T * 4)
             x = tl.load(x_ptr + row_offsets[:, None] + c[None, :] * sxc, mask=r_mask[:, None] & (c < C)[None, :],
                         other=0.0).to(tl.float32)
@@ -267,14 +285,17 @@ if triton is not None:
     def _wan_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows_q, rows_k, Lq, Lk, C, D,
                              sqb, sql, sqc, skb, skl, skc, spb, spl, spi, spr, spc, eps,
                              TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
-                             HAS_ROPE: tl.constexpr):
+                             HAS_ROPE: tl.constexpr, STATS_UNROLL: tl.constexpr, UNROLL: tl.constexpr,
+                             PREFETCH: tl.constexpr):
         row_start = tl.program_id(0) * TOKENS
         if tl.program_id(1) == 0:
             _wan_tokens(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows_q, Lq, C, D, sqb, sql, sqc,
-                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, STATS_UNROLL, UNROLL,
+                        PREFETCH)
         else:
             _wan_tokens(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows_k, Lk, C, D, skb, skl, skc,
-                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+                        spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, STATS_UNROLL, UNROLL,
+                        PREFETCH)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -379,7 +400,8 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
         q, k, q_weight, k_weight, q_out, k_out, freqs if freqs is not None else q,
         rows_q, rows_k, q.size(1), k.size(1), C, head_dim, *q.stride(), *k.stride(), *pe_strides, eps,
         TOKENS=WAN_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=triton.next_power_of_2(head_dim),
-        HAS_ROPE=freqs is not None, num_warps=WAN_NUM_WARPS,
+        HAS_ROPE=freqs is not None, STATS_UNROLL=WAN_STATS_UNROLL, UNROLL=WAN_LOOP_UNROLL, PREFETCH=WAN_PREFETCH,
+        num_warps=WAN_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
