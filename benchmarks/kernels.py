@@ -109,8 +109,8 @@ def problems(L: int):
 
 SWEEPS = {
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
-    "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2, 4, 8), "FLUX_HEADS_PER_STEP": (2, 4, 8),
-                                 "FLUX_NUM_WARPS": (2, 4, 8), "FLUX_SPLIT_QK": (False, True)}),
+    "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2), "FLUX_HEADS_PER_STEP": (4, 8),
+                                 "FLUX_NUM_WARPS": (2, 4), "FLUX_SPLIT_QK": (False,), "FLUX_PREFETCH": (False, True)}),
     "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1,), "WAN_HEADS_PER_STEP": (8,),
                                 "WAN_NUM_WARPS": (2, 4), "WAN_STATS_UNROLL": (2, 5, 10), "WAN_LOOP_UNROLL": (1, 5),
                                 "WAN_PREFETCH": (False, True)}),

@@ -55,6 +55,20 @@ def test_flux_kernel_with_q_and_k_in_separate_programs_writes_the_same_bits(toke
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
 
 
+@pytest.mark.parametrize("heads_per_step", [2, 4])
+def test_flux_prefetching_the_next_heads_keeps_the_bits(heads_per_step, monkeypatch, seed):
+    """Loading the next head step before storing this one changes when loads are issued, not the values (H=3 with
+    2 heads per step: a partial last step)."""
+    q, k, sq, sk, pe = flux_inputs(2, 3, 11, 64, 1, generator(seed))
+    monkeypatch.setattr(rms_rope, "FLUX_HEADS_PER_STEP", heads_per_step)
+    monkeypatch.setattr(rms_rope, "FLUX_PREFETCH", False)
+    plain = rms_rope.flux_rms_rope(q, k, sq, sk, pe)
+    monkeypatch.setattr(rms_rope, "FLUX_PREFETCH", True)
+    out = (poisoned_empty((2, 3, 11, 64), q.dtype), poisoned_empty((2, 3, 11, 64), q.dtype))
+    for got, expected in zip(rms_rope.flux_rms_rope(q, k, sq, sk, pe, out=out), plain):
+        assert torch.equal(got, expected)
+
+
 def test_flux_returns_contiguous_bhnd_in_input_dtype(seed):
     q, k, sq, sk, pe = flux_inputs(1, 2, 5, 64, 1, generator(seed))
     q_out, k_out = rms_rope.flux_rms_rope(q, k, sq, sk, pe)

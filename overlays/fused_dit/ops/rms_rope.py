@@ -27,14 +27,17 @@ except Exception:  # the eager path must keep working without triton; dispatch s
 # over the heads (Flux: every head of q and of k; Wan: the head-aligned chunks of C) with a [heads, tokens, D]
 # tile, so the table is read once per token and no lane is spent on padding C up to a power of two.
 # Chosen by benchmarks/kernels.py --sweep, per length (the kernels with torch's norm order; the earlier
-# configurations in rms_rope-sweep-2026-11-30.json predate it). Flux, h200-2026-11-30-run13: 1 token x 8 heads per
-# step x 2 warps was the fastest at L=16384 and 3% from the fastest at 4096 (2 tokens, same heads and warps);
-# Wan: run7/run8 (1 token x 8 heads x 4 warps; again the fastest with unrolled loops in run17-run19).
-FLUX_TOKENS_PER_PROGRAM = 1
+# configurations in rms_rope-sweep-2026-11-30.json predate it). Flux, h200-2026-11-30-run20: 2 tokens x 8 heads per
+# step x 2 warps, loading each tensor's next head step before storing the current one, was the fastest at both
+# lengths (L=4096: 32.8 us, 34.5 without the prefetch; L=16384: 112.6 us; run13's 1 token without it: 35.6 / 114.6).
+# Wan: run7/run8 (1 token x 8 heads x 4 warps; again the fastest with unrolled loops in run17-run20).
+FLUX_TOKENS_PER_PROGRAM = 2
 FLUX_HEADS_PER_STEP = 8
 FLUX_NUM_WARPS = 2
 # True: q and k of a token block go to two programs (twice the programs, the block's rotations loaded twice)
 FLUX_SPLIT_QK = False
+# True: each tensor's next head step is loaded before the current one is stored
+FLUX_PREFETCH = True
 WAN_TOKENS_PER_PROGRAM = 1
 WAN_HEADS_PER_STEP = 8       # channels per step = heads * D
 WAN_NUM_WARPS = 4
@@ -159,40 +162,63 @@ if triton is not None:
         return tl.reshape(tl.join(out0, out1), [A, B, BLOCK_D])
 
     @triton.jit
+    def _flux_load_heads(x_ptr, b, n, n_mask, d, d_mask, h0, H, sxb, sxh, sxn, sxd, HEADS: tl.constexpr):
+        """Heads [h0, h0 + HEADS) of the program's tokens: (x as stored, h, mask), x `[HEADS, TOKENS, BLOCK_D]`."""
+        h = h0 + tl.arange(0, HEADS)
+        mask = (h < H)[:, None, None] & n_mask[None, :, None] & d_mask[None, None, :]
+        x_offsets = b * sxb + h[:, None, None] * sxh + n[None, :, None] * sxn + d[None, None, :] * sxd
+        return tl.load(x_ptr + x_offsets, mask=mask, other=0.0), h, mask
+
+    @triton.jit
+    def _flux_norm_rotate_store(x, h, mask, w, out_ptr, b, n, d, f00, f01, f10, f11, H, N, D, eps,
+                                TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
+                                LANES: tl.constexpr, WARPS: tl.constexpr):
+        x = x.to(tl.float32)
+        # the sum of squares in torch's order (norm_order): a thread per 4 channels, then its tree
+        rows = tl.reshape(x, [HEADS * TOKENS, BLOCK_D])
+        x0, x1, x2, x3 = norm_order.elements_of_vectors(rows, HEADS * TOKENS, BLOCK_D // 4)
+        acc = norm_order.square_into(tl.zeros([HEADS * TOKENS, BLOCK_D // 4], tl.float32), x0, x1, x2, x3)
+        sum_sq = tl.reshape(norm_order.fold_sum(acc, HEADS * TOKENS, LANES, WARPS), [HEADS, TOKENS])
+        rstd = tl.rsqrt(tl.math.div_rn(sum_sq, D * 1.0) + eps)
+        # first rounding: RMSNorm's output is in the input's dtype
+        y = (x * rstd[:, :, None] * w[None, None, :]).to(out_ptr.dtype.element_ty).to(tl.float32)
+        out = _rotate(y, f00, f01, f10, f11, HEADS, TOKENS, BLOCK_D, False)
+        # output is contiguous BHND: for each head the block's tokens are one contiguous run
+        out_offsets = ((b * H + h[:, None, None]) * N + n[None, :, None]) * D + d[None, None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
     def _flux_heads(x_ptr, w_ptr, out_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D,
                     sxb, sxh, sxn, sxd, eps,
                     TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
-                    LANES: tl.constexpr, WARPS: tl.constexpr):
-        """Norm + rotate every head of one tensor for the program's tokens, HEADS heads per step."""
+                    LANES: tl.constexpr, WARPS: tl.constexpr, PREFETCH: tl.constexpr):
+        """Norm + rotate every head of one tensor for the program's tokens, HEADS heads per step (PREFETCH: the
+        next step's heads are loaded before this step's are stored; past H the load is masked, moving nothing)."""
         d = tl.arange(0, BLOCK_D)
         d_mask = d < D
         # comfy casts the weight to x's dtype before the norm
         w = tl.load(w_ptr + d, mask=d_mask, other=0.0).to(x_ptr.dtype.element_ty).to(tl.float32)
-        heads = tl.arange(0, HEADS)
-        for h0 in range(0, H, HEADS):
-            h = h0 + heads
-            mask = (h < H)[:, None, None] & n_mask[None, :, None] & d_mask[None, None, :]
-            x_offsets = b * sxb + h[:, None, None] * sxh + n[None, :, None] * sxn + d[None, None, :] * sxd
-            x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
-            # the sum of squares in torch's order (norm_order): a thread per 4 channels, then its tree
-            rows = tl.reshape(x, [HEADS * TOKENS, BLOCK_D])
-            x0, x1, x2, x3 = norm_order.elements_of_vectors(rows, HEADS * TOKENS, BLOCK_D // 4)
-            acc = norm_order.square_into(tl.zeros([HEADS * TOKENS, BLOCK_D // 4], tl.float32), x0, x1, x2, x3)
-            sum_sq = tl.reshape(norm_order.fold_sum(acc, HEADS * TOKENS, LANES, WARPS), [HEADS, TOKENS])
-            rstd = tl.rsqrt(tl.math.div_rn(sum_sq, D * 1.0) + eps)
-            # first rounding: RMSNorm's output is in x's dtype
-            y = (x * rstd[:, :, None] * w[None, None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
-            out = _rotate(y, f00, f01, f10, f11, HEADS, TOKENS, BLOCK_D, False)
-            # output is contiguous BHND: for each head the block's tokens are one contiguous run
-            out_offsets = ((b * H + h[:, None, None]) * N + n[None, :, None]) * D + d[None, None, :]
-            tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+        if PREFETCH:
+            x, h, mask = _flux_load_heads(x_ptr, b, n, n_mask, d, d_mask, 0, H, sxb, sxh, sxn, sxd, HEADS)
+            for h0 in range(0, H, HEADS):
+                x_next, h_next, mask_next = _flux_load_heads(x_ptr, b, n, n_mask, d, d_mask, h0 + HEADS, H,
+                                                             sxb, sxh, sxn, sxd, HEADS)
+                _flux_norm_rotate_store(x, h, mask, w, out_ptr, b, n, d, f00, f01, f10, f11, H, N, D, eps,
+                                        TOKENS, HEADS, BLOCK_D, LANES, WARPS)
+                x, h, mask = x_next, h_next, mask_next
+        else:
+            for h0 in range(0, H, HEADS):
+                x, h, mask = _flux_load_heads(x_ptr, b, n, n_mask, d, d_mask, h0, H, sxb, sxh, sxn, sxd, HEADS)
+                _flux_norm_rotate_store(x, h, mask, w, out_ptr, b, n, d, f00, f01, f10, f11, H, N, D, eps,
+                                        TOKENS, HEADS, BLOCK_D, LANES, WARPS)
 
     @triton.jit
     def _flux_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, H, N, D,
                               sqb, sqh, sqn, sqd, skb, skh, skn, skd,
                               spb, spn, spi, spr, spc, eps,
                               TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
-                              LANES: tl.constexpr, WARPS: tl.constexpr, SPLIT_QK: tl.constexpr):
+                              LANES: tl.constexpr, WARPS: tl.constexpr, SPLIT_QK: tl.constexpr,
+                              PREFETCH: tl.constexpr):
         # program (token block, batch[, q or k]): the block's rotations are loaded once and serve all heads of
         # q and k (SPLIT_QK: of the one tensor program axis 2 picks)
         n = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
@@ -203,10 +229,10 @@ if triton is not None:
         f00, f01, f10, f11 = f00[None, :, :], f01[None, :, :], f10[None, :, :], f11[None, :, :]
         if not SPLIT_QK or tl.program_id(2) == 0:
             _flux_heads(q_ptr, wq_ptr, oq_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, sqb, sqh, sqn, sqd,
-                        eps, TOKENS, HEADS, BLOCK_D, LANES, WARPS)
+                        eps, TOKENS, HEADS, BLOCK_D, LANES, WARPS, PREFETCH)
         if not SPLIT_QK or tl.program_id(2) == 1:
             _flux_heads(k_ptr, wk_ptr, ok_ptr, b, n, n_mask, f00, f01, f10, f11, H, N, D, skb, skh, skn, skd,
-                        eps, TOKENS, HEADS, BLOCK_D, LANES, WARPS)
+                        eps, TOKENS, HEADS, BLOCK_D, LANES, WARPS, PREFETCH)
 
     @triton.jit
     def _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc,
@@ -361,7 +387,7 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
         q, k, q_scale, k_scale, q_out, k_out, pe, H, N, D,
         *q.stride(), *k.stride(), *pe_strides, eps,
         TOKENS=FLUX_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=block_d, LANES=lanes, WARPS=warps,
-        SPLIT_QK=FLUX_SPLIT_QK, num_warps=FLUX_NUM_WARPS,
+        SPLIT_QK=FLUX_SPLIT_QK, PREFETCH=FLUX_PREFETCH, num_warps=FLUX_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
