@@ -127,3 +127,37 @@ def test_loop_schedules_keep_the_bits(C, schedule, monkeypatch, seed, device):
     if schedule:
         scheduled = adaln.adaln(x, shift, scale, out=poisoned_empty(x.shape, x.dtype).to(device))
     assert torch.equal(scheduled, plain)
+
+
+def test_without_the_reciprocal_table_adaln_runs_eager_and_says_why(monkeypatch, caplog, seed, device):
+    """While a CUDA graph is being captured the table cannot be made (count_reciprocals gives None): the call runs
+    ComfyUI's eager chain, which a capture records as it is, and the log says why."""
+    import logging
+    gen = generator(seed)
+    x = (torch.randn(2, 4, 64, generator=gen)).to(device)
+    shift, scale = (m.to(device) for m in modulation(2, 1, 64, gen))
+    monkeypatch.setattr(adaln.norm_order, "count_reciprocals", lambda n, device: None)
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        out = adaln.adaln(x, shift, scale)
+    assert torch.equal(out, adaln.reference_comfy(x, shift, scale))
+    assert "CUDA graph capture" in caplog.text
+
+
+def test_adaln_inside_a_cuda_graph_capture_replays_eagers_bits(device, seed):
+    """A real capture on a GPU, with no table made before it: the captured call falls back to eager (no host copy
+    inside the capture), and replaying the graph gives the eager chain's output; after it the kernel runs."""
+    if device != "cuda":
+        pytest.skip("needs a CUDA device to capture a graph")
+    from fused_dit.ops import norm_order
+    C = 1536
+    norm_order._reciprocals.pop((norm_order.steps(C) * norm_order.TORCH_VEC, torch.device("cuda", 0)), None)
+    gen = generator(seed)
+    x = torch.randn(2, 8, C, generator=gen).to(device, torch.bfloat16)
+    shift, scale = (m.to(device, torch.bfloat16) for m in modulation(2, 1, C, gen))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = adaln.adaln(x, shift, scale)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, adaln.reference_comfy(x, shift, scale))
+    assert torch.equal(adaln.adaln(x, shift, scale), captured)     # the kernel outside the capture: eager's bits

@@ -190,8 +190,13 @@ def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float 
                 reason = str(exc)
             if reason is None and not norm_order.follows_torch_order(x.size(-1)):
                 reason = norm_order.OTHER_PATH.format(n=x.size(-1))
+            if reason is None:
+                reciprocals = norm_order.count_reciprocals(norm_order.steps(x.size(-1)) * norm_order.TORCH_VEC,
+                                                           x.device)
+                if reciprocals is None:
+                    reason = norm_order.RECIPROCALS_WHILE_CAPTURING.format(n=x.size(-1))
         if reason is None:
-            return _launch(x, shift3, scale3, groups, eps, out)
+            return _launch(x, shift3, scale3, groups, reciprocals, eps, out)
         eager_because(op, reason)
     return into_out(reference_comfy(x, shift, scale, eps), out)
 
@@ -206,7 +211,7 @@ def shared_modulation(tokens: int, groups, rows_per_program: int) -> bool:
     return all(n % rows_per_program == 0 for n in (tokens, *groups))
 
 
-def _launch(x, shift, scale, groups, eps, out):
+def _launch(x, shift, scale, groups, reciprocals, eps, out):
     B, L, C = x.shape
     out_dtype = torch.promote_types(torch.promote_types(x.dtype, shift.dtype), scale.dtype)
     if out is None:
@@ -214,8 +219,7 @@ def _launch(x, shift, scale, groups, eps, out):
     else:
         check_out(out, (B, L, C), out_dtype, x.device)
     rows = B * L
-    args = (x, shift, scale, out, norm_order.count_reciprocals(norm_order.steps(C) * norm_order.TORCH_VEC, x.device),
-            rows, L, C, groups[0], groups[1], *x.stride(),
+    args = (x, shift, scale, out, reciprocals, rows, L, C, groups[0], groups[1], *x.stride(),
             batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1),
             scale.stride(2), eps)
     # no fma contraction beyond the explicit ones, which are torch's

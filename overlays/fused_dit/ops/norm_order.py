@@ -60,12 +60,23 @@ def steps(n: int) -> int:
 _reciprocals: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def count_reciprocals(n: int, device: torch.device) -> torch.Tensor:
+# Why a kernel that needs count_reciprocals runs eager instead (its log line).
+RECIPROCALS_WHILE_CAPTURING = ("the reciprocal table for rows of {n} channels is made on the CPU and copied to the "
+                               "GPU, which a CUDA graph capture does not allow; a call outside the capture makes it")
+
+
+def count_reciprocals(n: int, device: torch.device) -> torch.Tensor | None:
     """float32 `1 / k` for k = 1..n on device: the Welford update's reciprocals of the count, as IEEE quotients
-    (torch's `1.f / count`; divided on the CPU, copied once per (n, device) and kept)."""
+    (torch's `1.f / count`; divided on the CPU, copied once per (n, device) and kept).
+
+    None when the table does not exist yet and the current CUDA stream is capturing a graph: the copy would end the
+    capture (the caller runs eager, RECIPROCALS_WHILE_CAPTURING; the first call outside a capture makes the table).
+    """
     key = (n, device)
     table = _reciprocals.get(key)
     if table is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
         counts = torch.arange(1, n + 1, dtype=torch.float32)
         table = _reciprocals[key] = torch.ones(n, dtype=torch.float32).div(counts).to(device)
     return table
