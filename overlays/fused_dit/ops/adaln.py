@@ -36,6 +36,11 @@ LOOP_UNROLL = 2
 LOOP_STAGES = None
 # True: the normalising pass loads each chunk one step ahead of its stores
 PREFETCH = True
+# Rows of at most this many 512-channel steps (and a multiple of 512 channels) are held in registers between the
+# two passes instead of being read again (0: never). run25 (C=3072, 6 steps): L=16384 64.7 vs 65.4 us at 2 rows x 2
+# warps (62.7 us at 1 x 1), L=4096 21.2 vs 21.7 us; gates 27/27 at 0 ulp with it. Wan's 5120 channels (10 steps) are
+# not held: that was not timed
+HELD_MAX_STEPS = 8
 # False: every row loads its own shift/scale even where all rows of a program share them (shared_modulation), to
 # compare
 SHARED_MODULATION = True
@@ -97,19 +102,35 @@ if triton is not None:
         tl.store(out_ptr + r[:, None] * C + c[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _welford_chunk(mean, m2, x, step, C, rcp_ptr, ROWS: tl.constexpr, T: tl.constexpr, EVEN: tl.constexpr):
+        """Welford's online update of each of torch's T threads with its vector of the chunk `step` (`[ROWS, T*4]`)."""
+        x0, x1, x2, x3 = norm_order.elements_of_vectors(x.to(tl.float32), ROWS, T)
+        if EVEN:
+            valid = tl.full([1, T], 1, tl.int1)
+        else:
+            valid = (tl.arange(0, T) + step * T < C // 4)[None, :]
+        # 1 / the thread's count after each element, the same for every thread that has this vector: from a table
+        # (IEEE quotients, as torch's 1.f / count), not a division per step with its slow-path call
+        count = step * 4
+        mean, m2 = norm_order.welford_push(mean, m2, x0, tl.load(rcp_ptr + count), valid)
+        mean, m2 = norm_order.welford_push(mean, m2, x1, tl.load(rcp_ptr + count + 1), valid)
+        mean, m2 = norm_order.welford_push(mean, m2, x2, tl.load(rcp_ptr + count + 2), valid)
+        return norm_order.welford_push(mean, m2, x3, tl.load(rcp_ptr + count + 3), valid)
+
+    @triton.jit
     def _adaln_kernel(x_ptr, shift_ptr, scale_ptr, out_ptr, rcp_ptr, rows, L, C, shift_group, scale_group,
                       sxb, sxl, sxc, shb, shr, shc, scb, scr, scc, eps,
                       ROWS: tl.constexpr, EVEN: tl.constexpr, EQUAL_HALVES: tl.constexpr,
                       SHARED_MOD: tl.constexpr, STATS_UNROLL: tl.constexpr, UNROLL: tl.constexpr,
-                      STAGES: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      STAGES: tl.constexpr, PREFETCH: tl.constexpr, HELD_STEPS: tl.constexpr):
         """Rows of C % 4 == 0 channels: mean and variance in torch's Welford order, so LayerNorm's output is
         eager's bits (EVEN: C is a multiple of the 512 channels torch's block reads per step, no masks;
         EQUAL_HALVES: norm_order.halves_are_exact(C), the per-thread states fold by pair sums; SHARED_MOD: the
         program's rows share one modulation row, see shared_modulation).
 
         Pass 1 walks the row as torch's 128 threads do (4 channels each per step) with Welford's online update;
-        the per-thread states fold lane-then-warp. Pass 2 reads the (cache-resident) row again in the same chunks.
+        the per-thread states fold lane-then-warp. Pass 2 reads the (cache-resident) row again in the same chunks,
+        or, with HELD_STEPS = C / 512 (EVEN rows of few steps), uses the chunks pass 1 loaded, kept in registers.
         """
         T: tl.constexpr = norm_order.THREADS
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -117,36 +138,38 @@ if triton is not None:
         l_idx = r % L
         b = r // L
         x_rows = x_ptr + b[:, None] * sxb + l_idx[:, None] * sxl
-        t = tl.arange(0, T)
-        vectors = C // 4
         mean = tl.zeros([ROWS, T], dtype=tl.float32)
         m2 = tl.zeros([ROWS, T], dtype=tl.float32)
-        for step in tl.range(0, tl.cdiv(C, T * 4), loop_unroll_factor=STATS_UNROLL, num_stages=STAGES):
-            c = tl.arange(0, T * 4) + step * (T * 4)
-            x = tl.load(x_rows + c[None, :] * sxc, mask=row_mask[:, None] & (c < C)[None, :],
-                        other=0.0).to(tl.float32)
-            x0, x1, x2, x3 = norm_order.elements_of_vectors(x, ROWS, T)
-            if EVEN:
-                valid = tl.full([1, T], 1, tl.int1)
-            else:
-                valid = (t + step * T < vectors)[None, :]
-            # 1 / the thread's count after each element, the same for every thread that has this vector: from a
-            # table (IEEE quotients, as torch's 1.f / count), not a division per step with its slow-path call
-            count = step * 4
-            mean, m2 = norm_order.welford_push(mean, m2, x0, tl.load(rcp_ptr + count), valid)
-            mean, m2 = norm_order.welford_push(mean, m2, x1, tl.load(rcp_ptr + count + 1), valid)
-            mean, m2 = norm_order.welford_push(mean, m2, x2, tl.load(rcp_ptr + count + 2), valid)
-            mean, m2 = norm_order.welford_push(mean, m2, x3, tl.load(rcp_ptr + count + 3), valid)
+        if HELD_STEPS:
+            chunks = ()
+            for step in tl.static_range(HELD_STEPS):
+                c = tl.arange(0, T * 4) + step * (T * 4)
+                x = tl.load(x_rows + c[None, :] * sxc, mask=row_mask[:, None], other=0.0)
+                chunks = chunks + (x,)
+                mean, m2 = _welford_chunk(mean, m2, x, step, C, rcp_ptr, ROWS, T, True)
+        else:
+            for step in tl.range(0, tl.cdiv(C, T * 4), loop_unroll_factor=STATS_UNROLL, num_stages=STAGES):
+                c = tl.arange(0, T * 4) + step * (T * 4)
+                x = tl.load(x_rows + c[None, :] * sxc, mask=row_mask[:, None] & (c < C)[None, :], other=0.0)
+                mean, m2 = _welford_chunk(mean, m2, x, step, C, rcp_ptr, ROWS, T, EVEN)
         if EQUAL_HALVES:
             # every thread holds 4 elements per step: the general tree's layout shuffles (and its registers,
             # 178 against 84 at 8 rows x 4 warps for sm_90a: scripts/adaln_registers.py) are not needed
             mean, m2 = norm_order.fold_welford_equal(mean, m2, (C // (T * 4)) * 4.0, ROWS, T)
         else:
-            counts = 4.0 * tl.maximum((vectors - t + T - 1) // T, 0).to(tl.float32)
+            t = tl.arange(0, T)
+            counts = 4.0 * tl.maximum((C // 4 - t + T - 1) // T, 0).to(tl.float32)
             mean, m2 = norm_order.fold_welford(mean, m2, tl.zeros([ROWS, T], dtype=tl.float32) + counts[None, :],
                                                ROWS, T)
         rstd = tl.rsqrt(tl.math.div_rn(m2, C * 1.0) + eps)
-        if PREFETCH:
+        if HELD_STEPS:
+            for step in tl.static_range(HELD_STEPS):
+                c = tl.arange(0, T * 4) + step * (T * 4)
+                mask = row_mask[:, None] & (c < C)[None, :]
+                _modulate_store(rstd[:, None] * (chunks[step].to(tl.float32) - mean[:, None]), x_ptr, shift_ptr,
+                                scale_ptr, out_ptr, r, b, l_idx, c, mask, C, shift_group, scale_group, shb, shr, shc,
+                                scb, scr, scc, SHARED_MOD)
+        elif PREFETCH:
             # the next step's chunk is loaded before this one is stored: the compiler keeps loads after stores
             # that may alias them, so without this a program has one chunk in flight (past C: masked, no traffic)
             c = tl.arange(0, T * 4)
@@ -223,11 +246,11 @@ def _launch(x, shift, scale, groups, reciprocals, eps, out):
             batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1),
             scale.stride(2), eps)
     # no fma contraction beyond the explicit ones, which are torch's
+    even = C % norm_order.CHUNK == 0
     _adaln_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
-        *args, ROWS=ROWS_PER_PROGRAM, EVEN=C % norm_order.CHUNK == 0,
-        EQUAL_HALVES=EQUAL_HALVES and norm_order.halves_are_exact(C),
+        *args, ROWS=ROWS_PER_PROGRAM, EVEN=even, EQUAL_HALVES=EQUAL_HALVES and norm_order.halves_are_exact(C),
         SHARED_MOD=SHARED_MODULATION and shared_modulation(L, groups, ROWS_PER_PROGRAM), STATS_UNROLL=STATS_UNROLL,
-        UNROLL=LOOP_UNROLL,
-        STAGES=LOOP_STAGES, PREFETCH=PREFETCH, num_warps=NUM_WARPS,
-        enable_fp_fusion=False)
+        UNROLL=LOOP_UNROLL, STAGES=LOOP_STAGES, PREFETCH=PREFETCH,
+        HELD_STEPS=C // norm_order.CHUNK if even and C // norm_order.CHUNK <= HELD_MAX_STEPS else 0,
+        num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
