@@ -51,9 +51,13 @@ def assemble(ptx: str) -> tuple[str, str]:
 
 def compile_once(rows: int, warps: int, equal_halves: bool) -> dict:
     kernel = adaln._adaln_kernel
-    signature = {name: ("*bf16" if name.endswith("_ptr") else "fp32" if name == "eps" else "i32")
-                 for name in kernel.arg_names}
-    constexprs = {"ROWS": rows, "EVEN": True, "EQUAL_HALVES": equal_halves, **{name: 1 for name in UNIT}}
+    signature = {name: ("*fp32" if name == "rcp_ptr" else "*bf16" if name.endswith("_ptr") else
+                        "fp32" if name == "eps" else "i32") for name in kernel.arg_names}
+    # the loop schedule as _launch passes it for Flux's rows (C=3072: 6 steps of 512 channels, shared modulation)
+    schedule = {"SHARED_MOD": adaln.SHARED_MODULATION, "STATS_UNROLL": adaln.STATS_UNROLL,
+                "UNROLL": adaln.LOOP_UNROLL, "STAGES": adaln.LOOP_STAGES, "PREFETCH": adaln.PREFETCH,
+                "HELD_STEPS": 6 if 6 <= adaln.HELD_MAX_STEPS else 0}
+    constexprs = {"ROWS": rows, "EVEN": True, "EQUAL_HALVES": equal_halves, **schedule, **{name: 1 for name in UNIT}}
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in DIVISIBLE}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
@@ -61,7 +65,8 @@ def compile_once(rows: int, warps: int, equal_halves: bool) -> dict:
                               options={"num_warps": warps, "enable_fp_fusion": False})
     report, binary = assemble(compiled.asm["ptx"])
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    return {"rows": rows, "warps": warps, "tree": "pair sums" if equal_halves else "general", "ptxas": binary,
+    return {"rows": rows, "warps": warps, "tree": "pair sums" if equal_halves else "general", "schedule": schedule,
+            "ptxas": binary,
             "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
             "spill_store_bytes": int(spills.group(1)), "spill_load_bytes": int(spills.group(2)),
             "layout_conversions": compiled.asm["ttgir"].count("convert_layout")}

@@ -153,8 +153,10 @@ if triton is not None:
                 x = tl.load(x_rows + c[None, :] * sxc, mask=row_mask[:, None] & (c < C)[None, :], other=0.0)
                 mean, m2 = _welford_chunk(mean, m2, x, step, C, rcp_ptr, ROWS, T, EVEN)
         if EQUAL_HALVES:
-            # every thread holds 4 elements per step: the general tree's layout shuffles (and its registers,
-            # 178 against 84 at 8 rows x 4 warps for sm_90a: scripts/adaln_registers.py) are not needed
+            # every thread holds 4 elements per step: the general tree's layout shuffles (and its registers) are
+            # not needed. sm_90a compiles (scripts/adaln_registers.py): 84 against 178 registers at 8 rows x 4 warps
+            # before the loop schedules; with the shipped ones at 2 rows x 2 warps 126 against 255 and spills
+            # (adaln-registers-sm90a-2026-11-30-held.json)
             mean, m2 = norm_order.fold_welford_equal(mean, m2, (C // (T * 4)) * 4.0, ROWS, T)
         else:
             t = tl.arange(0, T)
