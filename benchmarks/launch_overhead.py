@@ -1,7 +1,7 @@
 """Host time per call of the FP8 linear's pieces on a CUDA GPU, on inputs small enough that the GPU never waits.
 
-Answers where the host microseconds of one FP8 linear go (the FP8 block stack is host-bound at 4608 tokens, see
-the notes): the Triton launch of the quantiser's kernels through `kernel[grid](...)` against calling the compiled
+Answers where the host microseconds of one FP8 linear go (the FP8 block stack at 4608 tokens is often bound by its
+host time on the H200 machine, see the notes): the Triton launch of the quantiser's kernels through `kernel[grid](...)` against calling the compiled
 kernel's launcher directly (what a launch cache would save), torch.empty, torch._scaled_mm, and the whole
 forward. Also checks that the direct launch writes the same bits.
 
