@@ -1,4 +1,4 @@
-"""AdaLN modulation, fused: `torch.addcmul(shift, LayerNorm(x), 1 + scale)` in one pass over x.
+"""AdaLN modulation, fused: `torch.addcmul(shift, LayerNorm(x), 1 + scale)` in one kernel.
 
 Rounding points follow ComfyUI's eager chain: LayerNorm (no affine) rounds to x's dtype, `1 + scale` rounds to
 scale's dtype, and addcmul rounds once to the promoted dtype. Modulation rows broadcast per sample (`[B|1, 1, C]`),
@@ -28,9 +28,9 @@ NUM_WARPS = 2
 EQUAL_HALVES = True
 # The loops over a row's 512-channel steps, unrolled (the statistics pass STATS_UNROLL times, the normalising pass
 # LOOP_UNROLL times) and software-pipelined over LOOP_STAGES stages (None: not pipelined), so that a program has more
-# than one step's loads in flight. Sweeps on the H200 (h200-2026-11-30-run17..run19/kernels-sweep.json): unrolling
-# by 2 with PREFETCH took L=16384 from 72.6 to 65.4 us and L=4096 from 23.2 to 21.8 us; unrolling by 3 or 6, and
-# pipelining (LOOP_STAGES=2), were no faster
+# than one step's loads in flight. Sweeps on the H200 (h200-2026-11-30-run17..run19/kernels-sweep.json): at 2 rows
+# x 2 warps in run17, unrolling by 2 with PREFETCH took L=16384 from 78.2 to 65.4 us and L=4096 from 24.6 to 21.8 us;
+# unrolling by 3 or 6, and pipelining (LOOP_STAGES=2), were no faster
 STATS_UNROLL = 2
 LOOP_UNROLL = 2
 LOOP_STAGES = None
