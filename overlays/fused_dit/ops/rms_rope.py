@@ -29,7 +29,8 @@ except Exception:  # the eager path must keep working without triton; dispatch s
 # Chosen by benchmarks/kernels.py --sweep, per length (the kernels with torch's norm order; the earlier
 # configurations in rms_rope-sweep-2026-11-30.json predate it). Flux, h200-2026-11-30-run20: 2 tokens x 8 heads per
 # step x 2 warps, loading each tensor's next head step before storing the current one, was the fastest at both
-# lengths (L=4096: 32.8 us, 34.5 without the prefetch; L=16384: 112.6 us; run13's 1 token without it: 35.6 / 114.6).
+# lengths (L=4096: 32.8 us, 34.5 without the prefetch; L=16384: 112.6 us; run13's setting, 1 token without it, in
+# the same sweep: 35.6 / 114.6 us).
 # Wan: run7/run8 (1 token x 8 heads x 4 warps; again the fastest with unrolled loops in run17-run20).
 FLUX_TOKENS_PER_PROGRAM = 2
 FLUX_HEADS_PER_STEP = 8
@@ -43,8 +44,8 @@ WAN_HEADS_PER_STEP = 8       # channels per step = heads * D
 WAN_NUM_WARPS = 4
 WAN_NORM_CHUNK = 128         # norm only (no heads): C is walked in chunks of this many channels
 # The loops over C unrolled (loads of later steps issued earlier): the sum of squares' 512-channel steps and the
-# normalising pass's head steps. run18/run19 sweeps: 5 and 5 took L=4096 from 55.3 to 52.3 us and L=16384 from
-# 193 to 183 us; loading one step ahead (WAN_PREFETCH) was slower with unrolling
+# normalising pass's head steps: 5 and 5 ran L=4096 in 52.3 us and L=16384 in 183.9 us (run18), against 55.3 and
+# 193.3 us without unrolling (run17); loading one step ahead (WAN_PREFETCH) was slower with unrolling
 WAN_STATS_UNROLL = 5
 WAN_LOOP_UNROLL = 5
 WAN_PREFETCH = False         # True: the normalising loop loads each chunk one step ahead of its stores
