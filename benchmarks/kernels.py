@@ -108,6 +108,8 @@ def problems(L: int):
 
 
 SWEEPS = {
+    # Grids around the shipped defaults; the wider grids they were narrowed from are in the sweeps of
+    # h200-2026-11-30-run13 (Flux), run16-run19 (AdaLN, Wan), run20 (Flux prefetch) and run25 (AdaLN's held row).
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
     "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2), "FLUX_HEADS_PER_STEP": (4, 8),
                                  "FLUX_NUM_WARPS": (2, 4), "FLUX_SPLIT_QK": (False,), "FLUX_PREFETCH": (False, True)}),
