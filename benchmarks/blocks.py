@@ -26,7 +26,6 @@ import torch.nn.functional as F
 import importlib.util  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kernels  # noqa: E402
 from kernels import copy_ceiling_gbs, time_ms as queued_gpu_ms  # noqa: E402
 from results_io import environment  # noqa: E402
 
@@ -196,21 +195,22 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
     # events were recorded around each call as it was issued, adding this host's launch latency to the FP8 rows).
     # L2 is flushed before each call: back to back, the FP8 weight (37 MB) would stay in the 50 MB L2 and the bf16
     # one (75 MB) would not, which a model whose every Linear has its own weight never sees.
-    kernels._L2_FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    timings = {
-        "bf16_linear": queued_gpu_ms(lambda: F.linear(x, w, b)),
-        "fp8_prequantised_gemm": queued_gpu_ms(lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b,
-                                                                     torch.bfloat16)),
-        "fp8_prequantised_gemm_fast_accum": queued_gpu_ms(lambda: fl.matmul_fp8(
-            a_codes, a_scale, w_codes, w_scale, b, torch.bfloat16, fast_accum=True)),
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    calls = {
+        "bf16_linear": lambda: F.linear(x, w, b),
+        "fp8_prequantised_gemm": lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b, torch.bfloat16),
+        "fp8_prequantised_gemm_fast_accum": lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b,
+                                                                  torch.bfloat16, fast_accum=True),
         # the product's setting (FAST_ACCUM) and the other one, side by side
-        "fp8_linear_with_triton_quant": queued_gpu_ms(lambda: fl.linear_fp8(x, weight, b)),
-        "fp8_linear_with_triton_quant_fast_accum": queued_gpu_ms(linear_accum(True)),
-        "fp8_linear_with_triton_quant_exact_accum": queued_gpu_ms(linear_accum(False)),
-        "fp8_linear_with_eager_quant": queued_gpu_ms(eager_quant_linear),
-        "triton_dynamic_quant_only": queued_gpu_ms(lambda: qf.quantize_fp8_dynamic(x)),
-        "eager_dynamic_quant_only": queued_gpu_ms(lambda: qf.quantize_fp8_dynamic_reference(x)),
+        "fp8_linear_with_triton_quant": lambda: fl.linear_fp8(x, weight, b),
+        "fp8_linear_with_triton_quant_fast_accum": linear_accum(True),
+        "fp8_linear_with_triton_quant_exact_accum": linear_accum(False),
+        "fp8_linear_with_eager_quant": eager_quant_linear,
+        "triton_dynamic_quant_only": lambda: qf.quantize_fp8_dynamic(x),
+        "eager_dynamic_quant_only": lambda: qf.quantize_fp8_dynamic_reference(x),
     }
+    timings = {name: queued_gpu_ms(call, l2_flush=flush) for name, call in calls.items()}
+    del flush
     result = {"shape_MKN": [m, k, n], "ms": timings, "fast_accum_default": fl.FAST_ACCUM,
               "timing": "GPU time per call, all calls queued behind a GPU sleep first (no host launch gaps), L2 "
                         "flushed before each",
@@ -224,7 +224,6 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
     copy_gbs = copy_ceiling_gbs()
     floor_ms = (2 * x.numel() * x.element_size() + x.numel()) / copy_gbs / 1e6
     gemm_ms = min(timings["fp8_prequantised_gemm"], timings["fp8_prequantised_gemm_fast_accum"])
-    kernels._L2_FLUSH = None
     result["bound"] = {
         "copy_gbs": copy_gbs, "two_pass_quant_floor_ms": floor_ms, "fastest_prequantised_gemm_ms": gemm_ms,
         "speedup_if_quant_at_floor": timings["bf16_linear"] / (gemm_ms + floor_ms),

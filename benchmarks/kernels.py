@@ -28,12 +28,14 @@ WAN_HEADS, WAN_C = 40, 5120
 _L2_FLUSH = None   # a 256 MiB buffer zeroed before each timed call (set in main)
 
 
-def time_ms(fn, warmup: int = 10, repeats: int = 50) -> float:
+def time_ms(fn, warmup: int = 10, repeats: int = 50, l2_flush: torch.Tensor | None = None) -> float:
     """Median per-call GPU time: CUDA events around each call, L2 flushed before each, no host sync inside.
 
     A long `torch.cuda._sleep` first lets the host queue every call before the GPU starts, so the events time
-    the kernels and not Python's launch overhead (which the eager chain and the wrappers both have).
+    the kernels and not Python's launch overhead (which the eager chain and the wrappers both have). The buffer
+    zeroed to flush L2 is `l2_flush`, else the one main() set up (none: no flush).
     """
+    l2_flush = _L2_FLUSH if l2_flush is None else l2_flush
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -41,8 +43,8 @@ def time_ms(fn, warmup: int = 10, repeats: int = 50) -> float:
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     torch.cuda._sleep(100_000_000)
     for start, end in zip(starts, ends):
-        if _L2_FLUSH is not None:     # None when imported by another script that did not set one up
-            _L2_FLUSH.zero_()
+        if l2_flush is not None:
+            l2_flush.zero_()
         start.record()
         fn()
         end.record()

@@ -53,11 +53,10 @@ def compile_once(rows: int, warps: int, equal_halves: bool) -> dict:
     kernel = adaln._adaln_kernel
     signature = {name: ("*fp32" if name == "rcp_ptr" else "*bf16" if name.endswith("_ptr") else
                         "fp32" if name == "eps" else "i32") for name in kernel.arg_names}
-    # the loop schedule as _launch passes it for Flux's rows (C=3072: 6 steps of 512 channels, shared modulation)
-    schedule = {"SHARED_MOD": adaln.SHARED_MODULATION, "STATS_UNROLL": adaln.STATS_UNROLL,
-                "UNROLL": adaln.LOOP_UNROLL, "STAGES": adaln.LOOP_STAGES, "PREFETCH": adaln.PREFETCH,
-                "HELD_STEPS": 6 if 6 <= adaln.HELD_MAX_STEPS else 0}
-    constexprs = {"ROWS": rows, "EVEN": True, "EQUAL_HALVES": equal_halves, **schedule, **{name: 1 for name in UNIT}}
+    # what _launch passes for Flux's rows (C=3072, 4096 tokens, per-sample modulation), with the tree chosen here
+    schedule = adaln.kernel_constexprs(3072, 4096, (4096, 4096), rows_per_program=rows)
+    schedule["EQUAL_HALVES"] = equal_halves
+    constexprs = {**schedule, **{name: 1 for name in UNIT}}
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in DIVISIBLE}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),

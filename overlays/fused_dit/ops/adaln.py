@@ -248,11 +248,17 @@ def _launch(x, shift, scale, groups, reciprocals, eps, out):
             batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1),
             scale.stride(2), eps)
     # no fma contraction beyond the explicit ones, which are torch's
-    even = C % norm_order.CHUNK == 0
-    _adaln_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
-        *args, ROWS=ROWS_PER_PROGRAM, EVEN=even, EQUAL_HALVES=EQUAL_HALVES and norm_order.halves_are_exact(C),
-        SHARED_MOD=SHARED_MODULATION and shared_modulation(L, groups, ROWS_PER_PROGRAM), STATS_UNROLL=STATS_UNROLL,
-        UNROLL=LOOP_UNROLL, STAGES=LOOP_STAGES, PREFETCH=PREFETCH,
-        HELD_STEPS=C // norm_order.CHUNK if even and C // norm_order.CHUNK <= HELD_MAX_STEPS else 0,
-        num_warps=NUM_WARPS, enable_fp_fusion=False)
+    _adaln_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](*args, **kernel_constexprs(C, L, groups),
+                                                         num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
+
+
+def kernel_constexprs(C: int, tokens: int, groups, rows_per_program: int | None = None) -> dict:
+    """The kernel's compile-time parameters for rows of C channels, `tokens` per sample and modulation `groups`,
+    under the module's current settings (scripts/adaln_registers.py compiles the kernel with these too)."""
+    rows_per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
+    even = C % norm_order.CHUNK == 0
+    return {"ROWS": rows_per_program, "EVEN": even, "EQUAL_HALVES": EQUAL_HALVES and norm_order.halves_are_exact(C),
+            "SHARED_MOD": SHARED_MODULATION and shared_modulation(tokens, groups, rows_per_program),
+            "STATS_UNROLL": STATS_UNROLL, "UNROLL": LOOP_UNROLL, "STAGES": LOOP_STAGES, "PREFETCH": PREFETCH,
+            "HELD_STEPS": C // norm_order.CHUNK if even and C // norm_order.CHUNK <= HELD_MAX_STEPS else 0}
