@@ -111,16 +111,17 @@ def problems(L: int):
 
 SWEEPS = {
     # Grids around the shipped defaults; the wider grids they were narrowed from are in the sweeps of
-    # h200-2026-11-30-run13 (Flux), run16-run19 (AdaLN, Wan), run20 (Flux prefetch) and run25 (AdaLN's held row).
+    # h200-2026-11-30-run13 (Flux), run16-run19 (AdaLN, Wan), run20 (Flux prefetch), run25 (AdaLN's held row), run26
+    # (Wan's held row, AdaLN's modulation loaded ahead) and run27 (q/k interleaving, register caps: removed).
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
     "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2), "FLUX_HEADS_PER_STEP": (4, 8),
                                  "FLUX_NUM_WARPS": (2, 4), "FLUX_SPLIT_QK": (False,), "FLUX_PREFETCH": (False, True)}),
-    "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1,), "WAN_HEADS_PER_STEP": (8,),
-                                "WAN_NUM_WARPS": (2, 4), "WAN_STATS_UNROLL": (2, 5, 10), "WAN_LOOP_UNROLL": (1, 5),
-                                "WAN_PREFETCH": (False, True)}),
-    "adaln": (adaln, {"ROWS_PER_PROGRAM": (1, 2, 4), "NUM_WARPS": (1, 2, 4), "SHARED_MODULATION": (True,),
+    "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1, 2), "WAN_HEADS_PER_STEP": (8,),
+                                "WAN_NUM_WARPS": (2, 4), "WAN_STATS_UNROLL": (5,), "WAN_LOOP_UNROLL": (5,),
+                                "WAN_PREFETCH": (False,), "WAN_HELD_MAX_STEPS": (0, 16)}),
+    "adaln": (adaln, {"ROWS_PER_PROGRAM": (1, 2), "NUM_WARPS": (1, 2), "SHARED_MODULATION": (True,),
                       "STATS_UNROLL": (2,), "LOOP_UNROLL": (2,), "LOOP_STAGES": (None,), "PREFETCH": (True,),
-                      "HELD_MAX_STEPS": (0, 16)}),
+                      "HELD_MAX_STEPS": (8,), "MOD_AHEAD": (0, 1)}),
     "gate_add_wan": (gate_add, {"ELEMENTS_PER_PROGRAM": (2048, 4096, 8192), "MAX_BLOCK_C": (512, 1024),
                                 "NUM_WARPS": (4, 8)}),
     "quantize_fp8_dynamic": (quantize_fp8, {"DYNAMIC_ELEMENTS_PER_ITERATION": (4096, 8192),

@@ -105,20 +105,24 @@ def test_rows_of_a_program_share_one_modulation_row_only_where_they_all_have_it(
     assert_close_fp32(out.cpu(), adaln.reference_comfy(x.cpu(), shift.cpu(), scale.cpu()), "vs ComfyUI chain")
 
 
-PLAIN_LOOPS = {"PREFETCH": False, "STATS_UNROLL": 1, "LOOP_UNROLL": 1, "LOOP_STAGES": None, "HELD_MAX_STEPS": 0}
+PLAIN_LOOPS = {"PREFETCH": False, "STATS_UNROLL": 1, "LOOP_UNROLL": 1, "LOOP_STAGES": None, "HELD_MAX_STEPS": 0,
+               "MOD_AHEAD": 0}
 
 
 @pytest.mark.parametrize("C", [1024, 1540])
 @pytest.mark.parametrize("schedule", [{}, {"PREFETCH": True}, {"LOOP_UNROLL": 2}, {"STATS_UNROLL": 3},
                                       {"LOOP_STAGES": 2}, {"PREFETCH": True, "STATS_UNROLL": 2, "LOOP_UNROLL": 2},
-                                      {"HELD_MAX_STEPS": 4}])
-def test_loop_schedules_keep_the_bits(C, schedule, monkeypatch, seed, device):
-    """Prefetching the next chunk, unrolling, pipelining and holding the row in registers (C=1024: two held steps;
-    C=1540 is not a multiple of 512 and is read twice) change when loads are issued, never the values: the shipped
-    schedule ({}) and each variant equal the plain loops bit for bit, tail chunks (C % 512) included."""
+                                      {"HELD_MAX_STEPS": 4}, {"HELD_MAX_STEPS": 4, "MOD_AHEAD": 1},
+                                      {"HELD_MAX_STEPS": 4, "MOD_AHEAD": 3}])
+@pytest.mark.parametrize("mod_rows", [1, 6])    # per sample (rows of a program share it) and per token
+def test_loop_schedules_keep_the_bits(C, schedule, mod_rows, monkeypatch, seed, device):
+    """Prefetching the next chunk, unrolling, pipelining, holding the row in registers (C=1024: two held steps;
+    C=1540 is not a multiple of 512 and is read twice) and loading held steps' modulation ahead (past the last
+    step too) change when loads are issued, never the values: the shipped schedule ({}) and each variant equal the
+    plain loops bit for bit, tail chunks (C % 512) included."""
     gen = generator(seed)
     x = (torch.randn(2, 6, C, generator=gen) * 2 + 0.3).to(device)
-    shift, scale = (m.to(device) for m in modulation(2, 1, C, gen))
+    shift, scale = (m.to(device) for m in modulation(2, mod_rows, C, gen))
     scheduled = adaln.adaln(x, shift, scale, out=poisoned_empty(x.shape, x.dtype).to(device)) if not schedule \
         else None
     for name, value in PLAIN_LOOPS.items():

@@ -87,15 +87,18 @@ def test_wan_kernel_norms_full_c_then_ropes_per_head(B, L, H, D, pe_batch, seed)
         assert_close_fp32(got, exact, "vs fp64")
 
 
-@pytest.mark.parametrize("schedule", [{}, {"WAN_PREFETCH": True}, {"WAN_LOOP_UNROLL": 2}, {"WAN_STATS_UNROLL": 3}])
-@pytest.mark.parametrize("H,D", [(5, 128), (3, 36)])    # 640 and 108 channels: tails in both loops
+@pytest.mark.parametrize("schedule", [{}, {"WAN_PREFETCH": True}, {"WAN_LOOP_UNROLL": 2}, {"WAN_STATS_UNROLL": 3},
+                                      {"WAN_HELD_MAX_STEPS": 0}])
+# 640 and 108 channels: tails in both loops; 1024 channels of 64-channel heads: held in registers (2 chunks)
+@pytest.mark.parametrize("H,D", [(5, 128), (3, 36), (16, 64)])
 def test_wan_loop_schedules_keep_the_bits(schedule, H, D, monkeypatch, seed):
-    """Prefetching the next chunk and unrolling change when loads are issued, not the values: the shipped
-    schedule ({}) and each variant equal the plain loops bit for bit."""
+    """Prefetching the next chunk, unrolling and holding the row in registers change when loads are issued, not
+    the values: the shipped schedule ({}) and each variant equal the plain loops bit for bit."""
     q, k, wq, wk, freqs = wan_inputs(2, 7, H, D, 1, generator(seed))
     out = (poisoned_empty((2, 7, H, D), q.dtype), poisoned_empty((2, 7, H, D), q.dtype))
     shipped = rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, out=out) if not schedule else None
-    for name, value in {"WAN_PREFETCH": False, "WAN_STATS_UNROLL": 1, "WAN_LOOP_UNROLL": 1}.items():
+    for name, value in {"WAN_PREFETCH": False, "WAN_STATS_UNROLL": 1, "WAN_LOOP_UNROLL": 1,
+                        "WAN_HELD_MAX_STEPS": 0}.items():
         monkeypatch.setattr(rms_rope, name, value)
     plain = rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H)
     for name, value in schedule.items():
@@ -103,6 +106,26 @@ def test_wan_loop_schedules_keep_the_bits(schedule, H, D, monkeypatch, seed):
     got = shipped or rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, out=out)
     for a, b in zip(got, plain):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("C,head_dim,steps", [(5120, 128, 10), (1024, 64, 2), (1024, 96, 0), (640, 128, 0),
+                                              (9216, 128, 0)])
+def test_wan_holds_rows_of_whole_head_chunks_up_to_the_limit(C, head_dim, steps):
+    assert rms_rope.wan_held_steps(C, head_dim) == steps
+
+
+def test_wan_norm_only_holds_the_row_and_keeps_the_bits(monkeypatch, seed):
+    """The cross-attention norm (no rotation) walks 1024 channels as 2 held chunks: the same bits as reading the
+    row again."""
+    gen = generator(seed)
+    q, k = torch.randn(2, 5, 1024, generator=gen), torch.randn(2, 3, 1024, generator=gen)
+    wq, wk = torch.rand(1024, generator=gen) + 0.5, torch.rand(1024, generator=gen) + 0.5
+    held = rms_rope.wan_rms_norm_qk(q, k, wq, wk, out=(poisoned_empty(q.shape, q.dtype),
+                                                       poisoned_empty(k.shape, k.dtype)))
+    monkeypatch.setattr(rms_rope, "WAN_HELD_MAX_STEPS", 0)
+    for got, expected in zip(held, rms_rope.wan_rms_norm_qk(q, k, wq, wk)):
+        assert torch.equal(got, expected)
+    assert_close_fp32(held[0], rms_rope.wan_norm_reference_comfy(q, wq))
 
 
 def test_wan_norm_is_not_a_per_head_norm(seed):

@@ -38,9 +38,14 @@ LOOP_STAGES = None
 PREFETCH = True
 # Rows of at most this many 512-channel steps (and a multiple of 512 channels) are held in registers between the
 # two passes instead of being read again (0: never). run25 (C=3072, 6 steps): L=16384 64.7 vs 65.4 us at 2 rows x 2
-# warps (62.7 us at 1 x 1), L=4096 21.2 vs 21.7 us; gates 27/27 at 0 ulp with it. Wan's 5120 channels (10 steps) are
-# not held: that was not timed
+# warps (62.7 us at 1 x 1), L=4096 21.2 vs 21.7 us; gates 27/27 at 0 ulp with it. Rows of 5120 channels (10 steps)
+# are not held here: not timed for AdaLN (Wan's rms_rope holds them, rms_rope.WAN_HELD_MAX_STEPS)
 HELD_MAX_STEPS = 8
+# Held rows: the modulation of this many steps ahead is loaded before the current step's store (0: each step loads
+# its own after the previous store). run26 sweep at 2 rows x 2 warps: 1 ahead 20.4 / 35.5 / 63.9 us at L=4096 / 8192
+# / 16384 against 21.2 / 36.4 / 64.9 with 0 (2 ahead: 20.6 / 35.7 / 64.9); 2 x 2 with it the fastest at each length.
+# run27: capping registers at 104 for more programs per SM spilled and was slower (23.2 / 70.2 us against 20.6 / 63.8)
+MOD_AHEAD = 1
 # False: every row loads its own shift/scale even where all rows of a program share them (shared_modulation), to
 # compare
 SHARED_MODULATION = True
@@ -73,15 +78,13 @@ def reference_fp32(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, ep
 if triton is not None:
 
     @triton.jit
-    def _modulate_store(normed, x_ptr, shift_ptr, scale_ptr, out_ptr, r, b, l_idx, c, mask, C,
-                        shift_group, scale_group, shb, shr, shc, scb, scr, scc, SHARED: tl.constexpr):
-        """`addcmul(shift, normed, 1 + scale)` for a tile of rows r and channels c, stored to out.
+    def _modulation(shift_ptr, scale_ptr, b, l_idx, c, mask, C, shift_group, scale_group, shb, shr, shc, scb, scr,
+                    scc, SHARED: tl.constexpr):
+        """(shift, 1 + scale) in fp32 for a tile of rows (samples b, tokens l_idx) and channels c.
 
         SHARED: every row of the tile has the modulation row of the first (shared_modulation), loaded once as
         `[1, channels]` and broadcast, so `1 + scale` is computed once per channel rather than once per element.
         """
-        # LayerNorm's output is a tensor of x's dtype in the eager chain
-        normed = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
         if SHARED:
             # the tile's rows are consecutive tokens of one sample: its first row's sample and token
             b0 = tl.min(b, axis=0)
@@ -96,10 +99,24 @@ if triton is not None:
         shift = tl.load(shift_ptr + shift_offsets, mask=mod_mask, other=0.0).to(tl.float32)
         scale = tl.load(scale_ptr + scale_offsets, mask=mod_mask, other=0.0).to(tl.float32)
         # `1 + scale` is a tensor of scale's dtype in the eager chain
-        scale_plus_one = (scale + 1.0).to(scale_ptr.dtype.element_ty).to(tl.float32)
+        return shift, (scale + 1.0).to(scale_ptr.dtype.element_ty).to(tl.float32)
+
+    @triton.jit
+    def _store_modulated(normed, shift, scale_plus_one, x_ptr, out_ptr, r, c, mask, C):
+        """`addcmul(shift, normed, 1 + scale)` for a tile of rows r and channels c, stored to out."""
+        # LayerNorm's output is a tensor of x's dtype in the eager chain
+        normed = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
         # torch's CUDA addcmul is one fma (exactly mul + add when both factors are 16-bit; not for fp32)
         out = tl.fma(normed, scale_plus_one, shift)
         tl.store(out_ptr + r[:, None] * C + c[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _modulate_store(normed, x_ptr, shift_ptr, scale_ptr, out_ptr, r, b, l_idx, c, mask, C,
+                        shift_group, scale_group, shb, shr, shc, scb, scr, scc, SHARED: tl.constexpr):
+        """_modulation, then _store_modulated."""
+        shift, scale_plus_one = _modulation(shift_ptr, scale_ptr, b, l_idx, c, mask, C, shift_group, scale_group,
+                                            shb, shr, shc, scb, scr, scc, SHARED)
+        _store_modulated(normed, shift, scale_plus_one, x_ptr, out_ptr, r, c, mask, C)
 
     @triton.jit
     def _welford_chunk(mean, m2, x, step, C, rcp_ptr, ROWS: tl.constexpr, T: tl.constexpr, EVEN: tl.constexpr):
@@ -122,7 +139,8 @@ if triton is not None:
                       sxb, sxl, sxc, shb, shr, shc, scb, scr, scc, eps,
                       ROWS: tl.constexpr, EVEN: tl.constexpr, EQUAL_HALVES: tl.constexpr,
                       SHARED_MOD: tl.constexpr, STATS_UNROLL: tl.constexpr, UNROLL: tl.constexpr,
-                      STAGES: tl.constexpr, PREFETCH: tl.constexpr, HELD_STEPS: tl.constexpr):
+                      STAGES: tl.constexpr, PREFETCH: tl.constexpr, HELD_STEPS: tl.constexpr,
+                      MOD_AHEAD: tl.constexpr):
         """Rows of C % 4 == 0 channels: mean and variance in torch's Welford order, so LayerNorm's output is
         eager's bits (EVEN: C is a multiple of the 512 channels torch's block reads per step, no masks;
         EQUAL_HALVES: norm_order.halves_are_exact(C), the per-thread states fold by pair sums; SHARED_MOD: the
@@ -165,12 +183,23 @@ if triton is not None:
                                                ROWS, T)
         rstd = tl.rsqrt(tl.math.div_rn(m2, C * 1.0) + eps)
         if HELD_STEPS:
+            # the modulation of MOD_AHEAD steps past the one being stored is loaded before its store (loads stay
+            # after stores that may alias them): tuples of (shift, 1 + scale) per step
+            mods = ()
+            for step in tl.static_range(MOD_AHEAD):
+                if step < HELD_STEPS:
+                    c = tl.arange(0, T * 4) + step * (T * 4)
+                    mods = mods + (_modulation(shift_ptr, scale_ptr, b, l_idx, c, row_mask[:, None], C,
+                                               shift_group, scale_group, shb, shr, shc, scb, scr, scc, SHARED_MOD),)
             for step in tl.static_range(HELD_STEPS):
+                if step + MOD_AHEAD < HELD_STEPS:
+                    c = tl.arange(0, T * 4) + (step + MOD_AHEAD) * (T * 4)
+                    mods = mods + (_modulation(shift_ptr, scale_ptr, b, l_idx, c, row_mask[:, None], C,
+                                               shift_group, scale_group, shb, shr, shc, scb, scr, scc, SHARED_MOD),)
                 c = tl.arange(0, T * 4) + step * (T * 4)
-                mask = row_mask[:, None] & (c < C)[None, :]
-                _modulate_store(rstd[:, None] * (chunks[step].to(tl.float32) - mean[:, None]), x_ptr, shift_ptr,
-                                scale_ptr, out_ptr, r, b, l_idx, c, mask, C, shift_group, scale_group, shb, shr, shc,
-                                scb, scr, scc, SHARED_MOD)
+                shift, scale_plus_one = mods[step]
+                _store_modulated(rstd[:, None] * (chunks[step].to(tl.float32) - mean[:, None]), shift,
+                                 scale_plus_one, x_ptr, out_ptr, r, c, row_mask[:, None], C)
         elif PREFETCH:
             # the next step's chunk is loaded before this one is stored: the compiler keeps loads after stores
             # that may alias them, so without this a program has one chunk in flight (past C: masked, no traffic)
@@ -261,4 +290,5 @@ def kernel_constexprs(C: int, tokens: int, groups, rows_per_program: int | None 
     return {"ROWS": rows_per_program, "EVEN": even, "EQUAL_HALVES": EQUAL_HALVES and norm_order.halves_are_exact(C),
             "SHARED_MOD": SHARED_MODULATION and shared_modulation(tokens, groups, rows_per_program),
             "STATS_UNROLL": STATS_UNROLL, "UNROLL": LOOP_UNROLL, "STAGES": LOOP_STAGES, "PREFETCH": PREFETCH,
-            "HELD_STEPS": C // norm_order.CHUNK if even and C // norm_order.CHUNK <= HELD_MAX_STEPS else 0}
+            "HELD_STEPS": C // norm_order.CHUNK if even and C // norm_order.CHUNK <= HELD_MAX_STEPS else 0,
+            "MOD_AHEAD": MOD_AHEAD}

@@ -49,6 +49,14 @@ WAN_NORM_CHUNK = 128         # norm only (no heads): C is walked in chunks of th
 WAN_STATS_UNROLL = 5
 WAN_LOOP_UNROLL = 5
 WAN_PREFETCH = False         # True: the normalising loop loads each chunk one step ahead of its stores
+# Rows of at most this many 512-channel steps (a multiple of 512 channels, with head_dim a power of two dividing 512)
+# are held in registers between the two passes instead of being read again (0: never): Wan's 5120 channels are 10
+# steps, 40 fp32 values per thread at 1 token x 4 warps (64 registers for sm_90a, no spills). run26 sweep at 1 token
+# x 4 warps: L=4096 52.0 us held against 52.3 read twice, L=8192 93.3 / 96.9, L=16384 175.9 / 184.9; 0 ulp in the
+# gates; 2 tokens or 2 and 8 warps were slower with and without it. run27 tried two more launch changes, no faster:
+# q's and k's programs of a token block launched side by side (rotations fetched once: 52.0 / 174.8 us against
+# 52.0 / 174.4) and a cap of 56 registers for more programs per SM (52.8 / 181.8 us, with spills)
+WAN_HELD_MAX_STEPS = 16
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,7 +269,7 @@ if triton is not None:
                     sxb, sxl, sxc, spb, spl, spi, spr, spc, eps,
                     TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
                     HAS_ROPE: tl.constexpr, STATS_UNROLL: tl.constexpr, UNROLL: tl.constexpr,
-                    PREFETCH: tl.constexpr):
+                    PREFETCH: tl.constexpr, HELD_STEPS: tl.constexpr):
         # The norm spans a token's full C (all heads), the rotation is per head: C is walked in head-aligned
         # steps of HEADS * D channels. Output contiguous [B, L, C].
         r = row_start + tl.arange(0, TOKENS)
@@ -275,11 +283,25 @@ if triton is not None:
             f00, f01, f10, f11 = f00[:, None, :], f01[:, None, :], f10[:, None, :], f11[:, None, :]
         else:
             f00, f01, f10, f11 = 0.0, 0.0, 0.0, 0.0   # unused without a rotation
-        # pass 1: sum of squares over C in torch's order; pass 2 reads the (L1/L2-resident) row again to
-        # normalize + rotate
-        sum_sq = _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS, STATS_UNROLL)
+        # pass 1: sum of squares over C in torch's order; pass 2 normalizes + rotates the chunks pass 1 held in
+        # registers (HELD_STEPS) or reads the (L1/L2-resident) row again
+        if HELD_STEPS:
+            sum_sq, chunks = _wan_sum_sq_held(x_ptr, row_offsets, r_mask, sxc, TOKENS, HELD_STEPS)
+        else:
+            sum_sq = _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS, STATS_UNROLL)
         rstd = tl.rsqrt(tl.math.div_rn(sum_sq, C * 1.0) + eps)
-        if PREFETCH:
+        if HELD_STEPS:
+            # a held chunk is 512 // D whole heads (D a power of two dividing 512): [TOKENS, heads, D]
+            HELD_HEADS: tl.constexpr = norm_order.THREADS * 4 // BLOCK_D
+            for step in tl.static_range(HELD_STEPS):
+                c = step * (norm_order.THREADS * 4) + tl.arange(0, HELD_HEADS)[:, None] * BLOCK_D + \
+                    tl.arange(0, BLOCK_D)[None, :]
+                c_mask = c < C
+                mask = r_mask[:, None, None] & c_mask[None, :, :]
+                x = tl.reshape(chunks[step].to(tl.float32), [TOKENS, HELD_HEADS, BLOCK_D])
+                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
+                                TOKENS, HELD_HEADS, BLOCK_D, HAS_ROPE)
+        elif PREFETCH:
             # the next step's chunk is loaded before this one is stored (loads stay after stores that may alias
             # them); past C the load is masked and moves nothing
             x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, 0, C, D, sxc, HEADS, BLOCK_D)
@@ -309,20 +331,35 @@ if triton is not None:
         return norm_order.fold_sum(acc, TOKENS, norm_order.LANES_PER_WARP, T // norm_order.LANES_PER_WARP)
 
     @triton.jit
+    def _wan_sum_sq_held(x_ptr, row_offsets, r_mask, sxc, TOKENS: tl.constexpr, STEPS: tl.constexpr):
+        """_wan_sum_sq_torch_order for rows of exactly STEPS * 512 channels, also returning the chunks it loaded
+        (a tuple of `[TOKENS, 512]` tiles as stored) for the normalising pass."""
+        T: tl.constexpr = norm_order.THREADS
+        acc = tl.zeros([TOKENS, T], dtype=tl.float32)
+        chunks = ()
+        for step in tl.static_range(STEPS):
+            c = step * (T * 4) + tl.arange(0, T * 4)
+            x = tl.load(x_ptr + row_offsets[:, None] + c[None, :] * sxc, mask=r_mask[:, None], other=0.0)
+            chunks = chunks + (x,)
+            x0, x1, x2, x3 = norm_order.elements_of_vectors(x.to(tl.float32), TOKENS, T)
+            acc = norm_order.square_into(acc, x0, x1, x2, x3)
+        return norm_order.fold_sum(acc, TOKENS, norm_order.LANES_PER_WARP, T // norm_order.LANES_PER_WARP), chunks
+
+    @triton.jit
     def _wan_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows_q, rows_k, Lq, Lk, C, D,
                              sqb, sql, sqc, skb, skl, skc, spb, spl, spi, spr, spc, eps,
                              TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
                              HAS_ROPE: tl.constexpr, STATS_UNROLL: tl.constexpr, UNROLL: tl.constexpr,
-                             PREFETCH: tl.constexpr):
+                             PREFETCH: tl.constexpr, HELD_STEPS: tl.constexpr):
         row_start = tl.program_id(0) * TOKENS
         if tl.program_id(1) == 0:
             _wan_tokens(q_ptr, wq_ptr, oq_ptr, pe_ptr, row_start, rows_q, Lq, C, D, sqb, sql, sqc,
                         spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, STATS_UNROLL, UNROLL,
-                        PREFETCH)
+                        PREFETCH, HELD_STEPS)
         else:
             _wan_tokens(k_ptr, wk_ptr, ok_ptr, pe_ptr, row_start, rows_k, Lk, C, D, skb, skl, skc,
                         spb, spl, spi, spr, spc, eps, TOKENS, HEADS, BLOCK_D, HAS_ROPE, STATS_UNROLL, UNROLL,
-                        PREFETCH)
+                        PREFETCH, HELD_STEPS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -393,6 +430,15 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
     return q_out, k_out
 
 
+def wan_held_steps(C: int, head_dim: int) -> int:
+    """How many 512-channel chunks of a row the Wan kernel holds in registers between its passes (0: it reads the
+    row again): all of them where C is a multiple of 512 of at most WAN_HELD_MAX_STEPS steps and each chunk is
+    whole heads of a power-of-two head_dim."""
+    steps, rest = divmod(C, norm_order.CHUNK)
+    whole_heads = head_dim & (head_dim - 1) == 0 and norm_order.CHUNK % head_dim == 0
+    return steps if not rest and steps <= WAN_HELD_MAX_STEPS and whole_heads else 0
+
+
 def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
     """One launch over q and k rows; freqs None means norm only. Returns None when the kernel cannot take it."""
     if q.dim() != 3 or k.dim() != 3 or q.size(-1) != k.size(-1) or q.dtype != k.dtype:
@@ -428,7 +474,7 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
         rows_q, rows_k, q.size(1), k.size(1), C, head_dim, *q.stride(), *k.stride(), *pe_strides, eps,
         TOKENS=WAN_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=triton.next_power_of_2(head_dim),
         HAS_ROPE=freqs is not None, STATS_UNROLL=WAN_STATS_UNROLL, UNROLL=WAN_LOOP_UNROLL, PREFETCH=WAN_PREFETCH,
-        num_warps=WAN_NUM_WARPS,
+        HELD_STEPS=wan_held_steps(C, head_dim), num_warps=WAN_NUM_WARPS,
         enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
