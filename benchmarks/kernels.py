@@ -112,11 +112,12 @@ def problems(L: int):
 SWEEPS = {
     # Grids around the shipped defaults; the wider grids they were narrowed from are in the sweeps of
     # h200-2026-11-30-run13 (Flux), run16-run19 (AdaLN, Wan), run20 (Flux prefetch), run25 (AdaLN's held row), run26
-    # (Wan's held row, AdaLN's modulation loaded ahead) and run27 (q/k interleaving, register caps: removed).
+    # (Wan's held row, AdaLN's modulation loaded ahead), run27 (q/k interleaving, register caps) and
+    # run29 (persistent Wan programs), whose switches were removed.
     # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
     "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2), "FLUX_HEADS_PER_STEP": (4, 8),
                                  "FLUX_NUM_WARPS": (2, 4), "FLUX_SPLIT_QK": (False,), "FLUX_PREFETCH": (False, True)}),
-    "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1, 2), "WAN_HEADS_PER_STEP": (8,),
+    "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1,), "WAN_HEADS_PER_STEP": (8,),
                                 "WAN_NUM_WARPS": (2, 4), "WAN_STATS_UNROLL": (5,), "WAN_LOOP_UNROLL": (5,),
                                 "WAN_PREFETCH": (False,), "WAN_HELD_MAX_STEPS": (0, 16)}),
     "adaln": (adaln, {"ROWS_PER_PROGRAM": (1, 2), "NUM_WARPS": (1, 2), "SHARED_MODULATION": (True,),

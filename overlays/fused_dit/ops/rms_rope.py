@@ -265,6 +265,24 @@ if triton is not None:
         tl.store(out_ptr + r[:, None, None] * C + c[None, :, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _wan_rows(row_start, rows, L, sxb, sxl, spb, spl, TOKENS: tl.constexpr):
+        """The token block at row_start: (rows r, their mask, offsets of their x rows, of their rotations)."""
+        r = row_start + tl.arange(0, TOKENS)
+        l_idx = r % L
+        b = r // L
+        return r, r < rows, b * sxb + l_idx * sxl, b * spb + l_idx * spl
+
+    @triton.jit
+    def _wan_rotations(pe_ptr, rot_offsets, r_mask, spi, spr, spc, D, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr):
+        """The block's rotations as `[TOKENS, 1, BLOCK_D // 2]` tensors (zeros, unused, without a rotation)."""
+        if HAS_ROPE:
+            f00, f01, f10, f11 = _load_rotations(pe_ptr, rot_offsets, r_mask, spi, spr, spc, D // 2, BLOCK_D // 2)
+            f00, f01, f10, f11 = f00[:, None, :], f01[:, None, :], f10[:, None, :], f11[:, None, :]
+        else:
+            f00, f01, f10, f11 = 0.0, 0.0, 0.0, 0.0
+        return f00, f01, f10, f11
+
+    @triton.jit
     def _wan_tokens(x_ptr, w_ptr, out_ptr, pe_ptr, row_start, rows, L, C, D,
                     sxb, sxl, sxc, spb, spl, spi, spr, spc, eps,
                     TOKENS: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -272,50 +290,70 @@ if triton is not None:
                     PREFETCH: tl.constexpr, HELD_STEPS: tl.constexpr):
         # The norm spans a token's full C (all heads), the rotation is per head: C is walked in head-aligned
         # steps of HEADS * D channels. Output contiguous [B, L, C].
-        r = row_start + tl.arange(0, TOKENS)
-        r_mask = r < rows
-        l_idx = r % L
-        b = r // L
-        row_offsets = b * sxb + l_idx * sxl
-        if HAS_ROPE:
-            f00, f01, f10, f11 = _load_rotations(pe_ptr, b * spb + l_idx * spl, r_mask, spi, spr, spc, D // 2,
-                                                 BLOCK_D // 2)
-            f00, f01, f10, f11 = f00[:, None, :], f01[:, None, :], f10[:, None, :], f11[:, None, :]
-        else:
-            f00, f01, f10, f11 = 0.0, 0.0, 0.0, 0.0   # unused without a rotation
+        r, r_mask, row_offsets, rot_offsets = _wan_rows(row_start, rows, L, sxb, sxl, spb, spl, TOKENS)
+        f00, f01, f10, f11 = _wan_rotations(pe_ptr, rot_offsets, r_mask, spi, spr, spc, D, BLOCK_D, HAS_ROPE)
         # pass 1: sum of squares over C in torch's order; pass 2 normalizes + rotates the chunks pass 1 held in
         # registers (HELD_STEPS) or reads the (L1/L2-resident) row again
         if HELD_STEPS:
-            sum_sq, chunks = _wan_sum_sq_held(x_ptr, row_offsets, r_mask, sxc, TOKENS, HELD_STEPS)
+            chunks = _wan_load_held(x_ptr, row_offsets, r_mask, sxc, TOKENS, HELD_STEPS)
+            rstd = tl.rsqrt(tl.math.div_rn(_wan_sum_sq_of_held(chunks, TOKENS, HELD_STEPS), C * 1.0) + eps)
+            _wan_store_held(chunks, rstd, w_ptr, out_ptr, x_ptr, r, r_mask, C, f00, f01, f10, f11, TOKENS,
+                            BLOCK_D, HAS_ROPE, HELD_STEPS)
         else:
             sum_sq = _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS, STATS_UNROLL)
-        rstd = tl.rsqrt(tl.math.div_rn(sum_sq, C * 1.0) + eps)
-        if HELD_STEPS:
-            # a held chunk is 512 // D whole heads (D a power of two dividing 512): [TOKENS, heads, D]
-            HELD_HEADS: tl.constexpr = norm_order.THREADS * 4 // BLOCK_D
-            for step in tl.static_range(HELD_STEPS):
-                c = step * (norm_order.THREADS * 4) + tl.arange(0, HELD_HEADS)[:, None] * BLOCK_D + \
-                    tl.arange(0, BLOCK_D)[None, :]
-                c_mask = c < C
-                mask = r_mask[:, None, None] & c_mask[None, :, :]
-                x = tl.reshape(chunks[step].to(tl.float32), [TOKENS, HELD_HEADS, BLOCK_D])
-                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
-                                TOKENS, HELD_HEADS, BLOCK_D, HAS_ROPE)
-        elif PREFETCH:
-            # the next step's chunk is loaded before this one is stored (loads stay after stores that may alias
-            # them); past C the load is masked and moves nothing
-            x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, 0, C, D, sxc, HEADS, BLOCK_D)
-            for c0 in tl.range(0, C, HEADS * D, loop_unroll_factor=UNROLL):
-                x_next, c_next, c_mask_next, mask_next = _wan_load_step(x_ptr, row_offsets, r_mask, c0 + HEADS * D,
-                                                                        C, D, sxc, HEADS, BLOCK_D)
-                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
-                                TOKENS, HEADS, BLOCK_D, HAS_ROPE)
-                x, c, c_mask, mask = x_next, c_next, c_mask_next, mask_next
-        else:
-            for c0 in tl.range(0, C, HEADS * D, loop_unroll_factor=UNROLL):
-                x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS, BLOCK_D)
-                _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
-                                TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+            rstd = tl.rsqrt(tl.math.div_rn(sum_sq, C * 1.0) + eps)
+            if PREFETCH:
+                # the next step's chunk is loaded before this one is stored (loads stay after stores that may
+                # alias them); past C the load is masked and moves nothing
+                x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, 0, C, D, sxc, HEADS, BLOCK_D)
+                for c0 in tl.range(0, C, HEADS * D, loop_unroll_factor=UNROLL):
+                    x_next, c_next, c_mask_next, mask_next = _wan_load_step(x_ptr, row_offsets, r_mask,
+                                                                            c0 + HEADS * D, C, D, sxc, HEADS,
+                                                                            BLOCK_D)
+                    _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
+                                    TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+                    x, c, c_mask, mask = x_next, c_next, c_mask_next, mask_next
+            else:
+                for c0 in tl.range(0, C, HEADS * D, loop_unroll_factor=UNROLL):
+                    x, c, c_mask, mask = _wan_load_step(x_ptr, row_offsets, r_mask, c0, C, D, sxc, HEADS,
+                                                        BLOCK_D)
+                    _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, x_ptr, r, C, f00, f01, f10, f11,
+                                    TOKENS, HEADS, BLOCK_D, HAS_ROPE)
+
+    @triton.jit
+    def _wan_load_held(x_ptr, row_offsets, r_mask, sxc, TOKENS: tl.constexpr, STEPS: tl.constexpr):
+        """The rows of exactly STEPS * 512 channels as a tuple of `[TOKENS, 512]` tiles as stored."""
+        chunks = ()
+        for step in tl.static_range(STEPS):
+            c = step * (norm_order.THREADS * 4) + tl.arange(0, norm_order.THREADS * 4)
+            chunks = chunks + (tl.load(x_ptr + row_offsets[:, None] + c[None, :] * sxc, mask=r_mask[:, None],
+                                       other=0.0),)
+        return chunks
+
+    @triton.jit
+    def _wan_sum_sq_of_held(chunks, TOKENS: tl.constexpr, STEPS: tl.constexpr):
+        """_wan_sum_sq_torch_order of held rows: the same order, from registers."""
+        T: tl.constexpr = norm_order.THREADS
+        acc = tl.zeros([TOKENS, T], dtype=tl.float32)
+        for step in tl.static_range(STEPS):
+            x0, x1, x2, x3 = norm_order.elements_of_vectors(chunks[step].to(tl.float32), TOKENS, T)
+            acc = norm_order.square_into(acc, x0, x1, x2, x3)
+        return norm_order.fold_sum(acc, TOKENS, norm_order.LANES_PER_WARP, T // norm_order.LANES_PER_WARP)
+
+    @triton.jit
+    def _wan_store_held(chunks, rstd, w_ptr, out_ptr, dtype_ptr, r, r_mask, C, f00, f01, f10, f11,
+                        TOKENS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROPE: tl.constexpr, STEPS: tl.constexpr):
+        """Normalise, rotate and store held rows: a chunk is 512 // D whole heads (D a power of two dividing 512),
+        `[TOKENS, heads, D]`."""
+        HELD_HEADS: tl.constexpr = norm_order.THREADS * 4 // BLOCK_D
+        for step in tl.static_range(STEPS):
+            c = step * (norm_order.THREADS * 4) + tl.arange(0, HELD_HEADS)[:, None] * BLOCK_D + \
+                tl.arange(0, BLOCK_D)[None, :]
+            c_mask = c < C
+            mask = r_mask[:, None, None] & c_mask[None, :, :]
+            x = tl.reshape(chunks[step].to(tl.float32), [TOKENS, HELD_HEADS, BLOCK_D])
+            _wan_store_step(x, c, c_mask, mask, rstd, w_ptr, out_ptr, dtype_ptr, r, C, f00, f01, f10, f11,
+                            TOKENS, HELD_HEADS, BLOCK_D, HAS_ROPE)
 
     @triton.jit
     def _wan_sum_sq_torch_order(x_ptr, row_offsets, r_mask, C, sxc, TOKENS: tl.constexpr, UNROLL: tl.constexpr):
@@ -329,21 +367,6 @@ if triton is not None:
             x0, x1, x2, x3 = norm_order.elements_of_vectors(x, TOKENS, T)
             acc = norm_order.square_into(acc, x0, x1, x2, x3)
         return norm_order.fold_sum(acc, TOKENS, norm_order.LANES_PER_WARP, T // norm_order.LANES_PER_WARP)
-
-    @triton.jit
-    def _wan_sum_sq_held(x_ptr, row_offsets, r_mask, sxc, TOKENS: tl.constexpr, STEPS: tl.constexpr):
-        """_wan_sum_sq_torch_order for rows of exactly STEPS * 512 channels, also returning the chunks it loaded
-        (a tuple of `[TOKENS, 512]` tiles as stored) for the normalising pass."""
-        T: tl.constexpr = norm_order.THREADS
-        acc = tl.zeros([TOKENS, T], dtype=tl.float32)
-        chunks = ()
-        for step in tl.static_range(STEPS):
-            c = step * (T * 4) + tl.arange(0, T * 4)
-            x = tl.load(x_ptr + row_offsets[:, None] + c[None, :] * sxc, mask=r_mask[:, None], other=0.0)
-            chunks = chunks + (x,)
-            x0, x1, x2, x3 = norm_order.elements_of_vectors(x.to(tl.float32), TOKENS, T)
-            acc = norm_order.square_into(acc, x0, x1, x2, x3)
-        return norm_order.fold_sum(acc, TOKENS, norm_order.LANES_PER_WARP, T // norm_order.LANES_PER_WARP), chunks
 
     @triton.jit
     def _wan_rms_rope_kernel(q_ptr, k_ptr, wq_ptr, wk_ptr, oq_ptr, ok_ptr, pe_ptr, rows_q, rows_k, Lq, Lk, C, D,
