@@ -1,7 +1,8 @@
 """Kernel benchmark of the fused DiT ops on CUDA: eager, torch.compile of the eager chain, the Triton overlay.
 
 Bandwidth counts each input read once and each output written once, against a copy ceiling (x.copy_ of a large
-bf16 tensor) measured in the same run. CUDA-event timing, warm-up, median of repeats. Each row also times a
+bf16 tensor) measured in the same run. CUDA-event timing, warm-up, median of repeats. comfy-kitchen's CUDA backend
+is timed too where it is importable and has the op (adaln, Flux rms_rope). Each row also times a
 plain copy of the same number of bytes (`same_size_copy`): at L=4096 a copy does not reach the 1 GiB ceiling
 either. `--sweep` first tries launch configurations per op at each L and uses the fastest for that L's rows.
 
@@ -186,10 +187,43 @@ def sweep(L: int, ops=None) -> dict:
 
 def comfy_kitchen_status() -> str:
     try:
-        import comfy_kitchen  # noqa: F401
+        import comfy_kitchen
+        from comfy_kitchen.registry import registry
     except Exception as exc:
         return f"not importable ({type(exc).__name__}: {exc})"
-    return "importable (no adapter here: its op signatures are not wired into this benchmark)"
+    cuda = registry.list_backends().get("cuda") or {}
+    state = "available" if cuda.get("available") and not cuda.get("disabled") else \
+        f"unavailable ({cuda.get('unavailable_reason') or 'disabled' if cuda else 'not registered'})"
+    return f"{getattr(comfy_kitchen, '__version__', 'version unknown')}, cuda backend {state}"
+
+
+# comfy-kitchen's function and keyword arguments for an op's inputs, where it has the same op: its adaln takes scale
+# before shift (and computes `layer_norm(x) * (1 + scale) + shift`), its rms_rope is Flux's per-head norm and
+# interleaved rope. Wan's full-C norm, the gated residual and dynamic per-tensor quantisation are not among its ops
+KITCHEN_CALLS = {
+    "adaln": lambda x, shift, scale: ("adaln", {"x": x, "scale": scale, "shift": shift, "eps": 1e-6}),
+    "rms_rope_flux": lambda q, k, sq, sk, pe: ("rms_rope", {"q": q, "k": k, "freqs_cis": pe, "q_scale": sq,
+                                                            "k_scale": sk, "epsilon": 1e-6}),
+}
+
+
+def comfy_kitchen_cuda(op: str, inputs):
+    """(a call of comfy-kitchen's CUDA backend on the op's inputs, None), or (None, why there is none)."""
+    if op not in KITCHEN_CALLS:
+        return None, "comfy-kitchen has no such op"
+    try:
+        from comfy_kitchen.registry import registry
+        name, kwargs = KITCHEN_CALLS[op](*inputs)
+        impl = registry.get_implementation(name, backend="cuda", kwargs=kwargs)
+    except Exception as exc:   # not installed, no CUDA backend, or it declines these inputs
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+    return (lambda: impl(**kwargs)), None
+
+
+def max_abs_diff(got, expected) -> float:
+    """Largest |got - expected| over an output or a tuple of outputs."""
+    pairs = zip(got, expected) if isinstance(got, tuple) else [(got, expected)]
+    return max((a.float() - b.float()).abs().max().item() for a, b in pairs)
 
 
 def main(argv=None) -> int:
@@ -226,12 +260,20 @@ def main(argv=None) -> int:
             if not args.no_compile:
                 compiled = torch.compile(eager, dynamic=False)
                 candidates["torch_compile"] = lambda: compiled(*inputs)
+            kitchen, why_not = comfy_kitchen_cuda(op, inputs)
+            if kitchen is None:
+                row["comfy_kitchen_cuda"] = {"not_measured": why_not}
+            else:
+                candidates["comfy_kitchen_cuda"] = kitchen
+            expected = eager(*inputs)
             for name, fn in candidates.items():
                 ms = time_ms(fn)
                 row[name] = {"ms": ms, "gbs": moved / ms / 1e6, "of_copy_ceiling": moved / ms / 1e6 / ceiling,
-                             "of_same_size_copy": copy_ms / ms}
+                             "of_same_size_copy": copy_ms / ms, "max_abs_diff_vs_eager": max_abs_diff(fn(), expected)}
             if "torch_compile" in row:
                 row["overlay_vs_compile"] = row["torch_compile"]["ms"] / row["overlay"]["ms"]
+            if kitchen is not None:
+                row["overlay_vs_comfy_kitchen"] = row["comfy_kitchen_cuda"]["ms"] / row["overlay"]["ms"]
             row["overlay_vs_eager"] = row["eager"]["ms"] / row["overlay"]["ms"]
             rows.append(row)
             print(f"{op:14s} L={L:6d} " + "  ".join(

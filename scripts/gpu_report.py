@@ -67,19 +67,30 @@ def comfy_section(ev: dict) -> list[str]:
 
 
 def kernels_section(k: dict) -> list[str]:
+    kitchen = any("ms" in (r.get("comfy_kitchen_cuda") or {}) for r in k["results"])
     lines = ["## Kernels (GB/s; each input read once, each output written once)", "",
              f"Copy ceiling measured in the same run: {k['copy_ceiling_gbs']:.0f} GB/s. comfy-kitchen: "
              f"{k['comfy_kitchen']}.", "",
-             "| op | L | eager | torch.compile | overlay | % of copy | % of same-size copy | x compile | x eager |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| op | L | eager | torch.compile | " + ("comfy-kitchen cuda | " if kitchen else "") +
+             "overlay | % of copy | % of same-size copy | x compile | " + ("x comfy-kitchen | " if kitchen else "") +
+             "x eager |",
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if kitchen else "") + "---|"]
     for r in k["results"]:
         same = r["overlay"].get("of_same_size_copy")
-        lines.append(f"| {r['op']} | {r['L']} | {r['eager']['gbs']:.0f} | {r['torch_compile']['gbs']:.0f} | "
+        ck = r.get("comfy_kitchen_cuda") or {}
+        lines.append(f"| {r['op']} | {r['L']} | {r['eager']['gbs']:.0f} | {r['torch_compile']['gbs']:.0f} | " +
+                     (f"{ck['gbs']:.0f} | " if "ms" in ck else "- | " if kitchen else "") +
                      f"{r['overlay']['gbs']:.0f} | {pct(r['overlay']['of_copy_ceiling'])} | "
-                     f"{'' if same is None else pct(same)} | "
-                     f"{r['overlay_vs_compile']:.2f} | {r['overlay_vs_eager']:.1f} |")
+                     f"{'' if same is None else pct(same)} | {r['overlay_vs_compile']:.2f} | " +
+                     (f"{r['overlay_vs_comfy_kitchen']:.2f} | " if "ms" in ck else "- | " if kitchen else "") +
+                     f"{r['overlay_vs_eager']:.1f} |")
     lines += ["", "% of same-size copy: the overlay's time against a plain copy of the same bytes timed the same way "
                   "(at L=4096 a copy does not reach the 1 GiB copy's rate either).", ""]
+    diffs = [(r["op"], r["L"], r["overlay"]["max_abs_diff_vs_eager"], r["comfy_kitchen_cuda"]["max_abs_diff_vs_eager"])
+             for r in k["results"] if "ms" in (r.get("comfy_kitchen_cuda") or {})]
+    if diffs:
+        lines += ["Max |diff| against ComfyUI's eager chain on the timed inputs (the overlay's / comfy-kitchen's): " +
+                  "; ".join(f"{op} L={L}: {o:.3g} / {c:.3g}" for op, L, o, c in diffs) + ".", ""]
     return lines
 
 
