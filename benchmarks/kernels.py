@@ -11,6 +11,7 @@ either. `--sweep` first tries launch configurations per op at each L and uses th
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import itertools
 import math
 import statistics
@@ -194,7 +195,11 @@ def comfy_kitchen_status() -> str:
     cuda = registry.list_backends().get("cuda") or {}
     state = "available" if cuda.get("available") and not cuda.get("disabled") else \
         f"unavailable ({cuda.get('unavailable_reason') or 'disabled' if cuda else 'not registered'})"
-    return f"{getattr(comfy_kitchen, '__version__', 'version unknown')}, cuda backend {state}"
+    try:
+        version = importlib.metadata.version("comfy-kitchen")
+    except importlib.metadata.PackageNotFoundError:
+        version = getattr(comfy_kitchen, "__version__", "version unknown")
+    return f"{version}, cuda backend {state}"
 
 
 # comfy-kitchen's function and keyword arguments for an op's inputs, where it has the same op: its adaln takes scale
