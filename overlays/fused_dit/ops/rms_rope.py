@@ -51,11 +51,12 @@ WAN_LOOP_UNROLL = 5
 WAN_PREFETCH = False         # True: the normalising loop loads each chunk one step ahead of its stores
 # Rows of at most this many 512-channel steps (a multiple of 512 channels, with head_dim a power of two dividing 512)
 # are held in registers between the two passes instead of being read again (0: never): Wan's 5120 channels are 10
-# steps, 40 fp32 values per thread at 1 token x 4 warps (64 registers for sm_90a, no spills). run26 sweep at 1 token
-# x 4 warps: L=4096 52.0 us held against 52.3 read twice, L=8192 93.3 / 96.9, L=16384 175.9 / 184.9; 0 ulp in the
-# gates; 2 tokens or 2 and 8 warps were slower with and without it. run27 tried two more launch changes, no faster:
-# q's and k's programs of a token block launched side by side (rotations fetched once: 52.0 / 174.8 us against
-# 52.0 / 174.4) and a cap of 56 registers for more programs per SM (52.8 / 181.8 us, with spills)
+# steps, 40 fp32 values per thread at 1 token x 4 warps. run26 sweep at 1 token x 4 warps: L=4096 52.0 us held
+# against 52.3 read twice, L=8192 93.3 / 96.9, L=16384 175.9 / 184.9; 0 ulp in the gates; 2 tokens, or 2 or 8
+# warps, were slower with and without it. Tried and not kept: q's and k's programs of a token block side by side
+# (run27: 52.0 / 174.8 us against 52.0 / 174.4), a cap of 56 registers for more programs per SM (run27: 52.8 /
+# 181.8 us, with spills), persistent programs loading the next token block before storing the current one (run29:
+# 50.9 against 51.8 us at L=4096, 178.8 against 174.8 at 16384)
 WAN_HELD_MAX_STEPS = 16
 
 
