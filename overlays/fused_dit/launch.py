@@ -1,4 +1,4 @@
-"""Launching the FP8 quantisers' Triton kernels with less host time per call.
+"""Launching the overlays' Triton kernels with less host time per call.
 
 `kernel[grid](*args)` binds the arguments, computes Triton's specialisation key and looks the compiled kernel up
 on every call: 13.5 us of host time on the H200 machine's host, against 5.8 us for calling the compiled kernel's
@@ -12,6 +12,11 @@ its launcher directly when the key repeats. The key must determine everything Tr
 constexprs and options): callers pass e.g. (dtype, source aligned, n) where every int is derived from n and the
 other tensors are fresh allocations (always aligned). `args` are all kernel parameters in order, constexprs
 included; the first call of a key goes through `kernel[grid](*args, **options)`, which compiles.
+
+`launch_args(kernel, grid, args, constexprs, **options)` is the same for kernels with many arguments (strides,
+sizes): it orders `args` (the runtime parameters, in order) and `constexprs` (by name) as the kernel declares
+them and keys the launch on `specialisation_key(args)`, which keeps every distinction Triton's specialisation
+makes for those values (and a few more), plus the constexprs.
 
 The launcher's calling convention is Triton-internal, so the direct path is taken only on Triton releases it was
 checked on (DIRECT_LAUNCH_TRITON, bits compared on an H200), never under the interpreter or with
@@ -88,3 +93,49 @@ def launch(kernel, grid: tuple[int, ...], key, *args, **options):
         _broken.append(f"{type(exc).__name__}: {exc}")
         return kernel[grid](*args, **options)
     return compiled
+
+
+_I32_MIN, _I32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+def specialisation_key(args) -> tuple:
+    """What Triton's JIT may specialise a launch on, for runtime arguments `args`: each tensor's dtype and 16-byte
+    alignment; each int's width (32 or 64 bits), equality to 1 and divisibility by 16; bools and None as themselves;
+    floats by type only (never specialised). Finer than Triton's own key, never coarser: equal keys mean one
+    compiled kernel serves both launches. (Built on every call: kept to plain type checks.)"""
+    key = []
+    append = key.append
+    for arg in args:
+        kind = type(arg)
+        if kind is int:
+            wide = 0 if _I32_MIN <= arg <= _I32_MAX else 3
+            append(wide + (0 if arg == 1 else 1 if arg % 16 == 0 else 2))
+        elif kind is float:
+            append(float)
+        elif kind is bool or arg is None:
+            append(arg)
+        elif isinstance(arg, torch.Tensor):
+            append((arg.dtype, arg.data_ptr() % 16 == 0))
+        else:
+            raise TypeError(f"no specialisation key for a {kind.__name__} argument")
+    return tuple(key)
+
+
+_parameter_orders: dict = {}
+
+
+def launch_args(kernel, grid: tuple[int, ...], args, constexprs: dict, **options):
+    """launch() with the runtime parameters `args` (in order) and `constexprs` (by name), keyed on
+    specialisation_key(args) and the constexprs' values."""
+    order = _parameter_orders.get(kernel)
+    if order is None:
+        names = kernel.arg_names
+        order = _parameter_orders[kernel] = tuple((i, name) for i, name in enumerate(names) if name in constexprs)
+    full = list(args)
+    for index, name in order:
+        full.insert(index, constexprs[name])
+    if len(full) != len(kernel.arg_names):
+        raise TypeError(f"{len(args)} arguments and constexprs {sorted(constexprs)} do not fill "
+                        f"{len(kernel.arg_names)} parameters")
+    return launch(kernel, grid, (specialisation_key(args), tuple(constexprs.items())), *full, **options)
+

@@ -1,4 +1,4 @@
-"""fused_dit.launch: the FP8 quantisers' kernels called through their compiled launcher, where that was checked.
+"""fused_dit.launch: the overlays' kernels called through their compiled launcher, where that was checked.
 
 On CPU only the gate is checked (the interpreter never takes the direct path). On a GPU with a Triton release the
 module lists, each quantiser runs twice per input (the second call goes direct) and must give the bytes of the
@@ -119,3 +119,76 @@ def test_a_launcher_that_refuses_the_call_falls_back_to_the_jit_for_good(direct)
     assert len(kernel.jit_launches) == 2 and launch._broken
     launch.launch(kernel, (2, 3), "key", "x")       # the direct path stays off in this process
     assert len(kernel.jit_launches) == 3
+
+
+def test_specialisation_key_keeps_every_distinction_triton_makes():
+    key = launch.specialisation_key
+    base = torch.zeros(64, dtype=torch.bfloat16)
+    assert key([base]) != key([base[1:]])                      # 16-byte aligned or not
+    assert key([base]) != key([base.float()])                  # dtype
+    assert key([1]) != key([2]) and key([16]) != key([17])      # == 1, divisible by 16
+    assert key([16]) == key([4096]) and key([3]) == key([5])   # the same class: one compiled kernel serves both
+    assert key([2 ** 31 - 1]) != key([2 ** 31])                # 32- or 64-bit
+    assert key([1e-6]) == key([1e-5])                          # floats are not specialised
+    assert key([True]) != key([False]) and key([None]) != key([0])
+    with pytest.raises(TypeError, match="no specialisation key"):
+        key(["a string"])
+
+
+class _NamedKernel(_FakeKernel):
+    arg_names = ["x_ptr", "n", "BLOCK", "stride", "EVEN"]
+
+
+def test_launch_args_puts_constexprs_where_the_kernel_declares_them(direct):
+    kernel = _NamedKernel(_FakeCompiled())
+    x = torch.zeros(8)
+    launch.launch_args(kernel, (2,), (x, 64, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)
+    assert kernel.jit_launches == [((2,), (x, 64, 128, 1, True), {"num_warps": 4})]
+    launch.launch_args(kernel, (2,), (x, 48, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)    # same key: direct
+    assert len(kernel.jit_launches) == 1 and kernel.compiled.runs[0][-5:] == (x, 48, 128, 1, True)
+    launch.launch_args(kernel, (2,), (x, 64, 1), {"EVEN": False, "BLOCK": 128}, num_warps=4)   # a constexpr differs
+    launch.launch_args(kernel, (2,), (x, 63, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)    # 63 % 16 != 0
+    assert len(kernel.jit_launches) == 3
+    with pytest.raises(TypeError, match="do not fill"):
+        launch.launch_args(kernel, (2,), (x, 64), {"EVEN": True, "BLOCK": 128})
+
+
+@pytest.mark.skipif(not _direct_gpu(), reason="needs an sm_89+ GPU and a Triton release the direct path lists")
+def test_direct_launch_of_the_norm_and_gate_kernels_gives_the_jit_paths_bits(monkeypatch, seed):
+    """adaln, gate_add and both rms_rope kernels launched a second time with the same specialisation go direct and
+    write the bits the JIT path writes, for aligned and misaligned (offset) inputs."""
+    import math
+
+    from fused_dit.ops import adaln, gate_add, rms_rope
+
+    gen = generator(seed)
+    calls = []
+    for offset in (0, 1):
+        base = torch.randn(2 * 37 * 3072 + offset, generator=gen).to("cuda", torch.bfloat16)
+        x = base[offset:].view(2, 37, 3072)
+        e = torch.randn(2, 1, 6, 3072, generator=gen).to("cuda", torch.bfloat16)
+        calls += [lambda x=x, e=e: adaln.adaln(x, e[:, :, 0], e[:, :, 1]),
+                  lambda x=x, e=e: gate_add.gate_add(x, x.flip(1), e[:, :, 2], gate_add.WAN),
+                  lambda x=x, e=e: gate_add.gate_add(x, x.flip(1), e[:, :, 2], gate_add.FLUX)]
+    def rotations(*leading):
+        angle = torch.rand(*leading, 64, generator=gen).to("cuda") * 2 * math.pi
+        return torch.stack([angle.cos(), -angle.sin(), angle.sin(), angle.cos()], -1).view(*leading, 64, 2, 2)
+
+    qkv = torch.randn(2, 37, 3, 3, 128, generator=gen).to("cuda", torch.bfloat16)
+    q, k, _ = qkv.permute(2, 0, 3, 1, 4)        # strided views of packed qkv, as in Flux
+    scale = torch.rand(128, generator=gen).to("cuda", torch.bfloat16) + 0.5
+    pe = rotations(1, 1, 37)
+    wq, wk = (torch.randn(2, 37, 1024, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    weight = torch.rand(1024, generator=gen).to("cuda", torch.bfloat16) + 0.5
+    freqs = rotations(1, 37, 1)
+    calls += [lambda: rms_rope.flux_rms_rope(q, k, scale, scale, pe),
+              lambda: rms_rope.wan_rms_rope(wq, wk, weight, weight, freqs, 8)]
+    for call in calls:
+        monkeypatch.setenv("FUSED_DIT_DIRECT_LAUNCH", "0")
+        want = call()
+        monkeypatch.delenv("FUSED_DIT_DIRECT_LAUNCH")
+        call()                       # compiles (or finds) the kernel and keeps it
+        got = call()                 # the direct path
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert torch.equal(a, b)
+    assert launch.direct_enabled() and not launch._broken

@@ -86,3 +86,13 @@ def check_out(out: torch.Tensor, shape, dtype: torch.dtype, device: torch.device
         raise ValueError(f"out must be a contiguous {tuple(shape)} {dtype} tensor on {device}, got "
                          f"{tuple(out.shape)} {out.dtype} on {out.device} (contiguous={out.is_contiguous()})")
     return out
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids (plain Python: triton.cdiv costs host microseconds per call in some releases)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1), as triton.next_power_of_2, without its per-call overhead."""
+    return 1 << (n - 1).bit_length()

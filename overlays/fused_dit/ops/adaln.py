@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import choose
-from . import (KERNEL_DTYPES, as_batch_rows_channels, batch_stride, check_out, eager_because, into_out,
+from ..launch import launch_args
+from . import (KERNEL_DTYPES, as_batch_rows_channels, batch_stride, cdiv, check_out, eager_because, into_out,
                modulation_group, norm_order, repeat_rows_like_comfy)
 
 try:
@@ -277,8 +278,8 @@ def _launch(x, shift, scale, groups, reciprocals, eps, out):
             batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1),
             scale.stride(2), eps)
     # no fma contraction beyond the explicit ones, which are torch's
-    _adaln_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](*args, **kernel_constexprs(C, L, groups),
-                                                         num_warps=NUM_WARPS, enable_fp_fusion=False)
+    launch_args(_adaln_kernel, (cdiv(rows, ROWS_PER_PROGRAM),), args, kernel_constexprs(C, L, groups),
+                num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
 
 

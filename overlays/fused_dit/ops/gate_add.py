@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 from ..dispatch import choose
-from . import (KERNEL_DTYPES, as_batch_rows_channels, batch_stride, check_out, eager_because, into_out,
-               modulation_group, repeat_rows_like_comfy)
+from ..launch import launch_args
+from . import (KERNEL_DTYPES, as_batch_rows_channels, batch_stride, cdiv, check_out, eager_because, into_out,
+               modulation_group, next_power_of_2, repeat_rows_like_comfy)
 
 try:
     import triton
@@ -119,14 +120,15 @@ def _launch(x, y, gate, group, rounding, inplace, out):
         out = torch.empty((B, L, C), dtype=out_dtype, device=x.device)
     else:
         check_out(out, (B, L, C), out_dtype, x.device)
-    block_c = min(triton.next_power_of_2(C), MAX_BLOCK_C)
+    block_c = min(next_power_of_2(C), MAX_BLOCK_C)
     rows_per_program = max(1, ELEMENTS_PER_PROGRAM // block_c)
     rows = B * L
-    grid = (triton.cdiv(rows, rows_per_program), triton.cdiv(C, block_c))
-    _gate_add_kernel[grid](
-        x, y, gate, out, rows, L, C, group, *x.stride(), *y.stride(),
-        batch_stride(gate), gate.stride(1), gate.stride(2), *out.stride(),
-        ROWS=rows_per_program, BLOCK_C=block_c, ROUND_PRODUCT=rounding == FLUX,
-        PRODUCT_DTYPE=_TL_DTYPES[product_dtype], num_warps=NUM_WARPS,
-        enable_fp_fusion=False)  # only the fma eager has: Flux rounds the product before the add
+    grid = (cdiv(rows, rows_per_program), cdiv(C, block_c))
+    launch_args(_gate_add_kernel, grid,
+                (x, y, gate, out, rows, L, C, group, *x.stride(), *y.stride(), batch_stride(gate), gate.stride(1),
+                 gate.stride(2), *out.stride()),
+                {"ROWS": rows_per_program, "BLOCK_C": block_c, "ROUND_PRODUCT": rounding == FLUX,
+                 "PRODUCT_DTYPE": _TL_DTYPES[product_dtype]},
+                num_warps=NUM_WARPS,
+                enable_fp_fusion=False)  # only the fma eager has: Flux rounds the product before the add
     return out

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from ..dispatch import choose
-from . import KERNEL_DTYPES, batch_stride, check_out, eager_because, into_out
+from ..launch import launch_args
+from . import KERNEL_DTYPES, batch_stride, cdiv, check_out, eager_because, into_out, next_power_of_2
 from . import norm_order
 
 try:
@@ -441,16 +442,16 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
         k_out = torch.empty_like(q_out)
     else:
         q_out, k_out = (check_out(o, (B, H, N, D), q.dtype, q.device) for o in out)
-    block_d = triton.next_power_of_2(D)
-    heads_per_step = min(FLUX_HEADS_PER_STEP, triton.next_power_of_2(H))
+    block_d = next_power_of_2(D)
+    heads_per_step = min(FLUX_HEADS_PER_STEP, next_power_of_2(H))
     lanes, warps = _head_threads(block_d)
-    grid = (triton.cdiv(N, FLUX_TOKENS_PER_PROGRAM), B, 2 if FLUX_SPLIT_QK else 1)
-    _flux_rms_rope_kernel[grid](
-        q, k, q_scale, k_scale, q_out, k_out, pe, H, N, D,
-        *q.stride(), *k.stride(), *pe_strides, eps,
-        TOKENS=FLUX_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=block_d, LANES=lanes, WARPS=warps,
-        SPLIT_QK=FLUX_SPLIT_QK, PREFETCH=FLUX_PREFETCH, num_warps=FLUX_NUM_WARPS,
-        enable_fp_fusion=False)  # eager rounds each product: no fma contraction
+    grid = (cdiv(N, FLUX_TOKENS_PER_PROGRAM), B, 2 if FLUX_SPLIT_QK else 1)
+    launch_args(
+        _flux_rms_rope_kernel, grid,
+        (q, k, q_scale, k_scale, q_out, k_out, pe, H, N, D, *q.stride(), *k.stride(), *pe_strides, eps),
+        {"TOKENS": FLUX_TOKENS_PER_PROGRAM, "HEADS": heads_per_step, "BLOCK_D": block_d, "LANES": lanes,
+         "WARPS": warps, "SPLIT_QK": FLUX_SPLIT_QK, "PREFETCH": FLUX_PREFETCH},
+        num_warps=FLUX_NUM_WARPS, enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
 
@@ -489,17 +490,18 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
     else:
         q_out, k_out = (check_out(o.view(x.shape) if o.is_contiguous() else o, x.shape, x.dtype, x.device)
                         for o, x in zip(out, (q, k)))
-    heads_per_step = min(WAN_HEADS_PER_STEP, triton.next_power_of_2(triton.cdiv(C, head_dim)))
+    heads_per_step = min(WAN_HEADS_PER_STEP, next_power_of_2(cdiv(C, head_dim)))
     rows_q, rows_k = q.size(0) * q.size(1), k.size(0) * k.size(1)
     # a zero-row k (single-tensor norm) gets no programs of its own
-    grid = (triton.cdiv(max(rows_q, rows_k), WAN_TOKENS_PER_PROGRAM), 2 if rows_k else 1)
-    _wan_rms_rope_kernel[grid](
-        q, k, q_weight, k_weight, q_out, k_out, freqs if freqs is not None else q,
-        rows_q, rows_k, q.size(1), k.size(1), C, head_dim, *q.stride(), *k.stride(), *pe_strides, eps,
-        TOKENS=WAN_TOKENS_PER_PROGRAM, HEADS=heads_per_step, BLOCK_D=triton.next_power_of_2(head_dim),
-        HAS_ROPE=freqs is not None, STATS_UNROLL=WAN_STATS_UNROLL, UNROLL=WAN_LOOP_UNROLL, PREFETCH=WAN_PREFETCH,
-        HELD_STEPS=wan_held_steps(C, head_dim), num_warps=WAN_NUM_WARPS,
-        enable_fp_fusion=False)  # eager rounds each product: no fma contraction
+    grid = (cdiv(max(rows_q, rows_k), WAN_TOKENS_PER_PROGRAM), 2 if rows_k else 1)
+    launch_args(
+        _wan_rms_rope_kernel, grid,
+        (q, k, q_weight, k_weight, q_out, k_out, freqs if freqs is not None else q, rows_q, rows_k, q.size(1),
+         k.size(1), C, head_dim, *q.stride(), *k.stride(), *pe_strides, eps),
+        {"TOKENS": WAN_TOKENS_PER_PROGRAM, "HEADS": heads_per_step, "BLOCK_D": next_power_of_2(head_dim),
+         "HAS_ROPE": freqs is not None, "STATS_UNROLL": WAN_STATS_UNROLL, "UNROLL": WAN_LOOP_UNROLL,
+         "PREFETCH": WAN_PREFETCH, "HELD_STEPS": wan_held_steps(C, head_dim)},
+        num_warps=WAN_NUM_WARPS, enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
 
