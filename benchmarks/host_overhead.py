@@ -4,7 +4,9 @@ In eager ComfyUI a block is bound by host time wherever the GPU finishes its ker
 them; an overlay that saves GPU time but costs host time can then make a block slower. This times, per op, the
 mean host microseconds per call on inputs small enough that the GPU never waits (launch_overhead.host_us): the
 overlay's public call, the same call with its Triton kernel replaced by a stub that launches nothing (the
-wrapper's own Python: dispatch, checks, allocation; the difference is the JIT's launch), and the eager chain.
+wrapper's own Python: dispatch, checks, allocation, the launch key; the difference is the launch itself: the
+compiled kernel's launcher on repeats where fused_dit.launch goes direct, else the JIT's), the same call with the
+direct path off (FUSED_DIT_DIRECT_LAUNCH=0: every launch through the JIT), and the eager chain.
 One JSON; no assertions.
 
     PYTHONPATH=overlays:.:benchmarks python benchmarks/host_overhead.py --out benchmarks/results/host-overhead.json
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 import torch
 
+from fused_dit import launch
 from fused_dit.ops import adaln, gate_add, rms_rope
 from launch_overhead import host_us
 from results_io import environment, write_json
@@ -62,7 +66,10 @@ KERNELS = {"rms_rope_flux": (rms_rope, "_flux_rms_rope_kernel"), "rms_rope_wan":
 
 
 class _NoLaunch:
-    """Stands in for a Triton kernel: `kernel[grid](*args, **options)` does nothing."""
+    """Stands in for a Triton kernel (its parameter names, for fused_dit.launch): `kernel[grid](...)` does nothing."""
+
+    def __init__(self, kernel):
+        self.arg_names = kernel.arg_names
 
     def __getitem__(self, grid):
         return lambda *args, **options: None
@@ -75,18 +82,24 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000)
     args = parser.parse_args()
     result = {**environment(), "tokens": args.tokens, "calls_per_round": args.calls,
+              "direct_launch": launch.direct_enabled(),
               "method": "mean host time per call over a round of calls without synchronising, median of 5 rounds",
               "host_us": {}}
     for op, (overlay, eager) in cases(args.tokens).items():
         module, kernel_name = KERNELS[op]
         kernel = getattr(module, kernel_name)
-        setattr(module, kernel_name, _NoLaunch())
+        setattr(module, kernel_name, _NoLaunch(kernel))
         try:
             wrapper_only = host_us(overlay, args.calls)["us"]
         finally:
             setattr(module, kernel_name, kernel)
+        os.environ["FUSED_DIT_DIRECT_LAUNCH"] = "0"
+        try:
+            jit_path = host_us(overlay, args.calls)["us"]
+        finally:
+            del os.environ["FUSED_DIT_DIRECT_LAUNCH"]
         result["host_us"][op] = {"overlay": host_us(overlay, args.calls)["us"], "overlay_without_launch": wrapper_only,
-                                 "eager_chain": host_us(eager, args.calls)["us"]}
+                                 "overlay_jit_launch": jit_path, "eager_chain": host_us(eager, args.calls)["us"]}
         print(op, {k: round(v, 1) for k, v in result["host_us"][op].items()}, flush=True)
     write_json(result, args.out, "host-overhead")
 
