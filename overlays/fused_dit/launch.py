@@ -15,8 +15,8 @@ included; the first call of a key goes through `kernel[grid](*args, **options)`,
 
 `launch_args(kernel, grid, args, constexprs, **options)` is the same for kernels with many arguments (strides,
 sizes): it orders `args` (the runtime parameters, in order) and `constexprs` (by name) as the kernel declares
-them and keys the launch on `specialisation_key(args)` (tensors by dtype and alignment, everything else by
-value: at least every distinction Triton's specialisation makes) and the constexprs.
+them and keys the launch on `specialisation_key(args)`, which keeps every distinction Triton's specialisation
+makes for those values (and a few more), plus the constexprs.
 
 The launcher's calling convention is Triton-internal, so the direct path is taken only on Triton releases it was
 checked on (DIRECT_LAUNCH_TRITON, bits compared on an H200), never under the interpreter or with
@@ -95,12 +95,30 @@ def launch(kernel, grid: tuple[int, ...], key, *args, **options):
     return compiled
 
 
+_I32_MIN, _I32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
 def specialisation_key(args) -> tuple:
-    """A key for the launch of runtime arguments `args` that is at least as fine as Triton's specialisation: each
-    tensor's dtype and 16-byte alignment, every other argument's exact value (sizes, strides, eps). Equal keys mean
-    one compiled kernel serves both launches; a new size or stride costs one launch through the JIT, which finds
-    the kernel it compiled for that specialisation. (Built on every call: one comprehension.)"""
-    return tuple([(arg.dtype, arg.data_ptr() % 16 == 0) if isinstance(arg, torch.Tensor) else arg for arg in args])
+    """What Triton's JIT may specialise a launch on, for runtime arguments `args`: each tensor's dtype and 16-byte
+    alignment; each int's width (32 or 64 bits), equality to 1 and divisibility by 16; bools and None as themselves;
+    floats by type only (never specialised). Finer than Triton's own key, never coarser: equal keys mean one
+    compiled kernel serves both launches. (Built on every call: kept to plain type checks.)"""
+    key = []
+    append = key.append
+    for arg in args:
+        kind = type(arg)
+        if kind is int:
+            wide = 0 if _I32_MIN <= arg <= _I32_MAX else 3
+            append(wide + (0 if arg == 1 else 1 if arg % 16 == 0 else 2))
+        elif kind is float:
+            append(float)
+        elif kind is bool or arg is None:
+            append(arg)
+        elif isinstance(arg, torch.Tensor):
+            append((arg.dtype, arg.data_ptr() % 16 == 0))
+        else:
+            raise TypeError(f"no specialisation key for a {kind.__name__} argument")
+    return tuple(key)
 
 
 _parameter_orders: dict = {}

@@ -126,10 +126,13 @@ def test_specialisation_key_keeps_every_distinction_triton_makes():
     base = torch.zeros(64, dtype=torch.bfloat16)
     assert key([base]) != key([base[1:]])                      # 16-byte aligned or not
     assert key([base]) != key([base.float()])                  # dtype
-    assert key([base, 64, 1e-6]) == key([torch.ones(64, dtype=torch.bfloat16), 64, 1e-6])   # same spec, new data
-    assert key([1]) != key([2]) and key([16]) != key([17])      # == 1, divisible by 16 (and every other value)
+    assert key([1]) != key([2]) and key([16]) != key([17])      # == 1, divisible by 16
+    assert key([16]) == key([4096]) and key([3]) == key([5])   # the same class: one compiled kernel serves both
     assert key([2 ** 31 - 1]) != key([2 ** 31])                # 32- or 64-bit
+    assert key([1e-6]) == key([1e-5])                          # floats are not specialised
     assert key([True]) != key([False]) and key([None]) != key([0])
+    with pytest.raises(TypeError, match="no specialisation key"):
+        key(["a string"])
 
 
 class _NamedKernel(_FakeKernel):
@@ -141,11 +144,10 @@ def test_launch_args_puts_constexprs_where_the_kernel_declares_them(direct):
     x = torch.zeros(8)
     launch.launch_args(kernel, (2,), (x, 64, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)
     assert kernel.jit_launches == [((2,), (x, 64, 128, 1, True), {"num_warps": 4})]
-    y = torch.ones(8)
-    launch.launch_args(kernel, (2,), (y, 64, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)    # same key: direct
-    assert len(kernel.jit_launches) == 1 and kernel.compiled.runs[0][-5:] == (y, 64, 128, 1, True)
+    launch.launch_args(kernel, (2,), (x, 48, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)    # same key: direct
+    assert len(kernel.jit_launches) == 1 and kernel.compiled.runs[0][-5:] == (x, 48, 128, 1, True)
     launch.launch_args(kernel, (2,), (x, 64, 1), {"EVEN": False, "BLOCK": 128}, num_warps=4)   # a constexpr differs
-    launch.launch_args(kernel, (2,), (x, 48, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)    # another size
+    launch.launch_args(kernel, (2,), (x, 63, 1), {"EVEN": True, "BLOCK": 128}, num_warps=4)    # 63 % 16 != 0
     assert len(kernel.jit_launches) == 3
     with pytest.raises(TypeError, match="do not fill"):
         launch.launch_args(kernel, (2,), (x, 64), {"EVEN": True, "BLOCK": 128})
