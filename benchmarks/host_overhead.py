@@ -14,50 +14,16 @@ One JSON; no assertions.
 from __future__ import annotations
 
 import argparse
-import math
+import functools
 import os
 from pathlib import Path
 
-import torch
 
 from fused_dit import launch
 from fused_dit.ops import adaln, gate_add, rms_rope
+import kernels
 from launch_overhead import host_us
 from results_io import environment, write_json
-
-DEVICE, BF16 = "cuda", torch.bfloat16
-
-
-def rotation_table(leading, half):
-    angle = torch.rand((*leading, half), device=DEVICE) * 2 * math.pi
-    return torch.stack([angle.cos(), -angle.sin(), angle.sin(), angle.cos()], dim=-1).view(*leading, half, 2, 2)
-
-
-def cases(tokens: int) -> dict:
-    """{op: (overlay call, eager chain call)} at `tokens` tokens of Flux / Wan widths."""
-    qkv = torch.randn(1, tokens, 3, 24, 128, device=DEVICE, dtype=BF16)
-    q, k, _ = qkv.permute(2, 0, 3, 1, 4)
-    scale_q = torch.ones(128, device=DEVICE, dtype=BF16)
-    pe = rotation_table((1, 1, tokens), 64)
-    wq, wk = (torch.randn(1, tokens, 5120, device=DEVICE, dtype=BF16) for _ in range(2))
-    ww = torch.ones(5120, device=DEVICE, dtype=BF16)
-    freqs = rotation_table((1, tokens, 1), 64)
-    x = torch.randn(1, tokens, 3072, device=DEVICE, dtype=BF16)
-    y = torch.randn_like(x)
-    e = torch.randn(1, 1, 6, 3072, device=DEVICE, dtype=BF16)
-    shift, scale, gate = e[:, :, 0], e[:, :, 1], e[:, :, 2]
-    return {
-        "rms_rope_flux": (lambda: rms_rope.flux_rms_rope(q, k, scale_q, scale_q, pe),
-                          lambda: rms_rope.flux_reference_comfy(q, k, scale_q, scale_q, pe)),
-        "rms_rope_wan": (lambda: rms_rope.wan_rms_rope(wq, wk, ww, ww, freqs, 40),
-                         lambda: rms_rope.wan_reference_comfy(wq, wk, ww, ww, freqs, 40)),
-        "adaln": (lambda: adaln.adaln(x, shift, scale), lambda: adaln.reference_comfy(x, shift, scale)),
-        "gate_add_wan": (lambda: gate_add.gate_add(x, y, gate, gate_add.WAN),
-                         lambda: gate_add.reference_comfy(x, y, gate, gate_add.WAN)),
-        "gate_add_flux": (lambda: gate_add.gate_add(x, y, gate, gate_add.FLUX),
-                          lambda: gate_add.reference_comfy(x, y, gate, gate_add.FLUX)),
-    }
-
 
 # the Triton kernel each op's wrapper launches
 KERNELS = {"rms_rope_flux": (rms_rope, "_flux_rms_rope_kernel"), "rms_rope_wan": (rms_rope, "_wan_rms_rope_kernel"),
@@ -85,7 +51,11 @@ def main() -> None:
               "direct_launch": launch.direct_enabled(),
               "method": "mean host time per call over a round of calls without synchronising, median of 5 rounds",
               "host_us": {}}
-    for op, (overlay, eager) in cases(args.tokens).items():
+    # kernels.py's inputs (Flux and Wan widths, batch 1) at a few tokens; ops with one kernel to stub out
+    for op, overlay, eager_chain, inputs, _ in kernels.problems(args.tokens):
+        if op not in KERNELS:
+            continue
+        eager = functools.partial(eager_chain, *inputs)
         module, kernel_name = KERNELS[op]
         kernel = getattr(module, kernel_name)
         setattr(module, kernel_name, _NoLaunch(kernel))

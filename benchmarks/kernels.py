@@ -193,8 +193,11 @@ def comfy_kitchen_status() -> str:
     except Exception as exc:
         return f"not importable ({type(exc).__name__}: {exc})"
     cuda = registry.list_backends().get("cuda") or {}
-    state = "available" if cuda.get("available") and not cuda.get("disabled") else \
-        f"unavailable ({cuda.get('unavailable_reason') or 'disabled' if cuda else 'not registered'})"
+    if cuda.get("available") and not cuda.get("disabled"):
+        state = "available"
+    else:
+        why = cuda.get("unavailable_reason") or ("disabled" if cuda else "not registered")
+        state = f"unavailable ({why})"
     try:
         version = importlib.metadata.version("comfy-kitchen")
     except importlib.metadata.PackageNotFoundError:
