@@ -485,3 +485,34 @@ def test_unified_diff_marks_a_missing_final_newline_and_uses_dev_null():
     assert b"--- /dev/null\n+++ b/n.py\n@@ -0,0 +1 @@\n+x\n" in created
     deleted = unified_diff(b"x\n", None, "n.py")
     assert b"--- a/n.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n" in deleted
+
+
+# ---------------------------------------------------------------------------- one section per file
+
+
+@pytest.mark.parametrize("second", [
+    b"--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -5 +5 @@\n-5\n+five\n",                      # the same spelling
+    b"diff --git a/pkg/mod.py b/pkg/mod.py\n--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -5 +5 @@\n-5\n+five\n",
+    b"--- pkg//mod.py\n+++ pkg//mod.py\n@@ -5 +5 @@\n-5\n+five\n",                        # another spelling
+    b"--- a/pkg/mod.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-one\n",                            # then deleted
+])
+def test_two_sections_for_the_same_file_are_refused_naming_the_file(second):
+    # Applied one after the other, the second section would be planned against the original bytes and its result
+    # would silently replace the first one's: refuse instead.
+    patch = (b"--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1 +1 @@\n-1\n+one\n"
+             b"--- a/other.py\n+++ b/other.py\n@@ -1 +1 @@\n-x\n+y\n" + second)
+    with pytest.raises(DiffParseError) as caught:
+        parse_patch(patch)
+    message = str(caught.value)
+    assert "pkg/mod.py" in message
+    assert "two sections" in message and "1" in message and "3" in message
+    assert caught.value.exit_code == EXIT_REFUSED
+
+
+def test_the_catalog_has_one_section_per_file_in_every_diff():
+    from pathlib import Path
+    diffs = sorted((Path(__file__).resolve().parents[1] / "patches").rglob("*.diff"))
+    assert diffs
+    for diff in diffs:
+        paths = [fp.path for fp in parse_patch(diff.read_bytes())]
+        assert len(paths) == len(set(paths)), diff.name

@@ -6,7 +6,8 @@ CONTRACT (implemented by the diff-engine work; the shell depends on exactly this
         Parse a unified diff (git or plain style) with `unidiff`. Read as bytes: the patch itself may carry CRLF.
         Paths: strip a leading "a/" / "b/" (git style); "/dev/null" marks creation/deletion.
         Raises DiffParseError for: empty/garbled text, binary diffs ("Binary files ... differ", "GIT binary patch"),
-        renames/copies/mode-only changes we do not support.
+        renames/copies/mode-only changes we do not support, two sections for the same file (the message names
+        the file and both sections).
 
     plan_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False, fuzz: int = 0) -> FilePlan
         original is None when the file does not exist. Returns the new bytes (None = delete the file)

@@ -1,6 +1,8 @@
 """Parsing: unified diff bytes (git or plain style) into FilePatch records, with `unidiff`."""
 from __future__ import annotations
 
+import posixpath
+
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
@@ -44,7 +46,25 @@ def parse_patch(data: bytes) -> list[FilePatch]:
         raise DiffParseError(f"the patch is not a valid unified diff: {exc}") from None
     if not patch_set:
         raise DiffParseError("the patch contains no file differences (not a unified diff?)")
-    return [_convert_file(patched, raw_lines, transported_crlf) for patched in patch_set]
+    file_patches = [_convert_file(patched, raw_lines, transported_crlf) for patched in patch_set]
+    _check_one_section_per_file(file_patches)
+    return file_patches
+
+
+def _check_one_section_per_file(file_patches: list[FilePatch]) -> None:
+    """Two sections for one file would be planned one after the other, the second against bytes the first
+    already changed (or, by a careless caller, against the original, silently dropping the first): refuse."""
+    first_section: dict[str, tuple[int, str]] = {}
+    for number, fp in enumerate(file_patches, 1):
+        key = posixpath.normpath(fp.path)
+        if key in first_section:
+            first, path = first_section[key]
+            spelled = f", the second spelled {fp.path!r}" if fp.path != path else ""
+            raise DiffParseError(
+                f"{path}: the patch has two sections for this file (file sections {first} and {number} of the "
+                f"patch{spelled})",
+                hint="merge them into one section with several hunks (git diff writes one section per file)")
+        first_section[key] = (number, fp.path)
 
 
 def _split_keep_lf(text: str) -> list[str]:
