@@ -75,7 +75,7 @@ def make_target(comfyui_root: Path | None, python: Path | None = None) -> Target
 
 def applied_state(comfyui_root: Path) -> State:
     record = AppliedPatch(id="comfyui/max-resolution", variant="all", component="comfyui",
-                          files=[AppliedFile(path=str(comfyui_root / "nodes.py"), relpath="nodes.py",
+                          files=[AppliedFile(relpath="nodes.py",
                                              sha256_before=None, sha256_after=None)],
                           component_version="0.3.64", applied_at="2026-11-30T00:00:00Z")
     return State({record.id: record})
@@ -124,14 +124,33 @@ def test_unparsable_nodes_py_falls_back_to_a_line_match(tmp_path):
 
 # ------------------------------------------------------------------ the max-resolution check
 
-def test_stock_tree_without_the_patch_passes_and_says_not_patched(tmp_path):
+@pytest.mark.parametrize("value", [8192, STOCK])
+def test_a_tree_without_the_patch_warns_with_the_value_it_found_and_says_the_patch_is_not_applied(tmp_path, value):
+    # The stock value read from nodes.py proves nothing about the patch: never a PASS.
+    root = tmp_path / "ComfyUI"
+    write_nodes_py(root, value)
+    result = run(make_target(root), make_catalog(tmp_path))["max-resolution"]
+    assert result.outcome is Outcome.WARN
+    assert result.reason.startswith("not patched")
+    assert "comfyui/max-resolution is not applied" in result.reason
+    assert f"MAX_RESOLUTION = {value} (nodes.py:3)" in result.reason
+    assert result.numbers["nodes_py"] == value and result.numbers["applied"] is False
+
+
+def test_a_tree_that_holds_the_patched_value_without_the_state_record_warns_too(tmp_path):
+    root = tmp_path / "ComfyUI"
+    write_nodes_py(root, PATCHED)
+    result = run(make_target(root), make_catalog(tmp_path))["max-resolution"]
+    assert result.outcome is Outcome.WARN
+    assert "not applied" in result.reason and "holds its value" in result.reason
+
+
+def test_without_a_max_resolution_patch_in_the_catalog_the_check_warns(tmp_path):
     root = tmp_path / "ComfyUI"
     write_nodes_py(root, STOCK)
-    result = run(make_target(root), make_catalog(tmp_path))["max-resolution"]
-    assert result.outcome is Outcome.PASS
-    assert result.reason.startswith("not patched")
-    assert "16384" in result.reason and "nodes.py:3" in result.reason
-    assert result.numbers["nodes_py"] == STOCK and result.numbers["applied"] is False
+    result = run(make_target(root), [])["max-resolution"]
+    assert result.outcome is Outcome.WARN
+    assert "no max-resolution patch" in result.reason and "16384" in result.reason
 
 
 def test_applied_patch_with_the_patched_value_passes(tmp_path):
@@ -301,9 +320,12 @@ SERVABLE_NODES_PY = NODES_PY.replace("import torch\n", "import os\n") + \
     'NODE_CLASS_MAPPINGS = {{"EmptyLatentImage": EmptyLatentImage}}\n'
 
 
-@pytest.mark.parametrize("value, applied, outcome", [(PATCHED, True, Outcome.PASS), (STOCK, False, Outcome.PASS),
-                                                     (STOCK, True, Outcome.FAIL)])
-def test_real_import_through_the_comfy_import_probe(tmp_path, value, applied, outcome):
+@pytest.mark.parametrize("value, applied, outcome, effect_outcome", [
+    (PATCHED, True, Outcome.PASS, Outcome.PASS),
+    (STOCK, False, Outcome.WARN, Outcome.PASS),   # not applied: the check warns, the effect matches the state
+    (STOCK, True, Outcome.FAIL, Outcome.FAIL),
+])
+def test_real_import_through_the_comfy_import_probe(tmp_path, value, applied, outcome, effect_outcome):
     root = tmp_path / "ComfyUI"
     write_nodes_py(root, 0, text=SERVABLE_NODES_PY.format(value=value))
     catalog = [p for p in load_catalog() if p.id == "comfyui/max-resolution"]
@@ -313,5 +335,5 @@ def test_real_import_through_the_comfy_import_probe(tmp_path, value, applied, ou
     check, effect = results["max-resolution"], results["effect:comfyui/max-resolution"]
     assert check.outcome is outcome, (check.reason, check.stderr)
     assert check.numbers["empty_latent_width_max"] == value
-    assert effect.outcome is outcome, (effect.reason, effect.stderr)
+    assert effect.outcome is effect_outcome, (effect.reason, effect.stderr)
     assert effect.numbers["empty_latent_width_max"] == value

@@ -302,9 +302,20 @@ def max_resolution(ctx) -> CheckResult:
         return CheckResult(name, Outcome.FAIL, "; ".join(problems), numbers, stderr, duration)
     if applied:
         return CheckResult(name, Outcome.PASS, f"patched: {'; '.join(facts)}", numbers, stderr, duration)
-    if static.value is None:
-        return CheckResult(name, Outcome.WARN, f"not patched; {'; '.join(facts)}", numbers, stderr, duration)
-    return CheckResult(name, Outcome.PASS, f"not patched: {'; '.join(facts)}", numbers, stderr, duration)
+    # Nothing to prove: reading the stock value is no evidence of a raised limit, so this is never a PASS.
+    return CheckResult(name, Outcome.WARN, f"{_not_applied(patch, patched_value, static.value)}: {'; '.join(facts)}",
+                       numbers, stderr, duration)
+
+
+def _not_applied(patch, patched_value: int | None, found: int | None) -> str:
+    """Why max-resolution is a warning on a tree where the patch is not applied, in words."""
+    if patch is None:
+        return "not patched: the catalog has no max-resolution patch"
+    sets = f" (it sets {patched_value})" if patched_value is not None else ""
+    said = f"not patched: the patch {patch.id} is not applied{sets}"
+    if found is not None and found == patched_value:
+        said += ", although nodes.py holds its value (edited by hand, or applied without a record)"
+    return said
 
 
 @check("resolution-caps", "hard-coded resolution caps in comfy_extras/ and custom_nodes/ below the patched "
