@@ -9,7 +9,9 @@
 3. overlays: `applier overlay install`, `verify --kernels --device cuda`, uninstall.
 4. benchmarks: norm_order_probe.py, kernels.py (the shipped launch defaults; `kernels.py --sweep` is a separate,
    exploratory call), blocks.py, gpu_fp8_gates.py, gpu_gates.py, each writing its JSON into DIR.
-Writes DIR/evidence.json (every command, exit code, JSON answer, duration) and DIR/evidence.log.
+Writes DIR/gpu-evidence.json (every command, exit code, JSON answer, duration) and DIR/evidence.log, and gives
+every JSON in DIR the names, the compact layout and the path placeholders of benchmarks/results/ (results_io), so
+`python3 scripts/gpu_report.py DIR` reads them and a file can be copied into benchmarks/results/ as it is.
 """
 from __future__ import annotations
 
@@ -24,8 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import results_io  # noqa: E402  (benchmarks/ is on sys.path when this runs as a script)
+
 REPO = Path(__file__).resolve().parent.parent
 LOG: list[str] = []
+# what the benchmark scripts call their files -> the names benchmarks/results/ keeps
+STABLE_NAMES = {"gpu_fp8_gates.json": "gpu-fp8-gates.json"}
 
 
 def log(line: str) -> None:
@@ -149,6 +155,7 @@ def main() -> int:
     import triton
     evidence = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": results_io.command_line(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "capability": list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None,
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
@@ -169,9 +176,20 @@ def main() -> int:
             ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        (args.out / "evidence.json").write_text(json.dumps(evidence, indent=2, default=str))
-        (args.out / "evidence.log").write_text("\n".join(LOG) + "\n")
+        results_io.write_json(evidence, args.out, "gpu-evidence")
+        (args.out / "evidence.log").write_text(results_io.placeholder_paths("\n".join(LOG)) + "\n")
+        as_kept(args.out)
     return 0
+
+
+def as_kept(folder: Path) -> None:
+    """Every JSON in folder under its benchmarks/results/ name, compact, with the machine's paths as placeholders."""
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        target = folder / STABLE_NAMES.get(path.name, path.name)
+        target.write_text(results_io.dumps(results_io.scrub(data)) + "\n")
+        if target != path:
+            path.unlink()
 
 
 if __name__ == "__main__":

@@ -4,15 +4,15 @@ Compiles `_adaln_kernel` as the H200 launches it for Flux (bf16, C=3072: unit ch
 sizes, as Triton specialises them) with the pair-sum tree (EQUAL_HALVES) and with the general tree, at a few
 rows x warps settings, and writes what ptxas reports (registers, spill bytes) as JSON.
 
-    PYTHONPATH=overlays python scripts/adaln_registers.py --out benchmarks/results/adaln-registers-sm90a.json
+    PYTHONPATH=overlays python scripts/adaln_registers.py --out benchmarks/results/adaln-registers.json
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,6 +21,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from fused_dit.ops import adaln
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import results_io  # noqa: E402
 
 SETTINGS = [(8, 4), (2, 2), (1, 2), (16, 8)]
 DIVISIBLE = ("x_ptr", "shift_ptr", "scale_ptr", "out_ptr", "rcp_ptr", "rows", "L", "C", "sxb", "sxl", "shb", "shr", "scb",
@@ -78,8 +81,8 @@ def main() -> None:
     results = [compile_once(rows, warps, equal) for rows, warps in SETTINGS for equal in (True, False)]
     report = {"triton": triton.__version__, "target": "sm_90a",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "kernel": "fused_dit.ops.adaln._adaln_kernel, bf16, C a multiple of 512", "results": results}
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+              "command": results_io.command_line(), "kernel": "fused_dit.ops.adaln._adaln_kernel, bf16, C a multiple of 512", "results": results}
+    results_io.write_json(report, args.out, "adaln-registers")
     for r in results:
         print(f"{r['rows']:2d} rows x {r['warps']} warps, {r['tree']:9s}: {r['registers']:3d} registers, "
               f"{r['layout_conversions']} layout conversions, spills {r['spill_store_bytes']} B")

@@ -1,9 +1,12 @@
-"""Write docs/gpu-report.md from the JSON of GPU evidence runs (benchmarks/gpu_evidence.py), so every figure in the
-report is one of the JSON's.
+"""Write docs/gpu-report.md from the GPU results kept in benchmarks/results/, so every figure in the report is one
+of their JSON's, and put the kernel table into README.md.
 
-    python3 scripts/gpu_report.py benchmarks/results/h200-2026-11-30-run3 [--also RUN_DIR ...] [--out docs/gpu-report.md]
+    python3 scripts/gpu_report.py [RESULTS] [--out docs/gpu-report.md] [--readme README.md]
 
-The first folder is the main run; --also adds earlier runs to the block-stack table (run-to-run spread).
+RESULTS (default benchmarks/results) holds the files `benchmarks/gpu_evidence.py --out DIR` writes:
+gpu-evidence.json, kernels.json, gates.json, gpu-fp8-gates.json and blocks.json; each section of the report names
+the file it reads and that file's date. Everything below the notes marker of the existing report (the analysis
+written by hand) is kept as it is.
 """
 from __future__ import annotations
 
@@ -11,12 +14,24 @@ import argparse
 import json
 from pathlib import Path
 
-TARGET_OF_COPY = 0.80
+FILES = {"evidence": "gpu-evidence.json", "kernels": "kernels.json", "gates": "gates.json",
+         "fp8": "gpu-fp8-gates.json", "blocks": "blocks.json"}
+NOTES_MARKER = "<!-- notes: written by hand; scripts/gpu_report.py keeps everything below this line -->"
 
 
 def load(folder: Path, name: str):
     path = folder / name
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def date_of(data: dict) -> str:
+    """The run's UTC date and time, from the header at the top or under "environment"."""
+    found = data.get("date") or (data.get("environment") or {}).get("date") or "date unknown"
+    return found[:16].replace("T", " ")
+
+
+def source(folder: Path, name: str, data: dict) -> str:
+    return f"From `{folder / name}` ({date_of(data)} UTC)."
 
 
 def checks(entry: dict) -> list[dict]:
@@ -150,25 +165,24 @@ def fp8_section(f: dict, b: dict) -> list[str]:
     return lines
 
 
-def blocks_section(runs: list[tuple[str, dict]]) -> list[str]:
+def blocks_section(b: dict) -> list[str]:
     lines = ["## Block stack (Flux-shaped: 2 double + 4 single blocks, 512 text tokens, bf16)", "",
              "Each run is one process; `graph` is the call captured in a CUDA graph and replayed (GPU time without "
              "host launch gaps). Peak total: torch.cuda.max_memory_allocated over one call, weights and FP8 codes "
              "included.", "",
-             "| run | image tokens | variant | ms (median) | spread over rounds | speedup vs stock | graph speedup | "
+             "| image tokens | variant | ms (median) | spread over rounds | speedup vs stock | graph speedup | "
              "peak total (MiB) | peak above start (MiB) | rel. error vs stock |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for label, b in runs:
-        tokens = b["block_stack"]["shape"]["img_tokens"]
-        for name, v in b["block_stack"]["variants"].items():
-            spread = v.get("spread_ms")
-            graph = v.get("graph_replay_speedup_vs_stock")
-            total = v.get("peak_total_mib")
-            lines.append(f"| {label} | {tokens} | {name} | {v['ms']:.2f} | "
-                         f"{'' if not spread else f'{spread[0]:.2f}-{spread[1]:.2f}'} | {v['speedup_vs_stock']:.2f}x | "
-                         f"{'' if graph is None else f'{graph:.2f}x'} | {'' if total is None else f'{total:.0f}'} | "
-                         f"{v['peak_above_start_mib']:.0f} | {v['relative_frobenius_error_vs_stock']:.4f} |")
-    b = runs[0][1]["block_stack"]
+             "|---|---|---|---|---|---|---|---|---|"]
+    tokens = b["block_stack"]["shape"]["img_tokens"]
+    for name, v in b["block_stack"]["variants"].items():
+        spread = v.get("spread_ms")
+        graph = v.get("graph_replay_speedup_vs_stock")
+        total = v.get("peak_total_mib")
+        lines.append(f"| {tokens} | {name} | {v['ms']:.2f} | "
+                     f"{'' if not spread else f'{spread[0]:.2f}-{spread[1]:.2f}'} | {v['speedup_vs_stock']:.2f}x | "
+                     f"{'' if graph is None else f'{graph:.2f}x'} | {'' if total is None else f'{total:.0f}'} | "
+                     f"{v['peak_above_start_mib']:.0f} | {v['relative_frobenius_error_vs_stock']:.4f} |")
+    b = b["block_stack"]
     lines += ["", f"FP8 codes of the block Linears: {b['fp8_weight_copies_mib']:.0f} MiB; all weights "
                   f"{b['weights_mib']:.0f} MiB in bf16. `overlays_fp8` holds the codes beside the bf16 weights; "
                   "`overlays_fp8_weights_replaced` (`enable(..., fp8_weights=\"replace\")`) keeps those Linears' "
@@ -176,57 +190,53 @@ def blocks_section(runs: list[tuple[str, dict]]) -> list[str]:
     return lines
 
 
-def block_runs(run: Path, also: list[Path]) -> list[tuple[str, dict]]:
-    """Every blocks*.json of the run folder, then those of the --also folders."""
-    runs = []
-    for folder in [run, *also]:
-        for path in sorted(folder.glob("blocks*.json")):
-            runs.append((f"{folder.name}/{path.stem}", json.loads(path.read_text())))
-    return runs
+def with_source(lines: list[str], note: str) -> list[str]:
+    """A section with the line naming its file after its heading."""
+    return lines[:2] + [note, ""] + lines[2:]
+
+
+def kept_notes(report: Path) -> list[str]:
+    """The hand-written part of the existing report: the marker and everything below it."""
+    if not report.exists() or NOTES_MARKER not in report.read_text():
+        return [NOTES_MARKER, ""]
+    return [NOTES_MARKER + report.read_text().split(NOTES_MARKER, 1)[1].rstrip("\n")]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("run", type=Path)
-    parser.add_argument("--also", type=Path, nargs="*", default=[])
-    parser.add_argument("--analysis", type=Path, help="a Markdown file of notes appended verbatim")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, nargs="?", default=Path("benchmarks/results"))
     parser.add_argument("--out", type=Path, default=Path("docs/gpu-report.md"))
     parser.add_argument("--readme", type=Path, default=Path("README.md"),
                         help="its block between the gpu-table markers gets the kernel table")
-    parser.add_argument("--kernels-run", type=Path,
-                        help="take kernels.json and gates.json from this later folder (kernel changes after the "
-                             "full run); the report names it")
-    parser.add_argument("--blocks-run", type=Path,
-                        help="take blocks*.json (the FP8 GEMM and the block stack) from this later folder; the "
-                             "report names it")
     args = parser.parse_args()
-    ev = load(args.run, "evidence.json")
-    kernels_run = args.kernels_run or args.run
-    blocks_run = args.blocks_run or args.run
+    folder = args.results
+    data = {key: load(folder, name) for key, name in FILES.items()}
+    ev = data["evidence"]
+    if ev is None:
+        raise SystemExit(f"{folder / FILES['evidence']} not found: run benchmarks/gpu_evidence.py --out {folder}")
     head = [f"# GPU report: {ev['gpu']} (sm_{ev['capability'][0]}{ev['capability'][1]})", "",
-            f"Generated by `scripts/gpu_report.py` from `{args.run}` (run by `benchmarks/gpu_evidence.py`, "
-            f"{ev['date']}): torch {ev['torch']}, triton {ev['triton']}, CUDA {ev['cuda']}, Python {ev['python']}. "
-            "Every figure below is read from that folder's JSON"
-            + (f", except the kernel and parity tables, read from `{kernels_run}`" if args.kernels_run else "")
-            + (f", and the FP8 GEMM and block-stack figures, read from `{blocks_run}`" if args.blocks_run else "")
-            + ".", ""]
-    body = torch_section(ev) + comfy_section(ev)
-    if (k := load(kernels_run, "kernels.json")):
-        body += kernels_section(k)
-    if (g := load(kernels_run, "gates.json")):
-        body += parity_section(g)
-    b = load(blocks_run, "blocks.json")
-    if (f := load(args.run, "gpu_fp8_gates.json")) and b:
-        body += fp8_section(f, b)
+            f"Generated by `scripts/gpu_report.py` from the JSON in `{folder}` (torch {ev['torch']}, triton "
+            f"{ev['triton']}, CUDA {ev['cuda']}, Python {ev['python']}); every figure above the notes is read from "
+            "the file its section names. What each file is and the command that produced it: "
+            f"`{folder / 'README.md'}`.", ""]
+    note = lambda key: source(folder, FILES[key], data[key])  # noqa: E731
+    body = with_source(torch_section(ev), note("evidence")) + comfy_section(ev)
+    if (k := data["kernels"]):
+        body += with_source(kernels_section(k), note("kernels"))
+    if (g := data["gates"]):
+        body += with_source(parity_section(g), note("gates"))
+    b = data["blocks"]
+    if (f := data["fp8"]) and b:
+        body += with_source(fp8_section(f, b), f"From `{folder / FILES['fp8']}` ({date_of(f)} UTC) and "
+                            f"`{folder / FILES['blocks']}` ({date_of(b)} UTC).")
     if b:
-        body += blocks_section(block_runs(blocks_run, args.also))
-    if args.analysis:
-        body += [args.analysis.read_text()]
+        body += with_source(blocks_section(b), note("blocks"))
+    notes = kept_notes(args.out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(head + body).rstrip() + "\n")
+    args.out.write_text("\n".join(head + body + notes).rstrip() + "\n")
     if k and args.readme.exists():
         update_readme(args.readme, kernels_section(k)[2:], f"{k['gpu']}, torch {k['torch']}, triton "
-                      f"{k['triton']}, {k['date'][:10]}, from `{kernels_run}`")
+                      f"{k['triton']}, {date_of(k)[:10]}, from `{folder / FILES['kernels']}`")
 
 
 START, END = "<!-- gpu-table:start -->", "<!-- gpu-table:end -->"

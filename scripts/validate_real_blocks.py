@@ -30,25 +30,27 @@ stock bf16?), fp8_linear for real (it must not decline on sm_89+), and stock-vs-
 events, warm-up, interleaved, median). A checkout without .git may carry a REVISION file (commit, then date).
 
 Example:
-    python3 scripts/validate_real_blocks.py --mirror /work/.mirror/Comfy-Org+ComfyUI/repo \
-        --python /tmp/comfyvenv/bin/python --out benchmarks/results/real-blocks-2026-11-30.json
+    python3 scripts/validate_real_blocks.py --mirror MIRROR --python VENV/bin/python \
+        --out benchmarks/results/real-blocks-cpu.json        # MIRROR: a ComfyUI git mirror; VENV: its requirements
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import results_io  # noqa: E402  (stdlib only: the results' layout and path placeholders)
 CHILD_MARK = "FUSED_DIT_VALIDATE_CHILD"
 # fp32 end to end: the kernels and the eager chain differ only in summation order
 RELATIVE_TOLERANCE = 1e-5
@@ -798,7 +800,8 @@ def main(argv=None) -> int:
     where.add_argument("--comfyui", type=Path, help="an existing ComfyUI checkout")
     where.add_argument("--mirror", type=Path, help="a (bare) ComfyUI git mirror to add a worktree from")
     parser.add_argument("--rev", default="HEAD", help="revision for --mirror (default HEAD)")
-    parser.add_argument("--worktree", type=Path, default=Path("/tmp/realblocks"), help="where --mirror checks out")
+    parser.add_argument("--worktree", type=Path, default=Path(tempfile.gettempdir()) / "realblocks",
+                        help="where --mirror checks out (default: realblocks in the temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the worktree made from --mirror")
     parser.add_argument("--python", help="interpreter with ComfyUI's requirements; the script re-runs under it")
     parser.add_argument("--seed", type=int, default=0)
@@ -827,7 +830,8 @@ def main(argv=None) -> int:
     else:
         checkout = options.comfyui.resolve()
     try:
-        document = {"script": "scripts/validate_real_blocks.py", "started": started.isoformat(timespec="seconds"),
+        document = {"script": "scripts/validate_real_blocks.py", "command": results_io.command_line(),
+                    "started": started.isoformat(timespec="seconds"),
                     "comfyui": {**describe_checkout(checkout), **({"worktree": worktree} if worktree else {})}}
         document.update(validate(checkout, options.seed, options.node))
     finally:
@@ -835,8 +839,8 @@ def main(argv=None) -> int:
             worktree["cleanup"] = remove_worktree(options.mirror.resolve(), checkout)
     document["seconds"] = round((dt.datetime.now(dt.timezone.utc) - started).total_seconds(), 1)
     options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
-    print(f"{'PASS' if document['pass'] else 'FAIL'}; wrote {options.out}")
+    results_io.write_json(document, options.out, "real-blocks")
+    print("PASS" if document["pass"] else "FAIL")
     return 0 if document["pass"] else 1
 
 

@@ -16,9 +16,9 @@ and writes everything (with timings, failures and their error tails) to one JSON
 copied into this repo; the checkouts live under --work-dir and are removed at the end unless --keep.
 
 Example:
-    python3 scripts/validate_real_comfyui.py --repo /work/.mirror/Comfy-Org+ComfyUI/repo \
-        --python /tmp/comfyvenv/bin/python --commits 4cea9aec a125cd84 \
-        --out benchmarks/results/real-comfyui-2026-11-30.json
+    python3 scripts/validate_real_comfyui.py --repo MIRROR --python VENV/bin/python \
+        --commits 4cea9aec a125cd84 --out benchmarks/results/real-comfyui.json
+    (MIRROR: a bare ComfyUI git mirror; VENV: a venv with ComfyUI's requirements)
 """
 from __future__ import annotations
 
@@ -32,12 +32,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import results_io  # noqa: E402  (stdlib only: the results' layout and path placeholders)
 DEFAULT_APPLIER = REPO_ROOT / ".venv" / "bin" / "applier"
 # Folders ComfyUI creates when it runs; untracked entries under them are expected after a server start.
 RUNTIME_DIRS = ("output/", "input/", "temp/", "user/", "models/", "custom_nodes/", "__pycache__/")
@@ -348,7 +351,8 @@ def main() -> int:
     parser.add_argument("--commits", nargs="+", required=True, help="revs to check, oldest first")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--applier", type=Path, default=DEFAULT_APPLIER)
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/realcomfy"))
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "realcomfy",
+                        help="where the checkouts go, outside this repo (default: realcomfy in the temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the checkouts and server logs")
     args = parser.parse_args()
     args.repo = args.repo.resolve()
@@ -360,7 +364,8 @@ def main() -> int:
 
     started = time.monotonic()
     result = {"generated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "script": "scripts/validate_real_comfyui.py", "repo": str(args.repo),
+              "script": "scripts/validate_real_comfyui.py", "command": results_io.command_line(),
+              "repo": str(args.repo),
               "environment": environment(args.python, args.applier), "revs": []}
     for rev in args.commits:
         print(f"== {rev}", flush=True)
@@ -373,15 +378,14 @@ def main() -> int:
               f"before={entry.get('server_before', {}).get('width_max')}",
               f"after={entry.get('server_after', {}).get('width_max')}", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.write_text(results_io.dumps(results_io.scrub(result)) + "\n")    # kept after each rev
     result["total_seconds"] = round(time.monotonic() - started, 1)
     if not args.keep:
         for entry in result["revs"]:
             if entry.get("commit"):
                 shutil.rmtree(args.work_dir / entry["commit"][:12], ignore_errors=True)
         result["checkouts_removed"] = True
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    results_io.write_json(result, args.out, "real-comfyui")
     return 0
 
 

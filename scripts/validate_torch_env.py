@@ -7,8 +7,7 @@ before), `applier detect`, `applier apply --only torch`, note which files now di
 to one JSON file. apply + revert modify the venv for a while: never point it at a venv others are using.
 
 Example:
-    python3 scripts/validate_torch_env.py --target /tmp/venv214 /tmp/venv213 \
-        --out benchmarks/results/real-torch-envs-2026-11-30.json
+    python3 scripts/validate_torch_env.py --target VENV214 VENV213 --out benchmarks/results/real-torch-envs.json
 """
 from __future__ import annotations
 
@@ -22,6 +21,8 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import results_io  # noqa: E402  (stdlib only: the results' layout and path placeholders)
 sys.path.insert(0, str(REPO_ROOT))
 from applier.record import find_record, pristine_hashes  # noqa: E402
 
@@ -108,7 +109,7 @@ def main() -> int:
     parser.add_argument("--applier", type=Path, default=DEFAULT_APPLIER)
     args = parser.parse_args()
     result = {"generated": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "script": "scripts/validate_torch_env.py",
+              "script": "scripts/validate_torch_env.py", "command": results_io.command_line(),
               "applier_commit": subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
                                                capture_output=True, text=True).stdout.strip(),
               "envs": []}
@@ -121,8 +122,7 @@ def main() -> int:
         result["envs"].append(entry)
         print(json.dumps({k: entry.get(k) for k in ("torch_version", "ok", "error")}), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    results_io.write_json(result, args.out, "real-torch-envs")
     return 0
 
 

@@ -1,0 +1,199 @@
+"""Write benchmarks/results/README.md: per result file, what it is, its date, GPU, and the command that produced it.
+
+    python3 scripts/index_results.py            # rewrite the index
+    python3 scripts/index_results.py --check    # exit 1 when the index is stale or a file is not described
+
+Date, GPU and command come from each JSON's header (`results_io.environment()` writes them; older files have
+some of them at the top or under "environment"). What a file is, and the command of files whose header has none,
+come from KINDS below: add a line there with each new kind of result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+HISTORY = "5227c0c"  # the last commit whose tree holds the run folders (benchmarks/results/h200-2026-11-30-run*)
+
+
+
+class Kind(NamedTuple):
+    what: str       # what the file is
+    command: str    # the command that produced it, where the file's header does not say
+    was: str        # the file it was in HISTORY
+    gpu: str = ""   # where the header does not say: the GPU it ran on, or "none (CPU)"
+
+
+H200, CPU = "NVIDIA H200", "none (CPU)"
+KINDS: dict[str, Kind] = {
+    "gpu-evidence.json": Kind(
+        "the product on a CUDA machine: torch patches applied, verified (`--device cuda`) and reverted in place with "
+        "the RECORD check; a ComfyUI-shaped tree with `--real-import` and a real out-of-memory; overlay install and "
+        "kernel parity. The report's torch and ComfyUI sections",
+        "python3 benchmarks/gpu_evidence.py --out DIR", "h200-2026-11-30-run10/evidence.json"),
+    "gpu-fp8-gates.json": Kind(
+        "FP8 gates: quantisation codes byte-exact against eager, ComfyUI's fp8 module bit-identical, the FP8 GEMM's "
+        "error against bf16",
+        "PYTHONPATH=overlays:. python benchmarks/gpu_fp8_gates.py --out DIR", "h200-2026-11-30-run10/gpu_fp8_gates.json"),
+    "norm-order.json": Kind(
+        "torch's LayerNorm/RMSNorm reduction order reproduced bit for bit (the 128-thread emulation against "
+        "`native_layer_norm` and `F.rms_norm`)",
+        "PYTHONPATH=overlays:. python benchmarks/norm_order_probe.py --out DIR/norm-order.json",
+        "h200-2026-11-30-run10/norm-order.json"),
+    "kernels.json": Kind(
+        "every overlay kernel at L=4096 and 16384 against eager, torch.compile, comfy-kitchen's CUDA backend and the "
+        "copy ceiling, with the launch defaults; the report's and the README's kernel table",
+        "PYTHONPATH=overlays:. python benchmarks/kernels.py --out DIR/kernels.json (comfy-kitchen 0.2.40 carried to "
+        "the device: scripts/comfy_kitchen_for_device.sh)", "h200-2026-11-30-run30/kernels.json"),
+    "kernels-sweep.json": Kind(
+        "per op, the launch sweep its shipped setting comes from (each section copied from that sweep's file, "
+        "named in its `from`); the quantiser's L2 hints from the removed benchmarks/tune_adaln_quant.py",
+        "PYTHONPATH=overlays:. python benchmarks/kernels.py --sweep --ops OP --out DIR/kernels-sweep.json",
+        "h200-2026-11-30-run{20,26,31,8}/kernels*.json, tune-adaln-quant-2026-11-30.json", H200),
+    "gates.json": Kind(
+        "bf16/fp16/fp32 parity of every op against ComfyUI's eager chain and fp64 (27 cases, ulp gates); the "
+        "report's parity table",
+        "PYTHONPATH=overlays:. python benchmarks/gpu_gates.py --out DIR/gates.json", "h200-2026-11-30-run34/gates.json"),
+    "blocks.json": Kind(
+        "the FP8 GEMM at M=16384 and a Flux-shaped block stack (stock, overlays, FP8, FP8 with weights replaced): "
+        "time, CUDA-graph time, peak memory, error",
+        "PYTHONPATH=overlays:. python benchmarks/blocks.py --out DIR", "h200-2026-11-30-run34/blocks.json"),
+    "real-blocks-h200.json": Kind(
+        "the overlays on ComfyUI 0.3.64's own Flux and Wan blocks and two small models, bf16 on the GPU: parity "
+        "against stock and per-block timings",
+        "python3 scripts/validate_real_blocks.py --comfyui .realcomfy/ComfyUI --device cuda --dtype bfloat16 "
+        "--out DIR/real-blocks-h200.json", "h200-2026-11-30-run34/real-blocks-h200.json"),
+    "real-blocks-cpu.json": Kind(
+        "the same real blocks on the CPU in fp32 under the Triton interpreter: recognised, within 3e-7 of stock, "
+        "`disable()` restores stock",
+        "python3 scripts/validate_real_blocks.py --mirror MIRROR --python VENV/bin/python --out "
+        "benchmarks/results/real-blocks-cpu.json", "real-blocks-2026-11-30.json", CPU),
+    "host-overhead.json": Kind(
+        "host microseconds per call, overlay against ComfyUI's eager chain, direct launch against the JIT's",
+        "PYTHONPATH=overlays:.:benchmarks python benchmarks/host_overhead.py --out DIR/host-overhead.json",
+        "h200-2026-11-30-run34/host-overhead.json"),
+    "launch-overhead.json": Kind(
+        "host microseconds of a Triton launch, the direct launcher, the FP8 quantiser and an FP8 linear forward",
+        "PYTHONPATH=overlays:. python benchmarks/launch_overhead.py --out DIR/launch-overhead.json",
+        "h200-2026-11-30-run33/launch-overhead.json"),
+    "ncu-adaln.json": Kind(
+        "AdaLN under Nsight Compute beside comfy-kitchen's CUDA kernel: occupancy, registers, DRAM throughput",
+        "ncu ... python3 benchmarks/ncu_adaln.py", "h200-2026-11-30-run32/ncu-summary.json", H200),
+    "adaln-registers.json": Kind(
+        "AdaLN's registers and spills per launch setting, from Triton's sm_90a compile and ptxas -v (no GPU needed)",
+        "PYTHONPATH=overlays python scripts/adaln_registers.py --out benchmarks/results/adaln-registers.json",
+        "adaln-registers-sm90a-2026-11-30-held.json", CPU),
+    "gpu-tests.txt": Kind(
+        "pytest's summary of tests/overlays on the GPU for the code of gates.json and blocks.json",
+        "python -m pytest tests/overlays -q -rs", "h200-2026-11-30-run34/pytest-overlays.txt", H200),
+    "fp8-host-overhead.json": Kind(
+        "host microseconds per FP8 linear call before and after trimming its Python, and the block stack in fresh "
+        "processes (an earlier FP8 path)",
+        "PYTHONPATH=overlays:. python benchmarks/fp8_host_overhead.py", "fp8-host-overhead-2026-11-30.json"),
+    "fp8-stack-profile.json": Kind(
+        "the FP8 block stack in three fresh processes and a profiler pass per variant (an earlier FP8 path)",
+        "PYTHONPATH=overlays:. python benchmarks/fp8_stack_profile.py", "h200-2026-11-30-fp8-stack-profile.json"),
+    "rms-rope-sweep.json": Kind(
+        "launch configurations of the first rewritten rms_rope kernels against torch.compile and the copy ceiling "
+        "(before the kernels.py sweeps)",
+        "PYTHONPATH=overlays:. python benchmarks/rms_rope_sweep.py --out DIR/rms-rope-sweep.json",
+        "rms_rope-sweep-2026-11-30.json"),
+    "torch-probes.json": Kind(
+        "each torch patch's effect probe (verify/probes/, run by hand) on stock and patched copies of torch/cuda, "
+        "against both expectations, on the GPU", "",
+        "torch_probes_h200_2026-11-30.json", H200),
+    "detect-speed.json": Kind(
+        "`applier detect` against `python -c \"import torch\"` with the same interpreter, whole commands",
+        "python benchmarks/detect_speed.py --target VENV --out benchmarks/results/detect-speed.json",
+        "detect-speed-2026-11-30.json", CPU),
+    "real-comfyui.json": Kind(
+        "six real ComfyUI commits (2023-04 to 0.3.64): apply, the real server's width max, revert, git status",
+        "python3 scripts/validate_real_comfyui.py --repo MIRROR --python VENV/bin/python --commits ... --out "
+        "benchmarks/results/real-comfyui.json", "real-comfyui-2026-11-30.json", CPU),
+    "real-torch-envs.json": Kind(
+        "real torch 2.14.1+cu130 and 2.13.0+cpu venvs: apply, verify, revert, RECORD",
+        "python3 scripts/validate_torch_env.py --target VENV214 VENV213 --out benchmarks/results/real-torch-envs.json",
+        "real-torch-envs-2026-11-30.json", CPU),
+}
+
+
+def header(data) -> dict:
+    """date, gpu and command from a result's header: at the top, or under "environment"."""
+    if not isinstance(data, dict):
+        return {}
+    env = data.get("environment") if isinstance(data.get("environment"), dict) else {}
+    pick = lambda *keys: next((src[k] for src in (data, env) for k in keys if src.get(k)), None)  # noqa: E731
+    return {"date": pick("date", "generated", "started"), "gpu": pick("gpu"), "command": pick("command"),
+            "what": pick("what", "about", "description")}
+
+
+def rows() -> list[dict]:
+    found = []
+    for path in sorted(RESULTS.iterdir()):
+        if path.name == "README.md" or not path.is_file():
+            continue
+        head = {}
+        if path.suffix == ".json":
+            try:
+                head = header(json.loads(path.read_text()))
+            except json.JSONDecodeError:
+                head = {}
+        kind = KINDS.get(path.name, Kind("", "", ""))
+        found.append({"file": path.name, "what": kind.what or head.get("what"), "date": head.get("date"),
+                      "gpu": head.get("gpu") or kind.gpu, "command": head.get("command") or kind.command,
+                      "command_from_header": bool(head.get("command")), "was": kind.was})
+    return found
+
+
+def cell(text) -> str:
+    return "-" if not text else str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render(found: list[dict]) -> str:
+    lines = ["# benchmarks/results: the evidence behind the figures in the docs", "",
+             "Generated by `scripts/index_results.py` (do not edit by hand). One current file per benchmark kind, "
+             "under a stable name: a new run replaces the file, and git keeps the earlier ones. Machine paths in "
+             "the files are placeholders: REPO (this repository), TMP (a temporary folder), HOME, MIRROR (a ComfyUI "
+             "git mirror), CACHE (an upstream cache). The GPU figures are summarised in `docs/gpu-report.md` "
+             "(`scripts/gpu_report.py`).", "",
+             "| file | what it is | date (UTC) | GPU | command |", "|---|---|---|---|---|"]
+    for row in found:
+        date = (row["date"] or "")[:16].replace("T", " ")
+        command = f"`{row['command']}`" if row["command"] else None
+        if command and not row["command_from_header"]:
+            command += " (not in the file's header)"
+        lines.append(f"| `{row['file']}` | {cell(row['what'])} | {cell(date)} | {cell(row['gpu'])} "
+                     f"| {cell(command)} |")
+    lines += ["", f"Earlier runs (35 run folders, `h200-2026-11-30-run1` to `run34` and the files before them) are "
+                  f"in git history: `git show {HISTORY}:benchmarks/results/<path>`. Where each kept file was:", "",
+              "| file | was (at " + HISTORY + ") |", "|---|---|"]
+    lines += [f"| `{row['file']}` | `{row['was']}` |" for row in found if row["was"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 when the index is stale or a file undescribed")
+    args = parser.parse_args()
+    found = rows()
+    text = render(found)
+    index = RESULTS / "README.md"
+    if args.check:
+        undescribed = [row["file"] for row in found if not row["what"]]
+        stale = not index.exists() or index.read_text() != text
+        for name in undescribed:
+            print(f"{name}: not described (add it to KINDS in scripts/index_results.py)", file=sys.stderr)
+        if stale:
+            print(f"{index.relative_to(REPO)} is stale: run python3 scripts/index_results.py", file=sys.stderr)
+        return 1 if stale or undescribed else 0
+    index.write_text(text)
+    print(f"wrote {index.relative_to(REPO)} ({len(found)} files)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
