@@ -1,9 +1,15 @@
-"""The patch catalog: `patches/<component>/<name>/patch.toml` plus one diff per variant (see patches/README.md)."""
+"""The patch catalog: `patches/<component>/<name>/patch.toml` plus its diffs (see patches/README.md).
+
+patch.toml is data from a folder the user may point elsewhere (`--patches`): every key is checked for its type, and
+anything malformed (bytes that are not UTF-8, TOML errors, a key of the wrong type, a diff file outside the patch's
+folder) is a CatalogError naming the file and the key, exit 3, before anything is read from the target.
+"""
 from __future__ import annotations
 
+import re
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -18,23 +24,66 @@ else:  # pragma: no cover
 
 COMPONENTS = ("comfyui", "torch")
 
+TEXT_KEYS = ("title", "summary", "reach", "risks", "measured")
+TOP_LEVEL_KEYS = (*TEXT_KEYS, "effect_probe", "default", "shared", "requires", "requires_text", "variant")
+VARIANT_KEYS = ("name", "versions", "diff", "tested")
+REQUIRES_TEXT_KEYS = ("file", "pattern", "why")
+
 
 class CatalogError(RefusedError):
     """The catalog itself is missing or malformed: refused before anything is read from the target."""
 
 
 @dataclass(frozen=True)
+class TextRequirement:
+    """A line the target file must hold for the patch to make sense (pil-pixel-limit reads MAX_RESOLUTION).
+
+    Checked at plan time against the bytes the file will hold once the patches planned before it are written."""
+    file: str                    # relative to the component root, like the paths in the diffs
+    pattern: str                 # a Python regex, searched line by line (re.MULTILINE)
+    why: str = ""
+
+    def met_by(self, data: bytes | None) -> bool:
+        if data is None:
+            return False
+        return re.search(self.pattern, data.decode("utf-8", "replace"), re.MULTILINE) is not None
+
+    def describe(self) -> str:
+        return f"{self.file} has no line matching {self.pattern!r}" + (f" ({self.why})" if self.why else "")
+
+
+@dataclass(frozen=True)
 class Variant:
     name: str
     versions: SpecifierSet
-    diff_path: Path
+    diff_path: Path                          # the variant's own diff (what differs between eras)
     tested: tuple[str, ...] = ()
+    shared: tuple[Path, ...] = ()            # the patch's shared diffs, read before diff_path (patch.toml `shared`)
+
+    @property
+    def diff_paths(self) -> tuple[Path, ...]:
+        return (*self.shared, self.diff_path)
 
     def covers(self, version: str) -> bool:
         return self.versions.contains(public_version(version), prereleases=True)
 
+    def is_below(self, version: str) -> bool:
+        """True when the variant's range ends before `version` (an upper bound excludes it): a newer release."""
+        v = public_version(version)
+        for spec in self.versions:
+            op, bound = spec.operator, spec.version
+            if op in ("<", "<=", "==", "===") and not bound.endswith(".*"):
+                try:
+                    limit = Version(bound)
+                except InvalidVersion:
+                    continue
+                if v > limit or (op == "<" and v == limit):
+                    return True
+        return False
+
     def read_diff(self) -> bytes:
-        return self.diff_path.read_bytes()
+        """The full diff of this variant: the shared diffs, then its own (byte-identical to one combined file)."""
+        return b"".join(path.read_bytes() for path in self.diff_paths)
 
 
 @dataclass(frozen=True)
@@ -51,6 +100,10 @@ class Patch:
     effect_probe: str | None
     default: bool
     variants: tuple[Variant, ...] = field(default_factory=tuple)
+    requires: tuple[str, ...] = ()                      # ids of patches that must be applied with or before it
+    requires_text: tuple[TextRequirement, ...] = ()
+    # The patches named in `requires`, resolved by load_catalog (for checking that they are applied in the files).
+    required: tuple["Patch", ...] = field(default=(), compare=False, repr=False)
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:
@@ -62,6 +115,10 @@ class Patch:
     def variants_for(self, version: str) -> list[Variant]:
         return [v for v in self.variants if v.covers(version)]
 
+    def is_past_every_variant(self, version: str) -> bool:
+        """The version is newer than every variant's range (a release the catalog has not caught up with)."""
+        return all(v.is_below(version) for v in self.variants)
+
 
 def public_version(version: str) -> Version:
     """'2.13.0+cu130' -> Version('2.13.0'): local labels never decide which variant fits."""
@@ -71,60 +128,191 @@ def public_version(version: str) -> Version:
         raise RefusedError(f"cannot read version {version!r}") from exc
 
 
-def load_patch(folder: Path, component: str) -> Patch:
-    meta_path = folder / "patch.toml"
+# ------------------------------------------------------------------------------------------- reading patch.toml
+
+def _read_meta(meta_path: Path) -> dict:
     try:
-        meta = tomllib.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise CatalogError(f"{meta_path}: {exc}") from exc
-    patch_id = f"{component}/{folder.name}"
+        raw = meta_path.read_bytes()
+    except OSError as exc:
+        raise CatalogError(f"{meta_path}: cannot be read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"{meta_path}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start})") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{meta_path}: not valid TOML: {exc}") from exc
+
+
+def _expect(meta_path: Path, where: str, key: str, value, kind: type, what: str):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CatalogError(f"{meta_path}: {where}{key!r} must be {what}, not {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def _string_list(meta_path: Path, where: str, key: str, value) -> tuple[str, ...]:
+    _expect(meta_path, where, key, value, list, "a list of strings")
+    for item in value:
+        _expect(meta_path, where, f"{key}[]", item, str, "a string")
+    return tuple(value)
+
+
+def _file_in_folder(meta_path: Path, where: str, key: str, name: str) -> Path:
+    """A file named in patch.toml: relative, no '..', inside the patch's folder, and present."""
+    folder = meta_path.parent
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if not name or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts \
+            or "\x00" in name:
+        raise CatalogError(f"{meta_path}: {where}{key!r} = {name!r} must name a file inside {folder}")
+    path = folder.joinpath(*parts)
+    try:
+        inside = path.resolve().is_relative_to(folder.resolve())
+    except OSError:
+        inside = False
+    if not inside:
+        raise CatalogError(f"{meta_path}: {where}{key!r} = {name!r} leads outside {folder}")
+    if not path.is_file():
+        raise CatalogError(f"{meta_path}: {where}{key!r}: diff {name} is missing")
+    return path
+
+
+def _unknown_keys(meta_path: Path, where: str, table: dict, allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise CatalogError(f"{meta_path}: {where}unknown key {unknown[0]!r}",
+                           hint=f"known keys: {', '.join(allowed)} (patches/README.md)")
+
+
+def _variants(meta_path: Path, meta: dict, shared: tuple[Path, ...]) -> tuple[Variant, ...]:
+    raw_variants = meta.get("variant")
+    if raw_variants is None:
+        raise CatalogError(f"{meta_path}: no [[variant]]")
+    if not isinstance(raw_variants, list):
+        raise CatalogError(f"{meta_path}: 'variant' must be an array of tables ([[variant]]), "
+                           f"not {type(raw_variants).__name__}")
     variants = []
-    for raw in meta.get("variant", []):
+    for index, raw in enumerate(raw_variants, start=1):
+        where = f"[[variant]] #{index}: "
+        if not isinstance(raw, dict):
+            raise CatalogError(f"{meta_path}: {where}must be a table, not {type(raw).__name__}")
+        _unknown_keys(meta_path, where, raw, VARIANT_KEYS)
+        for key in ("name", "versions", "diff"):
+            if key not in raw:
+                raise CatalogError(f"{meta_path}: a [[variant]] lacks {key!r}")
+        name = _expect(meta_path, where, "name", raw["name"], str, "a string")
+        where = f"variant {name!r}: "
+        if not name.strip():
+            raise CatalogError(f"{meta_path}: [[variant]] #{index}: 'name' is empty")
+        spec = _expect(meta_path, where, "versions", raw["versions"], str, "a version specifier string")
         try:
-            name, spec, diff = raw["name"], raw["versions"], raw["diff"]
             versions = SpecifierSet(spec)
-        except KeyError as exc:
-            raise CatalogError(f"{meta_path}: a [[variant]] lacks {exc.args[0]!r}") from exc
         except InvalidSpecifier as exc:
-            raise CatalogError(f"{meta_path}: variant {raw.get('name')!r}: bad specifier: {exc}") from exc
-        diff_path = folder / diff
-        if not diff_path.is_file():
-            raise CatalogError(f"{meta_path}: variant {name!r}: diff {diff} is missing")
-        variants.append(Variant(name, versions, diff_path, tuple(raw.get("tested", ()))))
+            raise CatalogError(f"{meta_path}: variant {name!r}: bad specifier: {exc}") from exc
+        diff = _expect(meta_path, where, "diff", raw["diff"], str, "a file name (string)")
+        diff_path = _file_in_folder(meta_path, where, "diff", diff)
+        tested = _string_list(meta_path, where, "tested", raw.get("tested", []))
+        for label in tested:
+            if not label.strip():
+                raise CatalogError(f"{meta_path}: {where}'tested' holds an empty version")
+        variants.append(Variant(name, versions, diff_path, tested, shared))
     if not variants:
         raise CatalogError(f"{meta_path}: no [[variant]]")
     if len({v.name for v in variants}) != len(variants):
         raise CatalogError(f"{meta_path}: variant names repeat")
+    return tuple(variants)
+
+
+def _requires_text(meta_path: Path, value) -> tuple[TextRequirement, ...]:
+    _expect(meta_path, "", "requires_text", value, list, "an array of tables ([[requires_text]])")
+    found = []
+    for index, raw in enumerate(value, start=1):
+        where = f"[[requires_text]] #{index}: "
+        if not isinstance(raw, dict):
+            raise CatalogError(f"{meta_path}: {where}must be a table, not {type(raw).__name__}")
+        _unknown_keys(meta_path, where, raw, REQUIRES_TEXT_KEYS)
+        for key in ("file", "pattern"):
+            if key not in raw:
+                raise CatalogError(f"{meta_path}: {where}lacks {key!r}")
+        file = _expect(meta_path, where, "file", raw["file"], str, "a path (string)")
+        parts = PurePosixPath(file.replace("\\", "/")).parts
+        if not file or file.startswith(("/", "\\")) or ".." in parts:
+            raise CatalogError(f"{meta_path}: {where}'file' = {file!r} must be relative to the component root")
+        pattern = _expect(meta_path, where, "pattern", raw["pattern"], str, "a regular expression (string)")
+        try:
+            re.compile(pattern, re.MULTILINE)
+        except re.error as exc:
+            raise CatalogError(f"{meta_path}: {where}'pattern' is not a regular expression: {exc}") from exc
+        why = _expect(meta_path, where, "why", raw.get("why", ""), str, "a string")
+        found.append(TextRequirement(file, pattern, why.strip()))
+    return tuple(found)
+
+
+def load_patch(folder: Path, component: str) -> Patch:
+    meta_path = folder / "patch.toml"
+    meta = _read_meta(meta_path)
+    _unknown_keys(meta_path, "", meta, TOP_LEVEL_KEYS)
+    patch_id = f"{component}/{folder.name}"
+    text = {key: _expect(meta_path, "", key, meta.get(key, ""), str, "a string").strip() for key in TEXT_KEYS}
+    effect_probe = meta.get("effect_probe")
+    if effect_probe is not None:
+        _expect(meta_path, "", "effect_probe", effect_probe, str, "a probe name (string)")
+    default = _expect(meta_path, "", "default", meta.get("default", True), bool, "true or false")
+    shared = tuple(_file_in_folder(meta_path, "", "shared", name)
+                   for name in _string_list(meta_path, "", "shared", meta.get("shared", [])))
+    requires = _string_list(meta_path, "", "requires", meta.get("requires", []))
+    for required in requires:
+        if required.count("/") != 1 or required.split("/")[0] not in COMPONENTS:
+            raise CatalogError(f"{meta_path}: 'requires' names {required!r}, not a patch id (<component>/<name>)")
+    requires_text = _requires_text(meta_path, meta.get("requires_text", []))
+    variants = _variants(meta_path, meta, shared)
+    if any(v.diff_path in shared for v in variants):
+        raise CatalogError(f"{meta_path}: a variant's 'diff' is also listed in 'shared'")
     return Patch(
         id=patch_id,
         component=component,
         name=folder.name,
         folder=folder,
-        title=meta.get("title", patch_id),
-        summary=meta.get("summary", "").strip(),
-        reach=meta.get("reach", "").strip(),
-        risks=meta.get("risks", "").strip(),
-        measured=meta.get("measured", "").strip(),
-        effect_probe=meta.get("effect_probe"),
-        default=bool(meta.get("default", True)),
-        variants=tuple(variants),
+        title=text["title"] or patch_id,
+        summary=text["summary"],
+        reach=text["reach"],
+        risks=text["risks"],
+        measured=text["measured"],
+        effect_probe=effect_probe,
+        default=default,
+        variants=variants,
+        requires=requires,
+        requires_text=requires_text,
     )
 
 
 def load_catalog(root: Path | None = None) -> list[Patch]:
-    """Every patch under root (default: the packaged patches/), sorted by id."""
+    """Every patch under root (default: the packaged patches/), sorted by id. A folder with no patch at all is an
+    error (a mistyped `--patches` must not look like an empty catalog)."""
     root = Path(root) if root is not None else PATCHES_DIR
     if not root.is_dir():
         raise CatalogError(f"catalog folder {root} does not exist",
-                           hint="applier runs from a checkout (pip install -e .), which holds patches/")
+                           hint="--patches takes a folder laid out like patches/ (patches/README.md)")
     patches = []
     for component in COMPONENTS:
         comp_dir = root / component
         if not comp_dir.is_dir():
             continue
-        for folder in sorted(p for p in comp_dir.iterdir() if (p / "patch.toml").is_file()):
-            patches.append(load_patch(folder, component))
-    return patches
+        try:
+            folders = sorted(p for p in comp_dir.iterdir() if (p / "patch.toml").is_file())
+        except OSError as exc:
+            raise CatalogError(f"catalog folder {comp_dir} cannot be read: {exc.strerror or exc}") from exc
+        patches += [load_patch(folder, component) for folder in folders]
+    if not patches:
+        raise CatalogError(f"catalog folder {root} holds no patch",
+                           hint=f"expected {root}/<{'|'.join(COMPONENTS)}>/<name>/patch.toml (patches/README.md)")
+    by_id = {p.id: p for p in patches}
+    for patch in patches:
+        for required in patch.requires:
+            if required not in by_id or required == patch.id:
+                raise CatalogError(f"{patch.folder / 'patch.toml'}: 'requires' names {required!r}, "
+                                   "which is not another patch of the catalog")
+    return [replace(p, required=tuple(by_id[r] for r in p.requires)) if p.requires else p for p in patches]
 
 
 def select_patches(catalog: list[Patch], only: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> list[Patch]:

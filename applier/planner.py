@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from applier import diffengine
 from applier.catalog import Patch, Variant
 from applier.diffengine import FilePatch, FilePlan, HunkState
-from applier.errors import ApplierError, HunkConflict, NoVariantError, RefusedError
+from applier.errors import ApplierError, HunkConflict, NoVariantError, RefusedError, UnsafePathError
 from applier.fsutil import read_bytes_or_none
 from applier.paths import resolve_inside
 from applier.target import Target
@@ -63,14 +63,38 @@ def not_applicable_reason(target: Target, patch: Patch) -> str | None:
     return None
 
 
+STATE_FOLDER = ".applier"
+
+
 def load_file_patches(patch: Patch, variant: Variant) -> list[FilePatch]:
+    """The file patches of one variant: the patch's shared diffs, then the variant's own.
+
+    The one entry point for apply, revert, status and `catalog check`. Refused here, before any file is read: a diff
+    that does not parse, two sections for one file (a shared diff and a variant's diff touching the same path), and
+    any path with a `.applier` component (the catalog is data and never writes the tool's own state)."""
     try:
-        return diffengine.parse_patch(variant.read_diff())
+        file_patches = diffengine.parse_patch(variant.read_diff())
+    except OSError as exc:
+        raise RefusedError(f"{patch.id} variant {variant.name}: cannot read its diff: {exc}") from exc
     except ApplierError as exc:
         raise RefusedError(f"{patch.id} variant {variant.name}: {exc.message}") from exc
+    seen = set()
+    for fp in file_patches:
+        parts = PurePosixPath(fp.path.replace("\\", "/")).parts
+        if any(part.lower() == STATE_FOLDER for part in parts):
+            raise UnsafePathError(f"{patch.id} variant {variant.name}: the diff names {fp.path}, inside applier's "
+                                  f"own {STATE_FOLDER}/ folder - refused")
+        if fp.path in seen:
+            raise RefusedError(f"{patch.id} variant {variant.name}: two sections change {fp.path}",
+                               hint="a shared diff and the variant's diff must not touch the same file")
+        seen.add(fp.path)
+    return file_patches
 
 
 Pending = dict  # {Path: bytes | None}: what earlier patches of the same run will have written
+
+NEWER_CATALOG_HINT = ("this release is newer than the catalog: a newer applier (or a maintainer's "
+                      "`applier catalog refresh`) carries the variant for it")
 
 
 def read_planned(path: Path, pending: Pending | None) -> bytes | None:
@@ -108,6 +132,17 @@ def choose_variant(target: Target, patch: Patch, *, fuzz: int = 0,
                              f"{', '.join(v.name for v in fitting)} (a catalog error)")
     if not fitting:
         claimed = "; ".join(f"{v.name}: {v.versions}" for v in patch.variants)
+        if patch.is_past_every_variant(version):
+            # A release newer than the catalog: its text often still matches the newest era, and a clean dry run
+            # is the same evidence selection uses for versionless trees. Said so in the reason.
+            why = f"{patch.component} {version} is outside every variant's range"
+            try:
+                return choose_by_dry_run(target, patch, fuzz, pending, why)
+            except NoVariantError as exc:
+                raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version}, which is newer "
+                                     f"than every variant's range ({claimed}), and none applies cleanly",
+                                     hint=f"{exc.hint}; {NEWER_CATALOG_HINT}" if exc.hint else NEWER_CATALOG_HINT
+                                     ) from exc
         raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version} (variants: {claimed})",
                              hint="a maintainer adds one with `applier catalog refresh` (patches/README.md)")
     variant = fitting[0]
@@ -136,6 +171,8 @@ def choose_by_dry_run(target: Target, patch: Patch, fuzz: int, pending: Pending 
             failures.append(f"{variant.name}: {exc.path} hunk #{exc.hunk_index}: {exc.reason.splitlines()[0]}")
     if len(clean) == 1:
         variant, changes = clean[0]
+        if why.endswith("outside every variant's range"):
+            return variant, changes, f"{why}; variant {variant.name} applies cleanly (dry run)"
         return variant, changes, f"{why}; only variant {variant.name} applies cleanly (dry run)"
     if not clean:
         raise NoVariantError(f"{patch.id}: {why}, and no variant applies cleanly", hint="; ".join(failures))
@@ -145,14 +182,18 @@ def choose_by_dry_run(target: Target, patch: Patch, fuzz: int, pending: Pending 
 
 
 def plan_patch(target: Target, patch: Patch, *, fuzz: int = 0, explicit: bool = False,
-               pending: Pending | None = None) -> PatchPlan:
+               pending: Pending | None = None, planned: dict[str, PatchPlan] | None = None) -> PatchPlan:
     """The plan for one patch. A patch that cannot fit this target is "not-applicable" when it came from the
     default selection, and a refusal when the user asked for it by name (explicit)."""
     reason = not_applicable_reason(target, patch)
     version = target.component_version(patch.component)
+    if reason is None:
+        reason = unmet_requirement(target, patch, pending, planned)
     if reason:
         if explicit:
-            raise RefusedError(f"{patch.id} is not applicable: {reason}")
+            raise RefusedError(f"{patch.id} is not applicable: {reason}",
+                               hint="nothing was changed" + (f"; apply {', '.join(patch.requires)} with it"
+                                                             if patch.requires else ""))
         return PatchPlan(patch, "not-applicable", reason, component_version=version)
     try:
         variant, changes, how = choose_variant(target, patch, fuzz=fuzz, pending=pending)
@@ -170,9 +211,70 @@ def plan_apply(target: Target, patches: list[Patch], *, fuzz: int = 0, explicit:
     (max-resolution and pil-pixel-limit both edit nodes.py). Raises on the first refusal: all-or-nothing."""
     pending: Pending = {}
     plans = []
+    planned: dict[str, PatchPlan] = {}
     for patch in patches:
-        plan = plan_patch(target, patch, fuzz=fuzz, explicit=explicit, pending=pending)
+        plan = plan_patch(target, patch, fuzz=fuzz, explicit=explicit, pending=pending, planned=planned)
         for change in plan.changes:
             pending[change.path] = change.plan.new
         plans.append(plan)
+        planned[patch.id] = plan
     return plans
+
+
+def unmet_requirement(target: Target, patch: Patch, pending: Pending | None = None,
+                      planned: dict[str, PatchPlan] | None = None) -> str | None:
+    """Why the patch cannot go on this target yet (its `requires_text` / `requires` in patch.toml), or None.
+
+    Text requirements are checked against the bytes each file will hold after the patches planned before it in the
+    same run (pending); a required patch must be planned in this run (apply / already-applied) or be applied in the
+    files already. Nothing here writes."""
+    root = target.component_root(patch.component)
+    for requirement in patch.requires_text:
+        path = resolve_inside(root, requirement.file, patch_id=patch.id)
+        if not requirement.met_by(read_planned(path, pending)):
+            return f"needs what this tree lacks: {requirement.describe()}"
+    for required in patch.requires:
+        plan = (planned or {}).get(required)
+        if plan is not None and plan.action in ("apply", "already-applied"):
+            continue
+        if plan is None and _applied_in_files(target, patch, required, pending):
+            continue
+        return f"needs {required}, which is neither applied nor part of this run"
+    return None
+
+
+def _applied_in_files(target: Target, patch: Patch, required_id: str, pending: Pending | None) -> bool:
+    required = next((p for p in patch.required if p.id == required_id), None)
+    if required is None:
+        return False
+    try:
+        _, changes, _ = choose_variant(target, required, pending=pending)
+    except RefusedError:
+        return False
+    return all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
+
+
+def clear_record_command(patch_id: str) -> str:
+    """The command that drops a recorded patch whose files an update replaced: revert restores nothing that is
+    still upstream's own text, and forgets the record (the same advice from `apply` and `status`)."""
+    return f"applier revert --only {patch_id}"
+
+
+def reapply_plan(target: Target, patch: Patch, *, fuzz: int = 0) -> PatchPlan:
+    """The plan that re-applies a recorded patch an update has undone ("lost"), for `apply` and `status` to share.
+
+    The variant is chosen as for a first apply (by version; a release newer than every range by a clean dry run).
+    When none fits, NoVariantError (exit 3) whose message says so and whose hint gives both ways out: the command
+    that clears the record, and that the catalog needs a newer applier for this release."""
+    try:
+        variant, changes, how = choose_variant(target, patch, fuzz=fuzz)
+    except NoVariantError as exc:
+        version = target.component_version(patch.component) or "of unknown version"
+        raise NoVariantError(
+            f"{patch.id} is recorded as applied but an update replaced its files, and no variant fits "
+            f"{patch.component} {version}: {exc.message}",
+            hint=f"`{clear_record_command(patch.id)}` clears the record (the files are upstream's now); "
+                 f"{NEWER_CATALOG_HINT}") from exc
+    all_applied = all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
+    return PatchPlan(patch, "already-applied" if all_applied else "apply", how, variant,
+                     target.component_version(patch.component), changes)
