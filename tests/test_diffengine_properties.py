@@ -232,3 +232,104 @@ def test_git_apply_agrees_with_the_diff_writer(tmp_path_factory, pair):
     subprocess.run([GIT, "-c", "core.autocrlf=false", "apply", "--whitespace=nowarn", "change.diff"],
                    cwd=folder, check=True, capture_output=True)
     assert (folder / "pkg" / "mod.py").read_bytes() == new
+
+
+# ------------------------------------------------------------------------- carriage returns, byte for byte
+
+# Line contents drawn from few bytes (so lines repeat) that include a lone CR, also at a line's end: b"x\r" as a
+# last line without newline, or b"x\r" + b"\r\n", are the bytes that a CR-blind writer or parser loses.
+CR_CONTENTS = [b"", b"a", b"b", b"\r", b"a\r", b"\ra", b"a\rb", b"\xff\r", b" \t"]
+CR_ENDINGS = [b"\n", b"\r\n"]
+
+
+@st.composite
+def cr_lines(draw, min_size: int = 0, max_size: int = 10):
+    return [draw(st.sampled_from(CR_CONTENTS)) + draw(st.sampled_from(CR_ENDINGS))
+            for _ in range(draw(st.integers(min_size, max_size)))]
+
+
+def cr_render(lines: list[bytes], final_newline: bool) -> bytes:
+    """The file's bytes; without a final newline the last line loses its LF (a CR before it stays: b"x\\r")."""
+    if lines and not final_newline:
+        lines = lines[:-1] + [lines[-1][:-1]]
+    return b"".join(lines)
+
+
+@st.composite
+def cr_edited_files(draw, distinct: bool = False):
+    """(a, b): random bytes made of lines with LF / CRLF / lone CR endings and maybe no final newline, and a random
+    edit of them (lines inserted, deleted, replaced, re-ended, a CR added or removed at a line's end, the final
+    newline toggled). With `distinct`, every line starts with its own number, so no hunk's place is in doubt."""
+    numbers = iter(range(10_000))
+
+    def numbered(line: bytes) -> bytes:
+        return b"%d " % next(numbers) + line if distinct else line
+
+    old = [numbered(line) for line in draw(cr_lines())]
+    lines = list(old)
+    for _ in range(draw(st.integers(1, 4))):
+        operation = draw(st.sampled_from(["insert", "delete", "replace", "re-end", "toggle-cr"]))
+        at = draw(st.integers(0, len(lines)))
+        if operation == "insert":
+            lines[at:at] = [numbered(line) for line in draw(cr_lines(1, 3))]
+        elif at < len(lines):
+            content = lines[at][:-2] if lines[at].endswith(b"\r\n") else lines[at][:-1]
+            if operation == "delete":
+                del lines[at]
+            elif operation == "replace":
+                lines[at] = numbered(draw(st.sampled_from(CR_CONTENTS)) + draw(st.sampled_from(CR_ENDINGS)))
+            elif operation == "re-end":
+                lines[at] = content + (b"\n" if lines[at].endswith(b"\r\n") else b"\r\n")
+            else:  # a CR at the end of the content: b"x\r\n" <-> b"x\r\r\n", and b"x" <-> b"x\r" at the end
+                ending = lines[at][len(content):]
+                lines[at] = (content[:-1] if content.endswith(b"\r") else content + b"\r") + ending
+    old_final, new_final = draw(st.booleans()), draw(st.booleans())
+    a, b = cr_render(old, old_final), cr_render(lines, new_final)
+    assume(a != b)
+    return a, b
+
+
+def assert_round_trip(a: bytes, b: bytes, *, ambiguity_allowed: bool) -> None:
+    fp = patch_of(a, b)
+    for data, reverse, want in ((a, False, b), (b, True, a)):
+        try:
+            plan = diffengine.plan_file(fp, data, reverse=reverse)
+        except diffengine.HunkConflict as error:
+            assert ambiguity_allowed and is_ambiguity(error), str(error)
+            event("refused as ambiguous")
+            continue
+        assert plan.new == want
+
+
+@given(cr_edited_files())
+def test_every_carriage_return_survives_a_diff_and_its_reverse(pair):
+    a, b = pair
+    assert_round_trip(a, b, ambiguity_allowed=True)
+
+
+@given(cr_edited_files(distinct=True))
+def test_every_carriage_return_survives_when_no_hunk_is_in_doubt(pair):
+    a, b = pair
+    assert_round_trip(a, b, ambiguity_allowed=False)
+
+
+@pytest.mark.parametrize("a, b", [
+    (b"a\r", b"b\r"), (b"x\na\r", b"x\nb\r"), (b"a\r", b"a"), (b"a", b"a\r"), (b"\r", b""), (b"q\n\r", b"q\n"),
+    (b"x\r\r\n", b"x\r\n"), (b"x\r\n", b"x\r\r\n"), (b"a\r\nb", b"a\r\nb\r"),
+])
+def test_a_carriage_return_at_the_end_of_a_line_is_kept(a, b):
+    """The cases the fuzzing of issue 16 found (a last line without newline that ends in CR lost it)."""
+    assert_round_trip(a, b, ambiguity_allowed=False)
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+@settings(max_examples=30)
+@given(cr_edited_files())
+def test_git_apply_agrees_with_the_diff_writer_on_carriage_returns(tmp_path_factory, pair):
+    a, b = pair
+    folder = tmp_path_factory.mktemp("git-apply-cr")
+    (folder / "mod.py").write_bytes(a)
+    (folder / "change.diff").write_bytes(diffengine.unified_diff(a, b, "mod.py"))
+    subprocess.run([GIT, "-c", "core.autocrlf=false", "apply", "--whitespace=nowarn", "change.diff"],
+                   cwd=folder, check=True, capture_output=True)
+    assert (folder / "mod.py").read_bytes() == b

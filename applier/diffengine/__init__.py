@@ -31,13 +31,15 @@ RULES (what "present", "found" and "ending" mean here):
 * Line model. A file is split on b"\n" only; every line keeps its own ending: b"\n", b"\r\n", or b"" for a final
   line without newline. A lone b"\r" is content. A UTF-8 BOM is held apart from the lines and written back as it
   was (a patch does not add or remove a BOM of an existing file). Text is never decoded for matching: the patch is
-  decoded as UTF-8 with surrogateescape, so its lines encode back to the exact bytes.
+  decoded as UTF-8 with surrogateescape, so its lines encode back to the exact bytes. In a patch, a line marked
+  "\ No newline at end of file" is its bytes plus the diff's own LF, so a CR before that LF is content (a file
+  that ends in b"x\r"), except in a CRLF-transported patch.
 * Matching. A hunk line matches a file line when both are equal after dropping the ending and one trailing b"\r",
   so an LF patch matches a CRLF file and the reverse. The final newline is strict: an image whose last line is
   marked "\ No newline at end of file" only matches at the end of a file whose last line has no ending, and an
   image without the marker never matches a last line without ending. A match is "exact" when, in addition, every
-  line ending the patch carries equals the file's (a CRLF-transported patch, recognised by its CRLF "@@" headers,
-  carries no ending information).
+  line the patch carries equals the file's byte for byte, its ending and a trailing b"\r" of its content
+  included (a CRLF-transported patch, recognised by its CRLF "@@" headers, carries no ending information).
 * Locating a hunk. The expected line is the header's line plus the running offset of the hunks before it. Each
   image (pre and post) is searched at the expected line, then outward (smallest distance first; on equal distance
   the earlier line), never before the end of the previous hunk, so hunks apply in order without overlap. As in GNU
@@ -49,8 +51,9 @@ RULES (what "present", "found" and "ending" mean here):
 * Classifying a hunk. Only the pre-image found => NOT_APPLIED; only the post-image => APPLIED; neither =>
   CONFLICT. Both found: the one nearer the expected line wins; on equal distance a non-empty image beats an
   empty one (a hunk without context matches anywhere), then an exact match beats a loose one (this tells apart
-  hunks that only change line endings). A full tie is CONFLICT with a note starting "ambiguous": with repeated
-  lines nothing tells "applied" from "not applied", and guessing could skip a change or apply it twice.
+  hunks that only change line endings, or a CR at a line's end). A full tie is CONFLICT with a note starting
+  "ambiguous": with repeated lines nothing tells "applied" from "not applied", and guessing could skip a change
+  or apply it twice.
 * Endings of inserted lines. When the pre-image matched exactly, the patch's own endings are used (a faithful
   diff of a mixed-ending file round-trips byte for byte). Otherwise an inserted line takes the ending of the line it
   replaces, else of the line before it, else of the line after it, else the file's dominant ending; LF when the

@@ -14,6 +14,7 @@ class _Image:
     endings: tuple[bytes | None, ...]  # the patch's ending per image line; None: unknown
     no_newline: bool
     base: int                          # 0-based index where the header puts the image
+    contents: tuple[bytes, ...] = ()   # each line's own bytes (a kept trailing b"\r" included); () if unknown
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -24,11 +25,12 @@ def _images(hunk: Hunk) -> tuple[_Image, _Image]:
 
     def build(kinds: str, start: int, length: int, no_newline: bool) -> _Image:
         positions = tuple(i for i, (kind, _) in enumerate(hunk.lines) if kind in kinds)
-        keys = tuple(_key(_encode(hunk.lines[i][1])) for i in positions)
+        contents = tuple(_encode(hunk.lines[i][1]) for i in positions)
+        keys = tuple(_key(content) for content in contents)
         image_endings = tuple(None if endings[i] is None else endings[i].encode() for i in positions)
         # the header gives the first line for a non-empty image, the line *after which* to insert for an empty one
         base = start - 1 if length > 0 else start
-        return _Image(keys, image_endings, no_newline, max(base, 0))
+        return _Image(keys, image_endings, no_newline, max(base, 0), contents)
 
     return (build(" -", hunk.source_start, hunk.source_length, hunk.source_no_newline),
             build(" +", hunk.target_start, hunk.target_length, hunk.target_no_newline))
@@ -130,10 +132,13 @@ def _locate(file: _FileLines, image: _Image, first: int, stop: int, shape: _Shap
 
 
 def _exact(file: _FileLines, image: _Image, first: int, stop: int, pos: int) -> bool:
-    """Do the patch's own line endings agree with the file's at a match? (Vacuously so for no line.)"""
+    """Do the patch's own bytes agree with the file's at a match, line endings and a trailing b"\r" of a line's
+    content included? (Vacuously so for no line.)"""
     for i in range(first, stop):
         ending = image.endings[i]
         if ending is None or file.endings[pos + i - first] != ending:
+            return False
+        if image.contents and file.contents[pos + i - first] != image.contents[i]:
             return False
     return True
 
@@ -152,7 +157,8 @@ class _Finding:
 def _find_hunk(file: _FileLines, hunk: Hunk, lo: int, delta: int, max_fuzz: int) -> _Finding:
     pre, post = _images(hunk)
     expected = pre.base + delta
-    same = pre.keys == post.keys and pre.no_newline == post.no_newline and pre.endings == post.endings
+    same = (pre.keys == post.keys and pre.no_newline == post.no_newline and pre.endings == post.endings
+            and pre.contents == post.contents)
     for shape in _shapes(hunk, max_fuzz):
         pre_first, pre_stop = _reduced(pre, shape)
         post_first, post_stop = _reduced(post, shape)

@@ -161,6 +161,11 @@ def _convert_hunk(path: str, index: int, hunk, raw_lines: list[str], transported
             previous = kinds[-1]
             source_no_newline |= previous in (" ", "-")
             target_no_newline |= previous in (" ", "+")
+            if endings[-1] == "\r\n":
+                # A last line without newline is written as its bytes plus the diff's own LF: a CR before that
+                # LF belongs to the line (a file ending in "x\r"), unless the whole patch went through a CRLF
+                # conversion (then its endings are None and say nothing).
+                texts[-1] += "\r"
             endings[-1] = ""
             continue
         value = line.value
