@@ -1,4 +1,15 @@
-"""Where the applier's non-code resources live (catalog, overlays, verify suite) and how to load the verify suite."""
+"""Where the applier's non-code resources live (catalog, overlays, verify suite) and how to load the verify suite.
+
+Two places, decided once at import:
+
+- a checkout (the repository, an editable install, `python -m applier` from the source tree): the folders
+  `patches/`, `verify/` and `overlays/` beside the `applier/` package, as they are in the repository;
+- an installed wheel (`pip install .`, `pipx install .`): their copies inside the package, `applier/_data/<folder>`,
+  put there by the build (setup.cfg maps the packages `applier._data.patches` etc. to the repository folders).
+
+A checkout is recognised by its setup.cfg and all three folders beside the package, so a stray `patches/` or
+`verify/` folder in site-packages is never mistaken for the catalog.
+"""
 from __future__ import annotations
 
 import importlib.util
@@ -7,11 +18,37 @@ from pathlib import Path
 from types import ModuleType
 
 import applier
+from applier.errors import RefusedError
 
-REPO_ROOT = Path(applier.__file__).resolve().parent.parent
-PATCHES_DIR = REPO_ROOT / "patches"
-OVERLAYS_DIR = REPO_ROOT / "overlays"
-VERIFY_DIR = REPO_ROOT / "verify"
+RESOURCE_FOLDERS = ("patches", "verify", "overlays")
+
+PACKAGE_DIR = Path(applier.__file__).resolve().parent
+# The repository root when running from a checkout (its docs/ and tests/ are there); only meaningful then.
+REPO_ROOT = PACKAGE_DIR.parent
+BUNDLED_DIR = PACKAGE_DIR / "_data"
+
+
+def is_checkout(root: Path) -> bool:
+    """True when root is a source tree of applier: setup.cfg and the three resource folders beside the package."""
+    return (root / "setup.cfg").is_file() and all((root / name).is_dir() for name in RESOURCE_FOLDERS)
+
+
+def find_resource_root(package_dir: Path = PACKAGE_DIR) -> tuple[Path, str]:
+    """(folder that holds patches/, verify/ and overlays/, "checkout" or "installed").
+
+    A checkout wins over a bundled copy, so that editing the repository's catalog takes effect at once in an
+    editable install. An install with neither (a broken build) gets the bundled paths: every command that needs them
+    then refuses with the missing path in its message (the catalog loader's exit 3).
+    """
+    if is_checkout(package_dir.parent):
+        return package_dir.parent, "checkout"
+    return package_dir / "_data", "installed"
+
+
+RESOURCE_ROOT, RESOURCE_ORIGIN = find_resource_root()
+PATCHES_DIR = RESOURCE_ROOT / "patches"
+OVERLAYS_DIR = RESOURCE_ROOT / "overlays"
+VERIFY_DIR = RESOURCE_ROOT / "verify"
 
 VERIFY_MODULE_NAME = "applier_verify"
 
@@ -21,15 +58,19 @@ def load_verify() -> ModuleType:
 
     verify/ is a folder of the repository rather than a subpackage of applier because its probes are scripts that
     run in the target's interpreter; the applier side of it is imported under a name of its own so that it can
-    never collide with a `verify` module of the user's environment.
+    never collide with a `verify` module of the user's environment (nor with `applier._data.verify`, the same
+    files in an installed wheel).
     """
     loaded = sys.modules.get(VERIFY_MODULE_NAME)
     if loaded is not None:
         return loaded
     init = VERIFY_DIR / "__init__.py"
+    if not init.is_file():
+        raise RefusedError(f"the verify suite is missing: {init} does not exist",
+                           hint="reinstall applier (a wheel carries it as applier/_data/verify)")
     spec = importlib.util.spec_from_file_location(
         VERIFY_MODULE_NAME, init, submodule_search_locations=[str(VERIFY_DIR)])
-    if spec is None or spec.loader is None:  # pragma: no cover - only when the folder is missing from an install
+    if spec is None or spec.loader is None:  # pragma: no cover - spec_from_file_location of an existing .py
         raise ImportError(f"cannot load the verify suite from {VERIFY_DIR}")
     module = importlib.util.module_from_spec(spec)
     # Registered before executing so that the package's relative imports find their parent.
