@@ -1,0 +1,38 @@
+"""The reliability suite (issue 16): black-box tests through the CLI, every one marked slow.
+
+Sections, one file each:
+    test_rel_failpoints.py    apply / revert / overlay install / overlay uninstall killed at every failpoint
+    test_rel_sigkill.py       the same four commands SIGKILLed at random moments (APPLIER_KILLS per command)
+    test_rel_concurrency.py   8 concurrent writers (apply/revert) with status readers
+    test_rel_confinement.py   copied installs, crafted state / journal / catalog: nothing outside changes
+    test_rel_bad_inputs.py    every bad-input class ends with a documented exit code, never a traceback
+    test_rel_fuzz.py          hypothesis over catalog TOML and state / journal / manifest JSON
+                              (APPLIER_FUZZ_EXAMPLES examples per target)
+
+Shared helpers live in reltools.py; scripts/reliability_figures.py runs the sections and writes the figures.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+for folder in (str(REPO), str(REPO / "tests"), str(HERE)):
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+import os
+
+import pytest
+
+import reltools  # noqa: F401  (captures the real os.fsync for forked runs before any test turns it off)
+
+
+@pytest.fixture(autouse=True)
+def no_fsync_in_this_process(monkeypatch):
+    """The commands this process runs in-process (setup, recovery, checks) skip fsync: it only matters for power
+    loss, which no test here simulates (a killed process loses nothing the kernel has), and it costs a second per
+    test on a busy disk. Subprocesses, the ones that get killed, keep it."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
