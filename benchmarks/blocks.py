@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -179,13 +180,8 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
         return fl.matmul_fp8(codes, scale, w_codes, w_scale, b, torch.bfloat16)
 
     def linear_accum(fast):
-        def run():
-            saved, fl.FAST_ACCUM = fl.FAST_ACCUM, fast
-            try:
-                return fl.linear_fp8(x, weight, b)
-            finally:
-                fl.FAST_ACCUM = saved
-        return run
+        settings = dataclasses.replace(fl.SETTINGS, fast_accum=fast)
+        return lambda: fl.linear_fp8(x, weight, b, settings=settings)
 
     reference = F.linear(x, w, b).float()
     frobenius = {f"fp8_linear_{'fast' if fast else 'exact'}_accum": float(
@@ -201,7 +197,7 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
         "fp8_prequantised_gemm": lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b, torch.bfloat16),
         "fp8_prequantised_gemm_fast_accum": lambda: fl.matmul_fp8(a_codes, a_scale, w_codes, w_scale, b,
                                                                   torch.bfloat16, fast_accum=True),
-        # the product's setting (FAST_ACCUM) and the other one, side by side
+        # the product's setting (fl.SETTINGS.fast_accum) and the other one, side by side
         "fp8_linear_with_triton_quant": lambda: fl.linear_fp8(x, weight, b),
         "fp8_linear_with_triton_quant_fast_accum": linear_accum(True),
         "fp8_linear_with_triton_quant_exact_accum": linear_accum(False),
@@ -211,7 +207,7 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
     }
     timings = {name: queued_gpu_ms(call, l2_flush=flush) for name, call in calls.items()}
     del flush
-    result = {"shape_MKN": [m, k, n], "ms": timings, "fast_accum_default": fl.FAST_ACCUM,
+    result = {"shape_MKN": [m, k, n], "ms": timings, "fast_accum_default": fl.SETTINGS.fast_accum,
               "timing": "GPU time per call, all calls queued behind a GPU sleep first (no host launch gaps), L2 "
                         "flushed before each",
               "relative_frobenius_vs_bf16": frobenius,

@@ -54,7 +54,11 @@ def load_package_as(root: Path, name: str):
 
 
 def ops_of(package: str) -> dict:
-    return {"fl": importlib.import_module(f"{package}.ops.fp8_linear"),
+    try:
+        modules = importlib.import_module(f"{package}.integration.fp8_modules")
+    except ModuleNotFoundError:      # a package from before the module wiring moved out of ops/fp8_linear.py
+        modules = importlib.import_module(f"{package}.ops.fp8_linear")
+    return {"fm": modules,
             "qf": importlib.import_module(f"{package}.ops.quantize_fp8"),
             "gq": importlib.import_module(f"{package}.ops.gelu_quantize_fp8")}
 
@@ -143,13 +147,13 @@ def part_host(result: dict, ops: dict, cycles_per_ms: float) -> None:
                for version in ops}
 
     def linear_call(version, name):
-        fl, module = ops[version]["fl"], modules[version][name]
+        fm, module = ops[version]["fm"], modules[version][name]
         stock = torch.nn.Linear.forward.__get__(module)
-        return lambda: fl.fp8_linear_forward(module, x, stock)
+        return lambda: fm.fp8_linear_forward(module, x, stock)
 
     def ffn_call(version):
-        fl, module = ops[version]["fl"], modules[version]["ffn"]
-        return lambda: fl.ffn_forward_fp8(module, x, module.forward)
+        fm, module = ops[version]["fm"], modules[version]["ffn"]
+        return lambda: fm.ffn_forward_fp8(module, x, module.forward)
 
     calls = {"linear_dynamic_bf16_weight": ({v: linear_call(v, "linear") for v in ops}, 150),
              "ffn_gelu_dynamic": ({v: ffn_call(v) for v in ops}, 80),
@@ -182,13 +186,13 @@ def part_host(result: dict, ops: dict, cycles_per_ms: float) -> None:
 
 def breakdown(op: dict, module, x: torch.Tensor, cycles_per_ms: float) -> dict:
     """Host us of the pieces of one dynamic FP8 linear call (GPU busy), median over rounds."""
-    fl, qf = op["fl"], op["qf"]
+    fm, qf = op["fm"], op["qf"]
     x2d = x.reshape(-1, HIDDEN)
-    plan = fl.fp8_plan_of(module, x)
+    plan = fm.fp8_plan_of(module, x)
     weight = plan.weight
     codes, scale = qf.quantize_dynamic_triton(x2d)
     pieces = {
-        "plan_lookup": lambda: fl.fp8_plan_of(module, x),
+        "plan_lookup": lambda: fm.fp8_plan_of(module, x),
         "quantize_dynamic_triton": lambda: qf.quantize_dynamic_triton(x2d),
         "scaled_mm": lambda: torch._scaled_mm(codes, weight.codes_t, scale_a=scale, scale_b=weight.scale_fp32,
                                               bias=plan.bias, out_dtype=x.dtype),

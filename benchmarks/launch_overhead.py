@@ -35,6 +35,7 @@ def host_us(fn, calls: int = 2000, rounds: int = 5) -> dict:
 
 
 def main() -> None:
+    from fused_dit.integration import fp8_modules as fm
     from fused_dit.ops import fp8_linear as fl
     from fused_dit.ops import quantize_fp8 as qf
 
@@ -91,7 +92,7 @@ def main() -> None:
     linear = torch.nn.Linear(256, 256, device="cuda", dtype=torch.bfloat16).eval()
     stock = linear.forward
     with torch.no_grad():
-        timings["fp8_linear_forward"] = host_us(lambda: fl.fp8_linear_forward(linear, x, stock))
+        timings["fp8_linear_forward"] = host_us(lambda: fm.fp8_linear_forward(linear, x, stock))
         timings["bf16_linear_forward"] = host_us(lambda: stock(x))
         # fused_dit.launch's direct path against the JIT's kernel[grid] (FUSED_DIT_DIRECT_LAUNCH=0), interleaved
         # round by round: this host's per-call cost moves in steps during a run (seen: 51 -> 32 us), so timing
@@ -100,7 +101,7 @@ def main() -> None:
         from fused_dit import launch
         result["direct_launch_enabled"] = launch.direct_enabled()
         pairs = {"quantize_dynamic_triton": lambda: qf.quantize_dynamic_triton(x),
-                 "fp8_linear_forward": lambda: fl.fp8_linear_forward(linear, x, stock)}
+                 "fp8_linear_forward": lambda: fm.fp8_linear_forward(linear, x, stock)}
         interleaved = {f"{name}_{path}": [] for name in pairs for path in ("direct", "jit_path")}
         for _ in range(5):
             for name, fn in pairs.items():

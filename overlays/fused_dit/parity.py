@@ -356,6 +356,7 @@ def _linear_fp8_comfy_module(M, K, N, dtype):
     """A ComfyUI fp8 checkpoint Linear (e4m3 weight, scale_weight, unit input scale) through the overlay, against
     the eager chain of ComfyUI's fp8_linear: the in-place clamp, the fp8 cast, torch._scaled_mm."""
     def body(gen):
+        from .integration import fp8_modules as fm
         from .ops import fp8_linear as fl
         from .ops import quantize_fp8 as qf
         x = torch.randn(M, K, generator=gen, device=gen.device).to(dtype) * 40   # some beyond 448
@@ -366,7 +367,7 @@ def _linear_fp8_comfy_module(M, K, N, dtype):
         module.weight.data, module.bias.data = w_codes.clone(), b.clone()
         module.scale_weight, module.scale_input = w_scale.clone(), None
         ours, theirs = x.clone(), x.clone()
-        out = fl.linear_fp8(ours, fl.fp8_weight_of(module), fl.module_bias(module, ours))
+        out = fl.linear_fp8(ours, fm.fp8_weight_of(module), fm.module_bias(module, ours))
         eager = torch._scaled_mm(qf.quantize_fp8_comfy_reference(theirs).contiguous(), module.weight.t(),
                                  out_dtype=dtype, bias=module.bias, scale_a=torch.ones((), device=x.device),
                                  scale_b=module.scale_weight)

@@ -6,8 +6,11 @@ comfy/ldm/wan/model.py as of 2025-10): same class names, attribute names and for
 are plain torch modules (no comfy.ops casting, no weight_function), attention is torch SDPA, and the
 module-level helpers the overlays look up (`attention`, `optimized_attention`, `repeat_e`) are defined here.
 
-`make_flux_stack` / `make_wan_stack` build a small model; `run(model, inputs, ops)` runs it stock (ops=None) or with
-the overlays enabled, restoring the stock forwards afterwards.
+`make_flux_stack` / `make_wan_stack` build a small model in the state a ComfyUI release leaves its diffusion model in
+(`comfy_state`: "0.3.64", training mode with parameters requiring grad, as ComfyUI 0.3.64 and earlier leave Flux and
+Wan; "newer", `.eval().requires_grad_(False)` as newer BaseModel.__init__ does); `run(model, inputs, ops)` runs it
+under torch.inference_mode() as ComfyUI's executor does, stock (ops=None) or with the overlays enabled, restoring
+the stock forwards afterwards.
 """
 from __future__ import annotations
 
@@ -314,18 +317,32 @@ def _randomise(model: nn.Module, generator: torch.Generator) -> None:
                 p.copy_(0.02 * values)
 
 
-def _random_model(build, dtype, device, seed):
-    """(model built on device with seeded random weights, in dtype and eval mode; the generator, for its inputs)."""
+COMFY_STATES = ("0.3.64", "newer")
+
+
+def as_comfy_leaves_it(model: nn.Module, comfy_state: str) -> nn.Module:
+    """The model in the mode and requires_grad state a ComfyUI release leaves its diffusion model in."""
+    if comfy_state == "0.3.64":
+        return model.train().requires_grad_(True)
+    if comfy_state == "newer":
+        return model.eval().requires_grad_(False)
+    raise ValueError(f"comfy_state={comfy_state!r}; expected one of {COMFY_STATES}")
+
+
+def _random_model(build, dtype, device, seed, comfy_state):
+    """(model built on device with seeded random weights, in dtype and the state `comfy_state` names; the
+    generator, for its inputs)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
         model = build()
     _randomise(model, generator)
-    return model.to(dtype=dtype).eval(), generator
+    return as_comfy_leaves_it(model.to(dtype=dtype), comfy_state), generator
 
 
 def make_flux_stack(hidden=64, heads=4, depth=1, depth_single=1, batch=2, img_len=24, txt_len=8,
-                    dtype=torch.float32, device="cpu", seed=0):
-    model, generator = _random_model(lambda: Flux(hidden, heads, depth, depth_single), dtype, device, seed)
+                    dtype=torch.float32, device="cpu", seed=0, comfy_state="0.3.64"):
+    model, generator = _random_model(lambda: Flux(hidden, heads, depth, depth_single), dtype, device, seed,
+                                     comfy_state)
     head_dim = hidden // heads
     positions = torch.arange(txt_len + img_len, dtype=torch.float32)
     pe = rope_table(positions, head_dim).reshape(1, 1, txt_len + img_len, head_dim // 2, 2, 2)
@@ -339,8 +356,8 @@ def make_flux_stack(hidden=64, heads=4, depth=1, depth_single=1, batch=2, img_le
 
 
 def make_wan_stack(dim=64, heads=4, ffn_dim=128, depth=1, batch=2, length=24, context_len=8,
-                   dtype=torch.float32, device="cpu", seed=0):
-    model, generator = _random_model(lambda: WanModel(dim, ffn_dim, heads, depth), dtype, device, seed)
+                   dtype=torch.float32, device="cpu", seed=0, comfy_state="0.3.64"):
+    model, generator = _random_model(lambda: WanModel(dim, ffn_dim, heads, depth), dtype, device, seed, comfy_state)
     head_dim = dim // heads
     freqs = rope_table(torch.arange(length, dtype=torch.float32), head_dim).reshape(1, length, 1, head_dim // 2, 2, 2)
     inputs = dict(
@@ -352,16 +369,17 @@ def make_wan_stack(dim=64, heads=4, ffn_dim=128, depth=1, batch=2, length=24, co
 
 
 def run(model: nn.Module, inputs: dict, ops=None) -> torch.Tensor:
-    """Stock forward (ops=None) or with `fused_dit.enable(model, ops)`; inputs are cloned (blocks write in place)."""
+    """Stock forward (ops=None) or with `fused_dit.enable(model, ops)`, under torch.inference_mode() as ComfyUI's
+    executor runs a prompt; inputs are cloned (blocks write in place)."""
     import fused_dit
 
     fresh = {k: v.clone() for k, v in inputs.items()}
     if ops is None:
-        with torch.no_grad():
+        with torch.inference_mode():
             return model(**fresh)
     fused_dit.enable(model, ops=ops)
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             return model(**fresh)
     finally:
         fused_dit.disable(model)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fused_dit import dispatch
+from fused_dit.integration import fp8_modules as fm
 from fused_dit.ops import fp8_linear as fl
 from fused_dit.ops import gelu_quantize_fp8 as gq
 from fused_dit.ops import quantize_fp8 as qf
@@ -158,7 +159,7 @@ def test_linear_fp8_comfy_module_uses_its_own_codes_and_clamps_input():
         module.weight.data = (torch.randn(16, 32) / 4).to(E4M3)
     module.scale_weight = torch.tensor(0.5)
     module.scale_input = None
-    fp8 = fl.fp8_weight_of(module)
+    fp8 = fm.fp8_weight_of(module)
     assert fp8.static_input and fp8.codes.data_ptr() == module.weight.data_ptr()
     x = torch.randn(4, 32).bfloat16()
     x[0, 0] = 1000.0
@@ -170,50 +171,52 @@ def test_linear_fp8_comfy_module_uses_its_own_codes_and_clamps_input():
 
 def test_fp8_weight_cache_follows_weight_changes():
     module = torch.nn.Linear(32, 16).bfloat16()
-    first = fl.fp8_weight_of(module)
-    assert fl.fp8_weight_of(module) is first
+    first = fm.fp8_weight_of(module)
+    assert fm.fp8_weight_of(module) is first
     with torch.no_grad():
         module.weight.mul_(2)                             # in-place edit bumps the version counter
-    second = fl.fp8_weight_of(module)
+    second = fm.fp8_weight_of(module)
     assert second is not first and second.scale.item() == pytest.approx(2 * first.scale.item())
-    fl.drop_fp8_cache(module)
-    assert fl._CACHE_ATTR not in module.__dict__
+    fm.drop_fp8_cache(module)
+    assert fm._CACHE_ATTR not in module.__dict__
 
 
 @pytest.mark.parametrize("setup, expected", [
     (lambda m: setattr(m, "weight_function", [lambda w: w]), "weight_function/bias_function"),
     (lambda m: setattr(m, "bias_function", [lambda b: b]), "weight_function/bias_function"),
-    (lambda m: m.train(), "training"),
+    (lambda m: m.requires_grad_(True), "autograd records this call"),
 ])
 def test_fp8_forward_declines_and_runs_stock_forward(setup, expected, caplog):
-    module = torch.nn.Linear(32, 16).bfloat16().eval()
+    module = torch.nn.Linear(32, 16).bfloat16().requires_grad_(False)
     setup(module)
     x = torch.randn(3, 32).bfloat16()
     dispatch._said.clear()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
-        out = fl.fp8_linear_forward(module, x, module.forward)
+        out = fm.fp8_linear_forward(module, x, module.forward)
     assert torch.equal(out, torch.nn.Linear.forward(module, x))
-    assert expected in fl.decline_reason(module, x)
+    assert expected in fm.decline_reason(module, x)
     assert any("fp8_linear -> stock forward" in r.getMessage() for r in caplog.records)
 
 
 def test_fp8_forward_on_cpu_declines_with_capability_reason():
-    module = torch.nn.Linear(32, 16).bfloat16().eval()
-    reason = fl.decline_reason(module, torch.randn(2, 32).bfloat16())
+    module = torch.nn.Linear(32, 16).bfloat16()
+    with torch.inference_mode():
+        reason = fm.decline_reason(module, torch.randn(2, 32).bfloat16())
     assert reason and ("CPU" in reason or "interpreter" in reason)
 
 
 def test_fp8_forward_declines_shapes_not_divisible_by_16():
-    module = torch.nn.Linear(30, 16).bfloat16().eval()
-    assert "divisible by 16" in fl.decline_reason(module, torch.randn(2, 30).bfloat16())
+    module = torch.nn.Linear(30, 16).bfloat16()
+    with torch.inference_mode():
+        assert "divisible by 16" in fm.decline_reason(module, torch.randn(2, 30).bfloat16())
 
 
 def test_ffn_forward_without_fp8_matches_stock():
     ffn = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(64, 32))
-    ffn = ffn.bfloat16().eval()
-    assert fl.is_gelu_tanh_ffn(ffn)
+    ffn = ffn.bfloat16()
+    assert fm.is_gelu_tanh_ffn(ffn)
     x = torch.randn(2, 3, 32).bfloat16()
-    assert torch.equal(fl.ffn_forward_fp8(ffn, x, ffn.forward), ffn(x))
+    assert torch.equal(fm.ffn_forward_fp8(ffn, x, ffn.forward), ffn(x))
 
 
 @interpreter_only
@@ -234,16 +237,16 @@ def test_dynamic_kernels_reduce_partial_maxima_across_many_programs(monkeypatch)
 
 
 def test_fp8_plan_is_rebuilt_when_the_module_changes():
-    module = torch.nn.Linear(32, 16).bfloat16().eval()
+    module = torch.nn.Linear(32, 16).bfloat16().requires_grad_(False)
     x = torch.randn(3, 32).bfloat16()
-    first = fl.fp8_plan_of(module, x)
-    assert fl.fp8_plan_of(module, x) is first               # nothing changed: the cached plan
+    first = fm.fp8_plan_of(module, x)
+    assert fm.fp8_plan_of(module, x) is first               # nothing changed: the cached plan
     module.weight_function = [lambda w: w]
-    declined = fl.fp8_plan_of(module, x)
+    declined = fm.fp8_plan_of(module, x)
     assert declined is not first and "weight_function" in declined.decline_reason
     module.weight_function = []
     with torch.no_grad():
         module.weight.mul_(2)
-    assert fl.fp8_plan_of(module, x).key != first.key
-    fl.drop_fp8_cache(module)
-    assert fl._PLAN_ATTR not in module.__dict__
+    assert fm.fp8_plan_of(module, x).key != first.key
+    fm.drop_fp8_cache(module)
+    assert fm._PLAN_ATTR not in module.__dict__

@@ -19,8 +19,8 @@ import sys
 
 import torch
 
-from ..ops.fp8_linear import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward,
-                              is_gelu_tanh_ffn, is_linear, restore_stored_weight, stock_forward_of, store_fp8_only)
+from .fp8_modules import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward, is_gelu_tanh_ffn,
+                          is_linear, restore_stored_weight, slot_of, stock_forward_of, store_fp8_only)
 
 log = logging.getLogger("fused_dit")
 
@@ -28,19 +28,32 @@ OP_FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
 # where the FP8 linears' bf16/fp16 weights stay: beside their FP8 codes on the GPU, or in host memory
 FP8_WEIGHT_STORAGE = ("alongside", "replace")
 OVERLAY_MARK = "_fused_dit_overlay"
+# (key, saved forward, the partial): the overlay forward of the last enable, handed out again by the next enable of
+# the same overlay, so torch.compile's guards on `module.forward` hold across ComfyUI's enable/disable per step
+_REUSED_FORWARD_ATTR = "_fused_dit_reused_forward"
 
 
 class UnsupportedModelError(ValueError):
     """The model has no block the overlays know (only ComfyUI's Flux and Wan are supported)."""
 
 
-def install_forward(module: torch.nn.Module, overlay_forward) -> None:
-    """Set `module.forward` to `overlay_forward(stock_forward, *args, **kwargs)`; idempotent."""
+def install_forward(module: torch.nn.Module, overlay_forward, key) -> None:
+    """Set `module.forward` to `overlay_forward(stock_forward, *args, **kwargs)`; idempotent.
+
+    `key` names the overlay (e.g. the op families): a later install with the same key over the same stock forward
+    gets the same forward object back.
+    """
     if OVERLAY_MARK in module.__dict__:
         return
-    module.__dict__[SAVED_FORWARD_ATTR] = module.__dict__.get("forward")
-    stock = stock_forward_of(module)
-    module.__dict__["forward"] = functools.partial(overlay_forward, stock)
+    saved = module.__dict__.get("forward")
+    module.__dict__[SAVED_FORWARD_ATTR] = saved
+    reused = module.__dict__.get(_REUSED_FORWARD_ATTR)
+    if reused is not None and reused[0] == key and reused[1] is saved:
+        forward = reused[2]
+    else:
+        forward = functools.partial(overlay_forward, stock_forward_of(module))
+        module.__dict__[_REUSED_FORWARD_ATTR] = (key, saved, forward)
+    module.__dict__["forward"] = forward
     module.__dict__[OVERLAY_MARK] = True
 
 
@@ -91,10 +104,12 @@ def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) 
             continue
         if is_gelu_tanh_ffn(module):
             handled.update({id(module[0]), id(module[2])})
-            install_forward(module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock))
+            slot_of(module)
+            install_forward(module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock), "fp8_ffn")
             linears += [module[0], module[2]]
         elif is_linear(module):
-            install_forward(module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock))
+            slot_of(module)
+            install_forward(module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock), "fp8_linear")
             linears.append(module)
     return linears
 
@@ -107,7 +122,8 @@ def install_block_overlays(block, ops, report, class_name, expected_parameters, 
         return reason
     block_ops = ops - {"fp8_linear"}
     if block_ops:
-        install_forward(block, lambda stock, *a, **kw: forward(block, block_ops, stock, *a, **kw))
+        install_forward(block, lambda stock, *a, **kw: forward(block, block_ops, stock, *a, **kw),
+                        ("block", block_ops))
     if "fp8_linear" in ops:
         linears = install_fp8_linears(block, linear_skip)
         report["fp8_linears"] += len(linears)

@@ -1,0 +1,421 @@
+"""FP8 linears as module forwards: which nn.Module may run in FP8, its cached FP8 weight, the stock fallback.
+
+The op itself (`fused_dit.ops.fp8_linear`) takes tensors; this module knows nn.Module, ComfyUI's Linear
+attributes and weights:
+- bf16/fp16 weights are quantised once and cached on the module, keyed by the weight tensor's identity, storage,
+  device and version counter, so a ModelPatcher that swaps or edits a weight (LoRA baking, offload/reload) gets a
+  fresh quantisation; ComfyUI's fp8 checkpoints (e4m3 weight, `scale_weight` / `scale_input`) use their own codes.
+- The FP8 forward DECLINES, and the module's stock forward runs, when ComfyUI's `weight_function` /
+  `bias_function` lists are non-empty (LoRA applied on the fly, low-VRAM casts: those functions keep their exact
+  semantics), when autograd records the call (grad mode on and the input, weight or bias requiring grad: the FP8
+  path has no backward), for inputs that are not bf16/fp16, K or N not divisible by 16, a weight on another device
+  than the input (low-VRAM offload), and where dispatch says the FP8 kernels cannot run (CPU, below sm_89). The
+  reason is logged once. Training mode is NOT a reason: ComfyUI 0.3.64 leaves Flux and Wan in training mode for
+  the whole generation and samples under torch.inference_mode().
+
+Per-call cost: each module keeps an `Fp8Plan` (the decline decision, the FP8 weight, the bias in the activation
+dtype) keyed by everything that decision reads; a hit costs one tuple comparison and then goes straight to the
+quantisation kernel and torch._scaled_mm, without re-running the checks or dispatch.
+
+Weight storage: by default the FP8 codes are held beside the module's bf16 weight (1 byte per parameter more on
+the GPU). `store_fp8_only` moves the bf16 weight to host memory once its codes exist, so the GPU holds 1 byte per
+parameter instead of 2 (`fused_dit.enable(model, fp8_weights="replace")`); `restore_stored_weight` moves it back.
+While it is away, a call the FP8 forward declines runs the stock forward with the weight brought back to the GPU
+for that call (slow, logged).
+
+Under torch.compile the module forwards are one custom op each (`fp8_linear_module`, `fp8_ffn_module`), whose
+implementation is the eager forward of this module: Dynamo sees one opaque call taking the input and the module's
+slot number (`slot_of`), decides the autograd test at trace time (it guards grad mode and requires_grad), and never
+traces the plans, the dispatch or the launches.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import dispatch, library
+from ..ops import fp8_linear as op
+from ..ops.fp8_linear import OP, SUPPORTED_ACTIVATION_DTYPES
+from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
+
+_CACHE_ATTR = "_fused_dit_fp8_weight"
+_PLAN_ATTR = "_fused_dit_fp8_plan"
+_STORED_ATTR = "_fused_dit_fp8_stored"
+_grad_enabled = torch.is_grad_enabled
+
+def autograd_needs_stock(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether autograd would record this call: grad mode on and the input, the weight or the bias requiring grad.
+
+    The FP8 path has no backward, so only then must the stock forward run. Training mode says nothing about it:
+    ComfyUI 0.3.64 leaves Flux and Wan in training mode for the whole generation and samples under
+    torch.inference_mode(), where grad mode is off.
+    """
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+
+
+AUTOGRAD_REASON = "autograd records this call (grad enabled and the input, weight or bias requires grad)"
+
+
+def decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """Why this module's FP8 forward must not run for input x (None: it may)."""
+    if autograd_needs_stock(x, module.weight, getattr(module, "bias", None)):
+        return AUTOGRAD_REASON
+    return storage_decline_reason(module, x)
+
+
+def storage_decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """decline_reason without the autograd test: whether FP8 codes of this module's weight could serve input x."""
+    if getattr(module, "weight_function", None) or getattr(module, "bias_function", None):
+        return "ComfyUI weight_function/bias_function present (LoRA or low-VRAM cast): stock forward keeps them"
+    if x.dtype not in SUPPORTED_ACTIVATION_DTYPES:
+        return f"input dtype {x.dtype} (FP8 GEMM output needs bf16/fp16)"
+    weight = module.weight
+    if weight_device(module) != x.device:
+        return f"weight on {weight.device}, input on {x.device} (offloaded weights: stock forward casts them)"
+    n, k = weight.shape
+    if k % 16 or n % 16:
+        return f"weight shape {tuple(weight.shape)} not divisible by 16 (torch._scaled_mm)"
+    if weight.dtype != FP8_DTYPE and weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"weight dtype {weight.dtype}"
+    choice = dispatch.choose(OP, x, min_capability=FP8_MIN_CAPABILITY)
+    if not choice.triton:
+        return choice.reason
+    return None
+
+
+def _tensor_key(tensor: torch.Tensor | None) -> tuple:
+    """What identifies a parameter's current contents: identity, storage, device, in-place edits, dtype."""
+    if tensor is None:
+        return ()
+    return (id(tensor), tensor.data_ptr(), tensor.device, tensor._version, tensor.dtype)
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """A module whose bf16 weight store_fp8_only moved to host memory."""
+    device: torch.device     # where the weight lived, and where its FP8 codes are
+    key: tuple               # _tensor_key of the weight right after the move: still equal, the codes are its own
+
+
+def _stored_intact(module: torch.nn.Module) -> StoredWeight | None:
+    """The module's StoredWeight while its weight is exactly what store_fp8_only left on the host, else None."""
+    stored = module.__dict__.get(_STORED_ATTR)
+    if stored is not None and stored.key == _tensor_key(module.weight):
+        return stored
+    return None
+
+
+def weight_device(module: torch.nn.Module) -> torch.device:
+    """The device the module's weight counts as on: its own, or where its FP8 codes are while it is stored."""
+    stored = _stored_intact(module)
+    return module.weight.device if stored is None else stored.device
+
+
+def fp8_weight_of(module: torch.nn.Module) -> op.Fp8Weight:
+    """The module's FP8 weight, quantised on first use and re-quantised when the weight tensor changes."""
+    weight = module.weight
+    key = _tensor_key(weight)
+    cached = module.__dict__.get(_CACHE_ATTR)
+    if cached is not None and (cached.source_key == key or _stored_intact(module) is not None):
+        return cached
+    if weight.dtype == FP8_DTYPE:
+        scale_weight = getattr(module, "scale_weight", None)
+        scale_input = getattr(module, "scale_input", None)
+        fresh = op.Fp8Weight(
+            codes=weight.detach(),
+            scale=(torch.ones((), device=weight.device, dtype=torch.float32) if scale_weight is None
+                   else scale_weight.detach().to(weight.device, torch.float32)),
+            static_input=True,
+            input_scale=None if scale_input is None else scale_input.detach().to(weight.device, torch.float32),
+            source_key=key)
+    else:
+        codes, scale = op.quantize_weight_fp8(weight)
+        fresh = op.Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=key)
+    module.__dict__[_CACHE_ATTR] = fresh
+    return fresh
+
+
+def drop_fp8_cache(module: torch.nn.Module) -> None:
+    """Forget the module's FP8 codes and plan (a stored weight is moved back first: the codes are its copy)."""
+    restore_stored_weight(module)
+    module.__dict__.pop(_CACHE_ATTR, None)
+    module.__dict__.pop(_PLAN_ATTR, None)
+
+
+def store_fp8_only(module: torch.nn.Module, host: torch.device = torch.device("cpu")) -> int:
+    """Quantise the module's weight now and move the original to `host`; returns the bytes that left the GPU.
+
+    0, and nothing moved, where the FP8 forward could not use the codes (storage_decline_reason for an input of
+    the weight's dtype on its device: CPU weights, GPUs below sm_89, weight functions, shapes) or the weight is
+    stored already / already FP8 (then the codes are the weight itself).
+    """
+    weight = module.weight
+    if _STORED_ATTR in module.__dict__ or weight.dtype == FP8_DTYPE or weight.device.type != "cuda":
+        return 0
+    probe_dtype = weight.dtype if weight.dtype in SUPPORTED_ACTIVATION_DTYPES else torch.bfloat16
+    if storage_decline_reason(module, weight.new_empty((0, weight.shape[-1]), dtype=probe_dtype)) is not None:
+        return 0
+    fp8_weight_of(module)
+    device, freed = weight.device, weight.numel() * weight.element_size()
+    weight.data = weight.detach().to(host)
+    module.__dict__[_STORED_ATTR] = StoredWeight(device, _tensor_key(weight))
+    module.__dict__.pop(_PLAN_ATTR, None)
+    return freed
+
+
+def restore_stored_weight(module: torch.nn.Module) -> bool:
+    """Move a weight store_fp8_only moved back to its device (whatever was done to it meanwhile); True if moved."""
+    stored = module.__dict__.pop(_STORED_ATTR, None)
+    if stored is None:
+        return False
+    weight = module.weight
+    if weight.device != stored.device:
+        weight.data = weight.detach().to(stored.device)
+    module.__dict__.pop(_PLAN_ATTR, None)
+    return True
+
+
+def _declined(module: torch.nn.Module, reason: str, stock_forward, x: torch.Tensor) -> torch.Tensor:
+    """The stock forward for a call the FP8 path declines; a stored weight visits its device for the call."""
+    dispatch.say_once(OP, "stock forward", reason)
+    stored = module.__dict__.get(_STORED_ATTR)
+    weight = module.weight
+    if stored is None or weight.device == stored.device:
+        return stock_forward(x)
+    dispatch.say_once(OP, "stock forward", "weight stored in host memory: copied to the GPU for this call")
+    host = weight.data
+    weight.data = host.to(stored.device)
+    try:
+        return stock_forward(x)
+    finally:
+        weight.data = host
+
+
+def module_bias(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    bias = getattr(module, "bias", None)
+    return None if bias is None else bias.to(device=x.device, dtype=x.dtype)
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """One module's decision for inputs of one device and dtype, and what the FP8 path then needs."""
+    key: tuple
+    decline_reason: str | None
+    weight: op.Fp8Weight | None         # None when declined
+    bias: torch.Tensor | None        # in the input's dtype and device
+
+
+# Per module class: whether `module.weight` / `module.bias` can be read straight from module._parameters. True
+# when the class defines neither name itself and keeps nn.Module's attribute lookup, so the dict read finds what
+# the attribute read would (nn.Module.__setattr__ keeps registered parameters out of the instance __dict__);
+# nn.Module.__getattr__ costs about a microsecond per read, and the plan key reads both on every call.
+_PARAMETERS_READABLE: dict[type, bool] = {}
+
+
+def _parameters_readable(cls: type) -> bool:
+    readable = _PARAMETERS_READABLE.get(cls)
+    if readable is None:
+        readable = _PARAMETERS_READABLE[cls] = (
+            not hasattr(cls, "weight") and not hasattr(cls, "bias")
+            and cls.__getattr__ is torch.nn.Module.__getattr__
+            and cls.__getattribute__ is object.__getattribute__)
+    return readable
+
+
+def _environ_reader(name: str):
+    """A function returning the current raw value of environment variable `name` (None when unset).
+
+    os.environ.get raises and catches a KeyError inside when the variable is unset (the usual case), about a
+    microsecond per call; the mapping behind os.environ answers the same question with one dict lookup. Falls back
+    to os.environ.get when os.environ is not the standard mapping (replaced by a test, another interpreter).
+    """
+    encodekey = getattr(os.environ, "encodekey", None)
+    encoded = encodekey(name) if encodekey is not None else None
+
+    def read():
+        environ = os.environ
+        data = getattr(environ, "_data", None) if type(environ) is os._Environ else None
+        if data is None or encoded is None:
+            return environ.get(name)
+        return data.get(encoded)
+    return read
+
+
+# the raw value (bytes on POSIX) is only compared, never interpreted: equal values, equal keys
+_backend_env = _environ_reader("FUSED_DIT_BACKEND")
+
+
+def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
+    """The module's cached plan for x, rebuilt whenever anything decline_reason or the FP8 weight read changes.
+
+    The key holds what _tensor_key gives for the weight and the bias, the input's device and dtype, whether
+    autograd records the call (autograd_needs_stock), whether weight_function/bias_function are non-empty and the
+    backend environment; it is built inline because it runs on every forward of every FP8 linear (see
+    benchmarks/fp8_host_overhead.py).
+    """
+    attrs = module.__dict__
+    cls = type(module)
+    params = attrs.get("_parameters")
+    if params is not None and "weight" in params and _parameters_readable(cls):
+        weight = params["weight"]
+        bias = params["bias"] if "bias" in params else getattr(module, "bias", None)
+    else:
+        weight = module.weight
+        bias = getattr(module, "bias", None)
+    functions = attrs.get("weight_function")
+    if functions is None:
+        functions = getattr(cls, "weight_function", None)
+    if not functions:
+        functions = attrs.get("bias_function")
+        if functions is None:
+            functions = getattr(cls, "bias_function", None)
+    key = ((id(weight), weight.data_ptr(), weight.device, weight._version, weight.dtype) if weight is not None
+           else (),
+           (id(bias), bias.data_ptr(), bias.device, bias._version, bias.dtype) if bias is not None else (),
+           x.device, x.dtype,
+           _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
+                                or (bias is not None and bias.requires_grad)),
+           bool(functions), _backend_env())
+    plan = attrs.get(_PLAN_ATTR)
+    if plan is not None and plan.key == key:
+        return plan
+    reason = decline_reason(module, x)
+    if reason is None:
+        plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x))
+    else:
+        plan = Fp8Plan(key, reason, None, None)
+    attrs[_PLAN_ATTR] = plan
+    return plan
+
+
+def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) -> torch.Tensor:
+    """Forward for a Linear module: the FP8 path when it may run, else `stock_forward(x)`."""
+    if library.compiling():
+        return _traced_linear_forward(module, x, stock_forward)
+    plan = fp8_plan_of(module, x)
+    if plan.decline_reason is not None:
+        return _declined(module, plan.decline_reason, stock_forward, x)
+    return op.linear_fp8_triton(x, plan.weight, plan.bias)
+
+
+def is_linear(module: torch.nn.Module) -> bool:
+    """A torch Linear or anything shaped like one (ComfyUI's ops.*.Linear subclass torch.nn.Linear)."""
+    return isinstance(module, torch.nn.Linear)
+
+
+def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) -> torch.Tensor:
+    """Linear -> GELU(tanh) -> Linear with FP8 GEMMs and op 7 (GELU fused into the second GEMM's quantisation)."""
+    if library.compiling():
+        return _traced_ffn_forward(ffn, x, stock_forward)
+    fc_in, _, fc_out = ffn[0], ffn[1], ffn[2]
+    plan_in = fp8_plan_of(fc_in, x)
+    if plan_in.decline_reason is not None:
+        hidden = _declined(fc_in, plan_in.decline_reason, stock_forward_of(fc_in), x)
+    else:
+        hidden = op.linear_fp8_triton(x, plan_in.weight, plan_in.bias)
+    plan_out = fp8_plan_of(fc_out, hidden)
+    if plan_out.decline_reason is not None:
+        return _declined(fc_out, plan_out.decline_reason, stock_forward_of(fc_out),
+                         F.gelu(hidden, approximate="tanh"))
+    return op.gelu_linear_fp8_triton(hidden, plan_out.weight, plan_out.bias)
+
+
+def is_gelu_tanh_ffn(module: torch.nn.Module) -> bool:
+    return (isinstance(module, torch.nn.Sequential) and len(module) == 3 and is_linear(module[0])
+            and isinstance(module[1], torch.nn.GELU) and module[1].approximate == "tanh" and is_linear(module[2]))
+
+
+SAVED_FORWARD_ATTR = "_fused_dit_saved_forward"
+
+
+def stock_forward_of(module: torch.nn.Module):
+    """The forward the module had before the overlay replaced it (an earlier instance forward, or its class's)."""
+    if SAVED_FORWARD_ATTR in module.__dict__:
+        saved = module.__dict__[SAVED_FORWARD_ATTR]
+        return saved if saved is not None else type(module).forward.__get__(module)
+    return module.forward
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch.compile: one custom op per module forward
+# ---------------------------------------------------------------------------------------------------------------
+
+SLOT_ATTR = "_fused_dit_slot"
+_modules_by_slot: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_next_slot = [0]
+
+
+def slot_of(module: torch.nn.Module) -> int:
+    """The module's number for the custom ops (assigned at install, kept for the module's life): traced code
+    passes it as a constant, the op's implementation finds the module by it."""
+    slot = module.__dict__.get(SLOT_ATTR)
+    if slot is None:
+        slot = module.__dict__[SLOT_ATTR] = _next_slot[0]
+        _next_slot[0] += 1
+        _modules_by_slot[slot] = module
+    return slot
+
+
+def _module_at(slot: int) -> torch.nn.Module:
+    module = _modules_by_slot.get(slot)
+    if module is None:
+        raise RuntimeError(f"fused_dit: no live module has FP8 slot {slot} (the compiled graph outlived its model)")
+    return module
+
+
+def _any_requires_grad(x: torch.Tensor, linears) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or any(
+        p.requires_grad for m in linears for p in (m.weight, getattr(m, "bias", None)) if p is not None))
+
+
+def _traced_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) -> torch.Tensor:
+    # decided while tracing (Dynamo guards grad mode and requires_grad): the custom op has no backward
+    if _any_requires_grad(x, (module,)):
+        return stock_forward(x)
+    linear = _LINEAR_CLAMPING if module.weight.dtype == FP8_DTYPE else _LINEAR
+    return linear(x, module._fused_dit_slot, module.weight.shape[0])
+
+
+def _traced_ffn_forward(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) -> torch.Tensor:
+    if _any_requires_grad(x, (ffn[0], ffn[2])):
+        return stock_forward(x)
+    ffn_op = _FFN_CLAMPING if ffn[0].weight.dtype == FP8_DTYPE else _FFN
+    return ffn_op(x, ffn._fused_dit_slot, ffn[2].weight.shape[0])
+
+
+def _linear_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+    module = _module_at(slot)
+    return fp8_linear_forward(module, x, stock_forward_of(module))
+
+
+def _ffn_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+    ffn = _module_at(slot)
+    return ffn_forward_fp8(ffn, x, stock_forward_of(ffn))
+
+
+def _linear_fake(x, slot, out_features):
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+# ComfyUI's fp8 checkpoints (e4m3 weights without scale_input) clamp the input in place, as ComfyUI's fp8_linear
+# does: their ops declare that they mutate x
+_LINEAR = library.register("fp8_linear_module", _linear_impl, _linear_fake)
+_FFN = library.register("fp8_ffn_module", _ffn_impl, _linear_fake)
+
+
+def _linear_clamping_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+    return _linear_impl(x, slot, out_features)
+
+
+def _ffn_clamping_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+    return _ffn_impl(x, slot, out_features)
+
+
+_LINEAR_CLAMPING = library.register("fp8_linear_module_clamping", _linear_clamping_impl, _linear_fake,
+                                    mutates_args=("x",))
+_FFN_CLAMPING = library.register("fp8_ffn_module_clamping", _ffn_clamping_impl, _linear_fake, mutates_args=("x",))
