@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -9,13 +10,27 @@ import click
 
 from applier import __version__
 from applier.catalog import COMPONENTS, load_catalog, select_patches
-from applier.errors import EXIT_DRIFT, EXIT_INTERNAL, EXIT_VERIFY_FAILED, ApplierError
+from applier.errors import EXIT_DRIFT, EXIT_INTERNAL, EXIT_OK, EXIT_VERIFY_FAILED, ApplierError, RefusedError
+from applier.fsutil import io_failure
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
 
 def main() -> None:
-    cli.main(prog_name="applier")
+    try:
+        cli.main(prog_name="applier")
+    except BrokenPipeError:
+        quiet_broken_pipe()
+
+
+def quiet_broken_pipe() -> None:
+    """The reader of our output went away (`applier list | head`): stop quietly, no traceback at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    sys.exit(EXIT_OK)
 
 
 class ApplierGroup(click.Group):
@@ -30,6 +45,11 @@ class ApplierGroup(click.Group):
             raise
         except KeyboardInterrupt:
             raise
+        except BrokenPipeError:
+            quiet_broken_pipe()
+        except OSError as exc:  # the file system refused something no check foresaw: still a message, exit 8
+            failure = io_failure(exc, Path(exc.filename) if exc.filename else Path("?"), "access")
+            emit_error(ctx, failure.message, failure.hint, failure.exit_code, "IOFailure")
         except Exception as exc:  # a bug: say so plainly, keep the traceback for a report
             import traceback
             traceback.print_exc()
@@ -94,6 +114,8 @@ def cli(ctx):
     applier revert --target ComfyUI/      byte-identical restore
     """
     ctx.ensure_object(dict)
+    if os.environ.get("NO_COLOR"):  # https://no-color.org: any non-empty value
+        ctx.color = False
 
 
 # ------------------------------------------------------------------ detect
@@ -158,26 +180,56 @@ def list_cmd(target, python, patches_dir, as_json):
             click.echo(f"{'':32} {s.reason}")
 
 
-def compute_statuses(target, python, patches_dir):
-    from applier.journal import recover_if_pending
+def compute_statuses(target, python, patches_dir, only: tuple[str, ...] = ()):
+    from applier.journal import recover, recover_if_pending
+    from applier.lock import target_lock
     from applier.state import StateStore
-    from applier.status import compute_status
+    from applier.status import DRIFT, compute_status
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
-    store = StateStore(found.state_dir)
+    check_known(catalog, only)
+    store = StateStore.for_target(found, catalog)
     recovered = recover_if_pending(store)
-    return compute_status(found, catalog, store.load()), found, recovered
+    statuses = compute_status(found, catalog, store.load(), only)
+    if any(s.state in DRIFT for s in statuses) and store.dir.is_dir():
+        # A run in flight (a revert between its file writes and its state) looks like drift to a reader that
+        # takes no lock: look again once it is done, under the lock.
+        try:
+            with target_lock(store.dir):
+                recovered = recover(store) or recovered
+                statuses = compute_status(found, catalog, store.load(), only)
+        except ApplierError as exc:
+            if exc.exit_code not in (4, 8):  # locked or not writable: the first reading stands
+                raise
+    return statuses, found, recovered
+
+
+def check_known(catalog, only: tuple[str, ...]) -> None:
+    """An unknown patch id is exit 3 in every command."""
+    select_patches(catalog, only)
+
+
+def complete_patch_ids(ctx, param, incomplete):
+    """Shell completion of patch ids (and component names) from the catalog --patches names, or the packaged one."""
+    try:
+        catalog = load_catalog(ctx.params.get("patches_dir"))
+    except Exception:  # completion must never print a traceback into the user's shell
+        return []
+    names = [p.id for p in catalog] + list(COMPONENTS)
+    return [name for name in names if name.startswith(incomplete)]
 
 
 @cli.command()
 @target_options
-def status(target, python, patches_dir, as_json):
+@click.option("--only", multiple=True, metavar="ID", shell_complete=complete_patch_ids,
+              help="Only this patch id, or a component (comfyui, torch). Repeatable.")
+def status(target, python, patches_dir, as_json, only):
     """Per patch: applied / not applied / lost (an update replaced the file) / modified. Exit 5 on drift.
 
     Example: applier status --target ComfyUI/
     """
     from applier.status import DRIFT
-    statuses, found, recovered = compute_statuses(target, python, patches_dir)
+    statuses, found, recovered = compute_statuses(target, python, patches_dir, tuple(only))
     drift = [s for s in statuses if s.state in DRIFT]
     if as_json:
         out_json({"target": str(found.root), "recovered": recovered, "drift": bool(drift),
@@ -201,8 +253,9 @@ def status(target, python, patches_dir, as_json):
 # ------------------------------------------------------------------ apply / revert
 
 def selection_options(func):
-    func = click.option("--skip", multiple=True, metavar="ID", help="Leave this patch (or component) out.")(func)
-    func = click.option("--only", multiple=True, metavar="ID",
+    func = click.option("--skip", multiple=True, metavar="ID", shell_complete=complete_patch_ids,
+                        help="Leave this patch (or component) out.")(func)
+    func = click.option("--only", multiple=True, metavar="ID", shell_complete=complete_patch_ids,
                         help="Only this patch id, or a component (comfyui, torch). Repeatable.")(func)
     return func
 
@@ -223,10 +276,14 @@ def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
     catalog = load_catalog(patches_dir)
     chosen = select_patches(catalog, tuple(only), tuple(skip))
     explicit = bool(only) and all(o not in COMPONENTS for o in only)
-    result = operations.apply(found, chosen, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
+    result = operations.apply(found, chosen, catalog=catalog, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
+    stale = [{"id": pid, "advice": advice} for pid, advice in result.stale]
     if as_json:
-        return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
-                         "warnings": result.warnings, "patches": [p.to_json() for p in result.plans]})
+        out_json({"ok": not stale, "dry_run": dry_run, "recovered": result.recovered,
+                  "warnings": result.warnings, "stale": stale, "patches": [p.to_json() for p in result.plans]})
+        if stale:
+            sys.exit(EXIT_DRIFT)
+        return
     if result.recovered:
         click.echo(result.recovered)
     for plan in result.plans:
@@ -236,22 +293,38 @@ def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
         click.echo(f"{plan.patch.id:32} {verb}{variant}: {plan.reason}")
         for change in plan.files:
             for h in change.plan.hunks:
-                where = f"line {h.line}" if h.line else "new file"
-                # the engine's note already words offsets and fuzz when it has something to say
-                extra = f" ({h.note})" if h.note else "".join(
-                    [f", offset {h.offset:+d}" if h.offset else "", f", fuzz {h.fuzz}" if h.fuzz else ""])
-                click.echo(f"    {change.relpath} hunk #{h.index}: {h.state.value} at {where}{extra}")
+                click.echo(f"    {change.relpath} hunk #{h.index}: {hunk_line(h, plan.action, dry_run)}")
     for warning in result.warnings:
         click.echo(f"warning: {warning}")
     if not dry_run and result.applied:
         click.echo(f"applied {len(result.applied)} patch(es); state in {found.state_dir}")
-    elif not result.applied:
+    elif not result.applied and not stale:
         click.echo("nothing to do")
+    for item in stale:
+        click.secho(f"drift: {item['advice']}", fg="yellow", err=True)
+    if stale:
+        sys.exit(EXIT_DRIFT)
+
+
+def hunk_line(h, action: str, dry_run: bool) -> str:
+    """One hunk of the apply report, worded for what happened: a hunk found not applied before a successful run
+    is now applied; in a dry run it would be."""
+    where = f"line {h.line}" if h.line else "new file"
+    # the engine's note already words offsets and fuzz when it has something to say
+    extra = f" ({h.note})" if h.note else "".join(
+        [f", offset {h.offset:+d}" if h.offset else "", f", fuzz {h.fuzz}" if h.fuzz else ""])
+    state = h.state.value
+    if action == "apply" and state == "not-applied":
+        state = "would apply" if dry_run else "applied"
+    elif state == "applied":
+        state = "already applied"
+    return f"{state} at {where}{extra}"
 
 
 @cli.command()
 @target_options
-@click.option("--only", multiple=True, metavar="ID", help="Only this patch id, or a component. Repeatable.")
+@click.option("--only", multiple=True, metavar="ID", shell_complete=complete_patch_ids,
+              help="Only this patch id, or a component. Repeatable.")
 @click.option("--force", is_flag=True,
               help="Restore originals even of files edited since apply (their current bytes are saved first).")
 @click.option("--dry-run", is_flag=True, help="Report what would be restored; write nothing.")
@@ -263,6 +336,7 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run):
     from applier import operations
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
+    check_known(catalog, tuple(only))
     result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run)
     if as_json:
         return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
@@ -275,15 +349,20 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run):
     for report in result.reports:
         click.echo(f"{report.id}: {'would revert' if dry_run else 'reverted'}")
         for f in report.files:
-            click.echo(f"    {f.action:14} {f.path}  {f.note}")
+            action = DRY_RUN_VERBS.get(f.action, f.action) if dry_run else f.action
+            click.echo(f"    {action:16} {f.path}  {f.note}")
     if result.displaced:
         click.echo(f"current bytes of forced files saved in {result.displaced}")
+
+
+DRY_RUN_VERBS = {"restored": "would restore", "reversed-diff": "would reverse", "deleted": "would delete",
+                 "forced": "would force"}
 
 
 # ------------------------------------------------------------------ explain
 
 @cli.command()
-@click.argument("patch_id")
+@click.argument("patch_id", shell_complete=complete_patch_ids)
 @click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path))
 @json_option
 def explain(patch_id, patches_dir, as_json):
@@ -293,8 +372,7 @@ def explain(patch_id, patches_dir, as_json):
     """
     catalog = {p.id: p for p in load_catalog(patches_dir)}
     if patch_id not in catalog:
-        raise click.BadParameter(f"no patch {patch_id!r}; known: {', '.join(sorted(catalog))}",
-                                 param_hint="PATCH_ID")
+        raise RefusedError(f"no patch {patch_id!r} in the catalog", hint=f"known: {', '.join(sorted(catalog))}")
     p = catalog[patch_id]
     revert_hint = f"applier revert --target <TARGET> --only {p.id}"
     if as_json:
@@ -340,7 +418,7 @@ def verify(target, python, patches_dir, as_json, only, kernels, device, real_imp
     verify_pkg = load_verify()
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
-    store = StateStore(found.state_dir)
+    store = StateStore.for_target(found, catalog)
     recover_if_pending(store)   # an interrupted apply/revert is finished before anything is judged
     state = store.load()
     tty = sys.stderr.isatty() and not as_json
@@ -388,7 +466,7 @@ def overlay_install(target, python, patches_dir, as_json):
     """
     from applier import overlays
     found = detect_target(target, python, gpu=False)
-    result = overlays.install(found)
+    result = overlays.install(found, catalog=load_catalog(patches_dir))
     if as_json:
         return out_json({"ok": True, **result})
     click.echo(f"installed overlay pack {result['pack']} {result['version']}: {len(result['files'])} files")
@@ -406,7 +484,7 @@ def overlay_uninstall(target, python, patches_dir, as_json, force):
     """
     from applier import overlays
     found = detect_target(target, python, gpu=False)
-    result = overlays.uninstall(found, force=force)
+    result = overlays.uninstall(found, catalog=load_catalog(patches_dir), force=force)
     if as_json:
         return out_json({"ok": True, **result})
     click.echo(f"removed {len(result['removed'])} files" if result["removed"] else "no overlay installed")
@@ -421,9 +499,11 @@ def overlay_list(target, python, patches_dir, as_json):
     """
     from applier import overlays
     found = detect_target(target, python, gpu=False)
-    result = overlays.listing(found)
+    result = overlays.listing(found, catalog=load_catalog(patches_dir))
     if as_json:
         return out_json(result)
+    if result.get("recovered"):
+        click.echo(result["recovered"])
     if not result["installed"]:
         click.echo("no overlay installed")
         return
@@ -490,7 +570,7 @@ def catalog_refresh(patch_id, upstream, edited, relpath, versions, variant_name,
     from applier.authoring import add_variant
     catalog = {p.id: p for p in load_catalog(patches_dir)}
     if patch_id not in catalog:
-        raise click.BadParameter(f"no patch {patch_id!r}", param_hint="PATCH_ID")
+        raise RefusedError(f"no patch {patch_id!r} in the catalog", hint=f"known: {', '.join(sorted(catalog))}")
     diff_path = add_variant(catalog[patch_id], upstream.read_bytes(), edited.read_bytes(), relpath, versions,
                             variant_name)
     click.echo(f"wrote {diff_path} and its [[variant]] entry in {catalog[patch_id].folder / 'patch.toml'}")

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from applier.errors import IOFailure
 
+# Temp files are `.<name>.<random>.applier-tmp` beside the file they replace: recovery finds and removes them.
+TEMP_SUFFIX = ".applier-tmp"
+
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -38,6 +41,10 @@ def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
         errno.EPERM: "operation not permitted",
         errno.ENOSPC: "no space left on the device",
         errno.EROFS: "read-only file system",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EFBIG: "file too large",
+        errno.ENOTDIR: "a folder on the way is a file",
+        errno.EISDIR: "it is a folder",
     }.get(exc.errno, exc.strerror or str(exc))
     return IOFailure(f"cannot {action} {path}: {reason}",
                      hint="nothing was changed; fix the cause (permissions, free space) and run the command again")
@@ -54,7 +61,7 @@ def atomic_write(path: Path, data: bytes, *, like: Path | None = None, mode: int
         st = like.stat()
     except FileNotFoundError:
         st = None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".applier-tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -121,13 +128,6 @@ def remove_stale_bytecode(path: Path) -> list[Path]:
             except FileNotFoundError:
                 pass
     return removed
-
-
-def link_count(path: Path) -> int:
-    try:
-        return os.stat(path).st_nlink
-    except FileNotFoundError:
-        return 0
 
 
 def check_writable(path: Path) -> None:

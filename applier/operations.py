@@ -1,6 +1,7 @@
 """apply and revert: plan everything first, then hand the file operations to the journal in one go."""
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,12 +10,13 @@ from applier import __version__, diffengine, journal
 from applier.catalog import Patch
 from applier.diffengine import HunkState
 from applier.errors import DriftError, HunkConflict, RefusedError
-from applier.fsutil import atomic_write, read_bytes_or_none, sha256_bytes
-from applier.journal import FileOp
+from applier.fsutil import atomic_write, io_failure, read_bytes_or_none, remove_file, sha256_bytes, sha256_file
+from applier.journal import FileOp, prune_empty
 from applier.lock import target_lock
 from applier.planner import PatchPlan, load_file_patches, plan_apply
 from applier.record import pristine_hashes
-from applier.state import AppliedFile, AppliedPatch, State, StateStore, exclude_from_git
+from applier.status import stale_advice
+from applier.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, exclude_from_git
 from applier.target import Target
 
 
@@ -28,51 +30,83 @@ class ApplyResult:
     dry_run: bool
     recovered: str | None = None
     warnings: list[str] = field(default_factory=list)
+    stale: list[tuple[str, str]] = field(default_factory=list)   # (id, advice): lost, and no variant fits now
 
     @property
     def applied(self) -> list[PatchPlan]:
         return [p for p in self.plans if p.action == "apply"]
 
 
-def apply(target: Target, patches: list[Patch], *, fuzz: int = 0, dry_run: bool = False,
-          explicit: bool = False) -> ApplyResult:
-    """Apply every selected patch or none. Already-applied patches are reported and left alone."""
-    store = StateStore(target.state_dir)
+def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None = None, fuzz: int = 0,
+          dry_run: bool = False, explicit: bool = False) -> ApplyResult:
+    """Apply every selected patch or none. Already-applied patches are reported and left alone.
+
+    `catalog` (default: patches) is every patch the state may name: it bounds what the state can point at."""
+    store = StateStore.for_target(target, catalog if catalog is not None else patches)
+    store.check_folder()
     if dry_run and not store.dir.exists():
-        return ApplyResult(plan_apply(target, patches, fuzz=fuzz, explicit=explicit), dry_run=True)
+        result = ApplyResult(plan_apply(target, patches, fuzz=fuzz, explicit=explicit), dry_run=True)
+        result.stale = stale_records(target, store, result.plans, State())
+        return result
     with target_lock(store.dir):
         recovered = journal.recover(store)
         state = store.load()
         plans = plan_apply(target, patches, fuzz=fuzz, explicit=explicit)
         result = ApplyResult(plans, dry_run, recovered)
         result.warnings += hardlink_warnings(plans)
+        result.stale = stale_records(target, store, plans, state)
         if dry_run or not result.applied:
             return result
         ops = merge_ops(plans)
         new_state = State(dict(state.applied))
         seq = state.next_seq()
-        for plan in result.applied:
-            files = []
-            for change in plan.changes:
-                backup = None
-                if change.plan.old is not None:
-                    backup_path = store.backup_path(plan.patch.id, plan.patch.component, change.relpath)
-                    backup_path.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write(backup_path, change.plan.old, mode=0o644)
-                    backup = str(backup_path.relative_to(store.dir))
-                files.append(AppliedFile(
-                    path=str(change.path), relpath=change.relpath,
-                    sha256_before=digest(change.plan.old), sha256_after=digest(change.plan.new),
-                    backup=backup, mode=file_mode(change.path)))
-            new_state.applied[plan.patch.id] = AppliedPatch(
-                id=plan.patch.id, variant=plan.variant.name, component=plan.patch.component, files=files,
-                component_version=plan.component_version, applied_at=now(), applier_version=__version__, seq=seq,
-                fuzz=fuzz)
-            seq += 1
+        written: list[Path] = []
+        try:
+            for plan in result.applied:
+                new_state.applied[plan.patch.id] = record_plan(store, plan, seq, fuzz, written)
+                seq += 1
+        except OSError as exc:  # disk full while backing up: nothing in the target changed; drop what we wrote
+            for path in written:
+                remove_file(path)
+            raise io_failure(exc, store.backups, "write backups into") from exc
         journal.execute(store, ops, new_state,
                         f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
         exclude_from_git(target.root)
         return result
+
+
+def record_plan(store: StateStore, plan: PatchPlan, seq: int, fuzz: int, written: list[Path]) -> AppliedPatch:
+    """The state record of one patch about to be applied, its originals backed up first."""
+    files = []
+    for change in plan.changes:
+        backup = None
+        if change.plan.old is not None:
+            backup_path = store.backup_path(plan.patch.id, plan.patch.component, change.relpath)
+            backup_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(backup_path, change.plan.old, mode=0o644)
+            written.append(backup_path)
+            backup = backup_name(plan.patch.id, plan.patch.component, change.relpath)
+        files.append(AppliedFile(
+            relpath=change.relpath, sha256_before=digest(change.plan.old), sha256_after=digest(change.plan.new),
+            backup=backup, mode=file_mode(change.path)))
+    return AppliedPatch(
+        id=plan.patch.id, variant=plan.variant.name, component=plan.patch.component, files=files,
+        component_version=plan.component_version, applied_at=now(), applier_version=__version__, seq=seq,
+        fuzz=fuzz)
+
+
+def stale_records(target: Target, store: StateStore, plans: list[PatchPlan], state: State) -> list[tuple[str, str]]:
+    """Recorded patches whose files an update replaced and that no variant of this catalog can apply again:
+    (id, advice). `apply` cannot clear that drift; the advice says what does."""
+    out = []
+    for plan in plans:
+        record = state.applied.get(plan.patch.id)
+        if plan.action != "not-applicable" or record is None:
+            continue
+        intact = all(sha256_file(store.path_of(record, f)) == f.sha256_after for f in record.files)
+        if not intact:
+            out.append((plan.patch.id, stale_advice(target, plan.patch.id, plan.reason)))
+    return out
 
 
 def merge_ops(plans: list[PatchPlan]) -> list[FileOp]:
@@ -139,10 +173,12 @@ class RevertResult:
 def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, force: bool = False,
            dry_run: bool = False) -> RevertResult:
     """Restore the exact original bytes of every selected applied patch (latest first)."""
-    store = StateStore(target.state_dir)
-    if not store.state_file.exists() and not store.journal_file.exists():
+    store = StateStore.for_target(target, catalog)
+    store.check_folder()
+    if not store.state_file.exists() and not journal.needs_recovery(store):
         if only:
-            raise RefusedError(f"nothing recorded as applied in {target.root}: cannot revert {', '.join(only)}")
+            raise RefusedError(f"nothing recorded as applied in {target.root}: cannot revert {', '.join(only)}",
+                               hint="`applier status` lists what is applied")
         return RevertResult([])
     with target_lock(store.dir):
         recovered = journal.recover(store)
@@ -161,7 +197,7 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
         for rec in reversed(chosen):
             files = []
             for f in rec.files:
-                path = Path(f.path)
+                path = store.path_of(rec, f)
                 if path not in pending:
                     originals[path] = pending[path] = read_bytes_or_none(path)
                 outcome, new, note = revert_file(store, rec, f, pending[path], by_id.get(rec.id), pristine, force)
@@ -174,19 +210,35 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
         if dry_run:
             return result
         if displaced:
-            result.displaced = save_displaced(store, displaced)
+            result.displaced = save_displaced(store, target, displaced)
         ops = [FileOp(path, originals[path], pending[path]) for path in pending if originals[path] != pending[path]]
         chosen_ids = {rec.id for rec in chosen}
         new_state = State({k: v for k, v in state.applied.items() if k not in chosen_ids})
         journal.execute(store, ops, new_state, f"revert {', '.join(r.id for r in chosen)} in {target.root}")
+        tidy_after_revert(store, reports, new_state)
         return result
+
+
+RESTORED = ("restored", "reversed-diff", "deleted", "unchanged", "forced")
+
+
+def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: State) -> None:
+    """Remove the backups a revert no longer needs: those of patches whose every file got its original back (a
+    backup of a file an update replaced is kept: it may hold bytes nobody else has). With nothing applied,
+    `.applier/` keeps only what must stay (the lock, displaced bytes, an overlay manifest)."""
+    for report in reports:
+        if all(f.action in RESTORED for f in report.files):
+            shutil.rmtree(store.backups / report.id, ignore_errors=True)
+    prune_empty(store.backups)
+    if not state.applied:
+        remove_file(store.state_file)
 
 
 def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None,
                 patch: Patch | None, pristine: dict[str, str], force: bool) -> tuple[str, bytes | None, str]:
     """(what was done, the file's bytes afterwards, a note) for one file of one applied patch."""
     current_sha = digest(current)
-    backup = read_bytes_or_none(store.dir / f.backup) if f.backup else None
+    backup = store.read_backup(rec, f)
     backup_ok = f.sha256_before is None or (backup is not None and sha256_bytes(backup) == f.sha256_before)
     if current_sha == f.sha256_after and backup_ok:
         if f.sha256_before is None:
@@ -194,6 +246,8 @@ def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: b
         return "restored", backup, "original bytes restored from the backup"
     if current_sha == f.sha256_before:
         return "unchanged", current, "already holds its original bytes"
+    if current is None:
+        return "lost", None, "the file is gone (an update removed it?): nothing to restore; its backup is kept"
     found, reversed_bytes = reverse_in_place(rec, f, current, patch)
     if found == "reversed":
         note = ("backup missing or damaged: reversed the diff" if current_sha == f.sha256_after
@@ -201,14 +255,15 @@ def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: b
         return "reversed-diff", reversed_bytes, note
     if found == "absent":
         return "lost", current, "the patch is no longer in the file (an update or an edit removed it)"
-    if f.relpath in pristine and current_sha == pristine[f.relpath]:
+    if rec.component == "torch" and f.relpath in pristine and current_sha == pristine[f.relpath]:
         return "lost", current, "an update replaced the file (matches RECORD); nothing to restore"
+    path = store.path_of(rec, f)
     if not force:
-        raise DriftError(f"{f.path} changed since {rec.id} was applied and its patched region is not intact",
+        raise DriftError(f"{path} changed since {rec.id} was applied and its patched region is not intact",
                          hint="`applier status` shows the drift; `applier revert --force` restores the original "
                               "bytes after saving the current ones under .applier/displaced/")
     if not backup_ok:
-        raise DriftError(f"{f.path}: no intact backup to restore even with --force",
+        raise DriftError(f"{path}: no intact backup to restore even with --force",
                          hint=f"the backup {f.backup} is missing or damaged; restore the file by reinstalling")
     return "forced", backup, "current bytes saved under .applier/displaced/, original restored"
 
@@ -236,10 +291,15 @@ def reverse_in_place(rec: AppliedPatch, f: AppliedFile, current: bytes | None,
     return "reversed", plan.new
 
 
-def save_displaced(store: StateStore, displaced: list[tuple[Path, bytes]]) -> Path:
+def save_displaced(store: StateStore, target: Target, displaced: list[tuple[Path, bytes]]) -> Path:
+    """Save bytes a forced operation is about to replace under .applier/displaced/<time>/<root>/<relpath>."""
     folder = store.displaced / time.strftime("%Y%m%d-%H%M%S")
     for path, data in displaced:
-        dest = folder / str(path).lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, data, mode=0o644)
+        root, relpath = store.confinement.relative(path)
+        dest = folder / root / relpath
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(dest, data, mode=0o644)
+        except OSError as exc:
+            raise io_failure(exc, dest, "save the displaced bytes to") from exc
     return folder

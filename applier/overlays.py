@@ -1,18 +1,21 @@
 """Overlay packs: a Python package copied into the target's site-packages and a ComfyUI custom node copied into
-custom_nodes/, every file recorded in `.applier/overlays.json` so uninstall removes exactly those."""
+custom_nodes/, every file recorded (relative to its root) in `.applier/overlays.json` so uninstall removes exactly
+those. Install and uninstall are one journal transaction each: files, manifest and emptied folders together."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
 
 from applier import journal
-from applier.errors import DriftError, RefusedError
-from applier.fsutil import atomic_write, read_bytes_or_none, sha256_bytes, sha256_file
+from applier.confine import REPAIR_HINT, Confinement, OverlayPrefixes, pack_prefixes
+from applier.errors import DriftError, RefusedError, StateCorruptError
+from applier.fsutil import read_bytes_or_none, sha256_bytes, sha256_file
 from applier.journal import FileOp
 from applier.lock import target_lock
 from applier.resources import OVERLAYS_DIR
-from applier.state import StateStore, dump_json, read_json
+from applier.state import SHA256, StateStore, read_json
 from applier.target import Target
 
 if sys.version_info >= (3, 11):
@@ -24,10 +27,15 @@ SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
 
 def read_pack(pack_dir: Path = OVERLAYS_DIR) -> dict:
-    meta = tomllib.loads((pack_dir / "pack.toml").read_text(encoding="utf-8"))
+    meta_path = pack_dir / "pack.toml"
+    try:
+        meta = tomllib.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RefusedError(f"cannot read the overlay pack's {meta_path}: {exc}",
+                           hint="this applier install lacks its overlay pack") from exc
     for key in ("name", "version", "package", "node"):
-        if key not in meta:
-            raise RefusedError(f"{pack_dir / 'pack.toml'} lacks {key!r}")
+        if not isinstance(meta.get(key), str) or not meta[key]:
+            raise RefusedError(f"{meta_path} lacks {key!r} (a string)")
     return meta
 
 
@@ -52,67 +60,158 @@ def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path
     return out
 
 
-def install(target: Target, pack_dir: Path = OVERLAYS_DIR) -> dict:
+MANIFEST_FORMAT = 2
+
+
+def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | None = None) -> dict:
     meta = read_pack(pack_dir)
-    store = StateStore(target.state_dir)
+    store = overlay_store(target, catalog, meta)
+    store.check_folder()
     with target_lock(store.dir):
         journal.recover(store)
-        manifest = read_json(store.overlay_manifest) or {"files": []}
-        ours = {f["path"]: f["sha256"] for f in manifest.get("files", [])}
+        ours = manifest_hashes(store)
         wanted = planned_files(target, pack_dir, meta)
         ops = []
         for path, data in wanted:
             current = read_bytes_or_none(path)
-            if current is not None and str(path) not in ours:
+            if current is not None and path not in ours:
                 raise RefusedError(f"{path} exists and was not installed by applier: refusing to overwrite it",
                                    hint="move it aside, then install again")
-            if current is not None and sha256_bytes(current) != ours[str(path)]:
+            if current is not None and sha256_bytes(current) != ours[path]:
                 raise DriftError(f"{path} was edited since the overlay was installed",
                                  hint="`applier overlay uninstall --force` saves and removes it")
             if current != data:
                 ops.append(FileOp(path, current, data))
-        wanted_paths = {str(p) for p, _ in wanted}
+        wanted_paths = {p for p, _ in wanted}
         for stale in sorted(set(ours) - wanted_paths):  # files an older pack had and this one does not
-            current = read_bytes_or_none(Path(stale))
+            current = read_bytes_or_none(stale)
             if current is not None:
-                ops.append(FileOp(Path(stale), current, None))
-        files = [{"path": str(p), "sha256": sha256_bytes(d)} for p, d in wanted]
-        new_hashes = {f["path"]: f["sha256"] for f in files}
-        # The manifest names every file before any is written: an interrupted install can still be uninstalled.
-        interim = {"pack": meta["name"], "version": meta["version"], "installing": True,
-                   "files": [{"path": p, "sha256": new_hashes.get(p, ours.get(p))}
-                             for p in sorted(set(new_hashes) | set(ours))]}
-        write_manifest(store, interim)
-        journal.execute(store, ops, store.load(), f"install overlay pack {meta['name']} {meta['version']}")
-        final = {"pack": meta["name"], "version": meta["version"], "package": meta["package"],
-                 "node": meta["node"], "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
-        write_manifest(store, final)
-        roots = [str(target.site_packages / meta["package"])]
-        if target.comfyui_root is not None:
-            roots.append(str(target.comfyui_root / "custom_nodes" / meta["node"]))
-        return {"pack": meta["name"], "version": meta["version"], "files": [f["path"] for f in files],
-                "changed": len(ops), "roots": roots}
+                ops.append(FileOp(stale, current, None))
+        files = [manifest_entry(store, p, sha256_bytes(d)) for p, d in wanted]
+        manifest = {"format": MANIFEST_FORMAT, "pack": meta["name"], "version": meta["version"],
+                    "package": meta["package"], "node": meta["node"],
+                    "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
+        # One transaction: the files and the manifest that names them land together, or an interrupted install
+        # is finished by the next command (journal.recover).
+        journal.execute(store, ops, store.load(), f"install overlay pack {meta['name']} {meta['version']}",
+                        manifest_after=manifest, prune=tuple(install_tops(target, meta)))
+        return {"pack": meta["name"], "version": meta["version"], "files": [str(p) for p, _ in wanted],
+                "changed": len(ops), "roots": [str(p) for p in install_tops(target, meta)]}
 
 
-def write_manifest(store: StateStore, data: dict) -> None:
-    store.dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(store.overlay_manifest, dump_json(data), mode=0o644)
+def overlay_store(target: Target, catalog: list | None, meta: dict | None = None) -> StateStore:
+    """The target's state folder, its confinement allowing the pack's install folders (and the catalog's files:
+    the state it shares with `apply` names them; default: the packaged catalog). Without the pack's metadata
+    (uninstall, list), the folders the manifest names, when they are plain package names: a crafted manifest can
+    then at most name files of one package folder inside the target, and uninstall still removes only files whose
+    bytes match the sha256 it records."""
+    if catalog is None:
+        from applier.catalog import load_catalog
+        catalog = load_catalog()
+    if meta is None:
+        meta = manifest_pack(target.state_dir)
+    prefixes = OverlayPrefixes(meta["package"], meta["node"]) if meta else pack_prefixes()
+    return StateStore(target.state_dir, Confinement.for_target(target, catalog, prefixes))
 
 
-def uninstall(target: Target, *, force: bool = False) -> dict:
-    store = StateStore(target.state_dir)
-    manifest = read_json(store.overlay_manifest)
-    if not manifest or not manifest.get("files"):
+def manifest_pack(state_dir: Path) -> dict | None:
+    """{"package", "node"} as the installed manifest names them; None when absent or not plain names."""
+    try:
+        data = read_json(Path(state_dir) / "overlays.json")
+    except StateCorruptError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    names = {key: data.get(key) for key in ("package", "node")}
+    if all(isinstance(v, str) and PACKAGE_NAME.fullmatch(v) for v in names.values()):
+        return names
+    return None
+
+
+PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def install_tops(target: Target, meta: dict) -> list[Path]:
+    tops = []
+    if target.site_packages is not None:
+        tops.append(target.site_packages / meta["package"])
+    if target.comfyui_root is not None:
+        tops.append(target.comfyui_root / "custom_nodes" / meta["node"])
+    return tops
+
+
+def manifest_entry(store: StateStore, path: Path, sha: str) -> dict:
+    root, relpath = store.confinement.relative(path)
+    return {"root": root, "relpath": relpath, "sha256": sha}
+
+
+def read_manifest(store: StateStore) -> dict | None:
+    """The overlay manifest, validated like the state (exit 7 when it was crafted or damaged); None when absent."""
+    store.check_folder()
+    data = read_json(store.overlay_manifest)
+    if data is None:
+        return None
+    where = f"overlay manifest {store.overlay_manifest}"
+    if not isinstance(data, dict) or data.get("format", 1) not in (1, MANIFEST_FORMAT) \
+            or not isinstance(data.get("files", []), list):
+        raise StateCorruptError(f"{where} is not a manifest this applier reads",
+                                hint="inspect it by hand (plain JSON); nothing was changed")
+    return data
+
+
+def manifest_hashes(store: StateStore) -> dict[Path, str | None]:
+    """{installed file: sha256 recorded at install} from the manifest, each path validated."""
+    manifest = read_manifest(store) or {}
+    where = f"overlay manifest {store.overlay_manifest}"
+    out = {}
+    for entry in manifest.get("files", []):
+        if not isinstance(entry, dict):
+            raise StateCorruptError(f"{where}: a file entry is not an object", hint=REPAIR_HINT)
+        if "relpath" in entry:
+            root, relpath = entry.get("root"), entry["relpath"]
+            if not isinstance(root, str):
+                raise StateCorruptError(f"{where}: a file entry lacks its root", hint=REPAIR_HINT)
+        else:
+            root, relpath = legacy_overlay_relative(entry.get("path"), store, where)
+        sha = entry.get("sha256")
+        if sha is not None and not (isinstance(sha, str) and SHA256.fullmatch(sha)):
+            raise StateCorruptError(f"{where}: {relpath}: sha256 is not 64 hex digits", hint=REPAIR_HINT)
+        out[store.confinement.resolve(root, relpath, what=where)] = sha
+    return out
+
+
+def legacy_overlay_relative(path, store: StateStore, where: str) -> tuple[str, str]:
+    """Format 1 manifests kept absolute paths. Map one by the pack folder it names (…/site-packages/<package>/…,
+    …/custom_nodes/<node>/…), so that a copied install maps onto its own files, never onto the original's."""
+    if not isinstance(path, str):
+        raise StateCorruptError(f"{where}: a file entry lacks its path", hint=REPAIR_HINT)
+    parts = Path(path).parts
+    overlay = store.confinement.overlay
+    for root, marker in (("site-packages", (overlay.package,)), ("comfyui", ("custom_nodes", overlay.node))):
+        if None in marker:
+            continue
+        for i in range(len(parts) - len(marker), -1, -1):
+            if tuple(parts[i:i + len(marker)]) == marker:
+                return root, "/".join(parts[i:])
+    raise StateCorruptError(f"{where} names {path}, which is not a file of the overlay pack", hint=REPAIR_HINT)
+
+
+def uninstall(target: Target, *, catalog: list | None = None, force: bool = False) -> dict:
+    store = overlay_store(target, catalog)
+    store.check_folder()
+    if not store.overlay_manifest.exists() and not journal.needs_recovery(store):
         return {"removed": [], "displaced": None}
     with target_lock(store.dir):
         journal.recover(store)
+        manifest = read_manifest(store)
+        if manifest is None:
+            return {"removed": [], "displaced": None}
         ops, displaced = [], []
-        for entry in manifest["files"]:
-            path = Path(entry["path"])
+        for path, sha in manifest_hashes(store).items():
             current = read_bytes_or_none(path)
             if current is None:
                 continue
-            if entry.get("sha256") and sha256_bytes(current) != entry["sha256"]:
+            if sha and sha256_bytes(current) != sha:
                 if not force:
                     raise DriftError(f"{path} was edited since the overlay was installed",
                                      hint="`--force` saves it under .applier/displaced/ and removes it")
@@ -121,42 +220,31 @@ def uninstall(target: Target, *, force: bool = False) -> dict:
         saved = None
         if displaced:
             from applier.operations import save_displaced
-            saved = save_displaced(store, displaced)
-        journal.execute(store, ops, store.load(), f"uninstall overlay pack {manifest.get('pack')}")
-        for op in ops:  # remove folders the install created, when now empty
-            prune_empty(op.path.parent, stop_at=(target.site_packages, target.comfyui_root))
-        store.overlay_manifest.unlink()
+            saved = save_displaced(store, target, displaced)
+        meta = {"package": manifest.get("package") or store.confinement.overlay.package,
+                "node": manifest.get("node") or store.confinement.overlay.node}
+        tops = install_tops(target, meta) if meta["package"] and meta["node"] else []
+        journal.execute(store, ops, store.load(), f"uninstall overlay pack {manifest.get('pack')}",
+                        manifest_after=None, prune=tuple(tops))
         return {"removed": [str(op.path) for op in ops], "displaced": str(saved) if saved else None}
 
 
-def prune_empty(folder: Path, stop_at) -> None:
-    stops = {Path(s) for s in stop_at if s is not None} | {Path(s) / "custom_nodes" for s in stop_at if s}
-    while folder not in stops and folder.is_dir():
-        pycache = folder / "__pycache__"
-        if pycache.is_dir() and all(p.suffix == ".pyc" for p in pycache.iterdir()):
-            for p in pycache.iterdir():
-                p.unlink()
-            pycache.rmdir()
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
-
-
-def listing(target: Target) -> dict:
-    manifest = read_json(StateStore(target.state_dir).overlay_manifest)
+def listing(target: Target, *, catalog: list | None = None) -> dict:
+    store = overlay_store(target, catalog)
+    recovered = journal.recover_if_pending(store)
+    manifest = read_manifest(store)
     if not manifest or not manifest.get("files"):
-        return {"installed": False}
+        return {"installed": False, **({"recovered": recovered} if recovered else {})}
     intact = modified = missing = 0
-    for entry in manifest["files"]:
-        sha = sha256_file(Path(entry["path"]))
+    files = manifest_hashes(store)
+    for path, expected in files.items():
+        sha = sha256_file(path)
         if sha is None:
             missing += 1
-        elif sha == entry.get("sha256"):
+        elif sha == expected:
             intact += 1
         else:
             modified += 1
     return {"installed": True, "pack": manifest.get("pack"), "version": manifest.get("version"),
-            "intact": intact, "modified": modified, "missing": missing,
-            "interrupted": bool(manifest.get("installing")), "files": [e["path"] for e in manifest["files"]]}
+            "intact": intact, "modified": modified, "missing": missing, "files": [str(p) for p in files],
+            **({"recovered": recovered} if recovered else {})}

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from applier import diffengine
 from applier.catalog import Patch
+from applier.confine import Confinement
 from applier.diffengine import FileState
 from applier.errors import ApplierError
 from applier.fsutil import read_bytes_or_none, sha256_bytes
@@ -40,28 +40,34 @@ class PatchStatus:
                 "files": [{"path": f.path, "state": f.state, "note": f.note} for f in self.files]}
 
 
-def compute_status(target: Target, catalog: list[Patch], state: State) -> list[PatchStatus]:
+def compute_status(target: Target, catalog: list[Patch], state: State,
+                   only: tuple[str, ...] = ()) -> list[PatchStatus]:
+    """The status of every catalog patch and every recorded one (or of those `only` names: ids or components)."""
     by_id = {p.id: p for p in catalog}
+    confinement = Confinement.for_target(target, catalog)
     pristine = pristine_hashes(target.site_packages)
+    wanted = (lambda pid: not only or pid in only or pid.split("/")[0] in only)  # noqa: E731
     out = []
     for patch in catalog:
+        if not wanted(patch.id):
+            continue
         record = state.applied.get(patch.id)
         if record is not None:
-            out.append(recorded_status(record, patch, state, pristine))
+            out.append(recorded_status(target, confinement, record, patch, state, pristine))
         else:
             out.append(unrecorded_status(target, patch))
     for patch_id, record in state.applied.items():  # recorded, but gone from the catalog
-        if patch_id not in by_id:
-            out.append(recorded_status(record, None, state, pristine))
+        if patch_id not in by_id and wanted(patch_id):
+            out.append(recorded_status(target, confinement, record, None, state, pristine))
     return out
 
 
-def recorded_status(record: AppliedPatch, patch: Patch | None, state: State,
-                    pristine: dict[str, str]) -> PatchStatus:
-    files = [file_status(record, f, patch, state, pristine) for f in record.files]
+def recorded_status(target: Target, confinement: Confinement, record: AppliedPatch, patch: Patch | None,
+                    state: State, pristine: dict[str, str]) -> PatchStatus:
+    files = [file_status(confinement, record, f, patch, state, pristine) for f in record.files]
     states = {f.state for f in files}
     if "lost" in states:
-        overall, reason = "lost", "an update or a reinstall replaced a patched file: `applier apply` re-applies it"
+        overall, reason = "lost", lost_reason(target, record, patch)
     elif "modified" in states:
         overall, reason = "modified", "a patched file was edited since apply"
     else:
@@ -69,27 +75,50 @@ def recorded_status(record: AppliedPatch, patch: Patch | None, state: State,
     return PatchStatus(record.id, overall, record.variant, reason, recorded=True, files=files)
 
 
-def file_status(record: AppliedPatch, f, patch: Patch | None, state: State, pristine: dict[str, str]) -> FileStatus:
-    current = read_bytes_or_none(Path(f.path))
+def lost_reason(target: Target, record: AppliedPatch, patch: Patch | None) -> str:
+    """What to do about a lost patch: `apply` re-applies it when a variant of the catalog fits the new files;
+    when none does, the same advice `apply` gives (the command that clears the record)."""
+    if patch is not None:
+        try:
+            plan = plan_patch(target, patch)
+        except ApplierError as exc:
+            return stale_advice(target, record.id, exc.message.splitlines()[0])
+        if plan.action == "not-applicable":
+            return stale_advice(target, record.id, plan.reason)
+        return "an update or a reinstall replaced a patched file: `applier apply` re-applies it"
+    return stale_advice(target, record.id, "it is not in this catalog any more")
+
+
+def stale_advice(target: Target, patch_id: str, reason: str) -> str:
+    return (f"{patch_id} was applied, an update replaced its files, and it cannot be applied again ({reason}); "
+            f"`applier revert --target {target.root} --only {patch_id}` clears the record, and a newer applier "
+            "may carry a variant for this version")
+
+
+def file_status(confinement: Confinement, record: AppliedPatch, f, patch: Patch | None, state: State,
+                pristine: dict[str, str]) -> FileStatus:
+    path = confinement.resolve(record.root, f.relpath)
+    shown = str(path)
+    current = read_bytes_or_none(path)
     current_sha = None if current is None else sha256_bytes(current)
     if current_sha == f.sha256_after:
-        return FileStatus(f.path, "applied")
+        return FileStatus(shown, "applied")
     if current_sha == f.sha256_before:
-        return FileStatus(f.path, "lost", "back to its original bytes")
+        return FileStatus(shown, "lost", "back to its original bytes")
     if f.relpath in pristine and current_sha == pristine[f.relpath] and record.component == "torch":
-        return FileStatus(f.path, "lost", "matches torch's RECORD: reinstalled or upgraded")
+        return FileStatus(shown, "lost", "matches torch's RECORD: reinstalled or upgraded")
+    if current is None:
+        return FileStatus(shown, "lost", "the file is gone")
     found = classify_recorded(record, f, current, patch)
     if found == FileState.APPLIED:
-        writer = state.last_writer(f.path)
+        writer = state.last_writer(record.component, f.relpath)
         if writer is not None and writer.id != record.id and any(
-                w.path == f.path and w.sha256_after == current_sha for w in writer.files):
-            return FileStatus(f.path, "applied", f"{writer.id} was applied on top")
-        return FileStatus(f.path, "modified", "the patch is in place, but the file was edited since")
+                w.relpath == f.relpath and w.sha256_after == current_sha for w in writer.files):
+            return FileStatus(shown, "applied", f"{writer.id} was applied on top")
+        return FileStatus(shown, "modified", "the patch is in place, but the file was edited since")
     if found == FileState.NOT_APPLIED:
-        return FileStatus(f.path, "lost", "the file was replaced by a version without the patch")
-    if current is None:
-        return FileStatus(f.path, "lost", "the file is gone")
-    return FileStatus(f.path, "modified", "edited since apply; the patched region is not intact")
+        return FileStatus(shown, "lost", "the file was replaced by a version without the patch")
+    return FileStatus(shown, "modified", "edited since apply; the patched region is not intact")
 
 
 def classify_recorded(record: AppliedPatch, f, current: bytes | None, patch: Patch | None) -> FileState | None:

@@ -1,0 +1,214 @@
+"""Confinement: the only way a path read back from `.applier/` becomes a path on disk.
+
+State, journal and overlay manifest are data an attacker may have written (anyone who can write the tree can write
+them, and a later `sudo applier revert` must not overwrite a file of their choosing). So they never hold absolute
+paths: every file is named by a root of the target and a path relative to it, and every read resolves it here:
+
+    root "comfyui"        the ComfyUI folder (the `comfyui` component's diffs are relative to it)
+    root "site-packages"  the target's site-packages (the `torch` component's diffs are relative to it)
+
+A name resolves only when its path is relative, has no `..`, stays inside the root after every symlink, does not
+lead into `.applier/`, and is one the catalog's patches could touch (or, for overlay files, lies under the overlay
+pack's package or node folder). Anything else is a StateCorruptError (exit 7), raised before any write. Because
+the names are relative, a copied or moved install works on itself.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from applier.errors import ApplierError, StateCorruptError
+
+ROOTS = ("comfyui", "site-packages")
+COMPONENT_ROOT = {"comfyui": "comfyui", "torch": "site-packages"}
+STATE_DIR_NAME = ".applier"
+
+
+@dataclass(frozen=True)
+class OverlayPrefixes:
+    """Where the overlay pack installs: <site-packages>/<package>/ and <ComfyUI>/custom_nodes/<node>/."""
+    package: str | None = None
+    node: str | None = None
+
+    def allows(self, root: str, relpath: str) -> bool:
+        if root == "site-packages" and self.package:
+            return relpath.startswith(self.package + "/")
+        if root == "comfyui" and self.node:
+            return relpath.startswith(f"custom_nodes/{self.node}/")
+        return False
+
+
+@dataclass
+class Confinement:
+    """The roots of one target and the relative paths each may hold."""
+    roots: dict[str, Path | None]
+    state_dir: Path
+    catalog_paths: dict[str, set[str]] = field(default_factory=dict)
+    overlay: OverlayPrefixes = OverlayPrefixes()
+
+    @classmethod
+    def for_target(cls, target, catalog=None, overlay: OverlayPrefixes | None = None) -> "Confinement":
+        return cls({"comfyui": target.comfyui_root, "site-packages": target.site_packages}, target.state_dir,
+                   catalog_paths(catalog or []), overlay if overlay is not None else pack_prefixes())
+
+    def root_path(self, root: str) -> Path:
+        if root not in ROOTS:
+            raise StateCorruptError(f"unknown root {root!r} in the state (known: {', '.join(ROOTS)})",
+                                    hint=REPAIR_HINT)
+        base = self.roots.get(root)
+        if base is None:
+            raise StateCorruptError(f"the state names a file in {root}, which this target does not have",
+                                    hint=REPAIR_HINT)
+        return base
+
+    def allows(self, root: str, relpath: str) -> bool:
+        return relpath in self.catalog_paths.get(root, ()) or self.overlay.allows(root, relpath)
+
+    def resolve(self, root: str, relpath, *, what: str = "the state") -> Path:
+        """The on-disk path of (root, relpath), checked; StateCorruptError when any check fails."""
+        base = self.root_path(root)
+        rel = check_relpath(relpath, what)
+        if not self.allows(root, rel):
+            raise StateCorruptError(f"{what} names {root}:{rel}, which no catalog patch or overlay can touch",
+                                    hint=REPAIR_HINT)
+        path = base.joinpath(*PurePosixPath(rel).parts)
+        real = Path(os.path.realpath(path))
+        base_real = Path(os.path.realpath(base))
+        if base_real not in real.parents:
+            raise StateCorruptError(f"{what} names {root}:{rel}, which resolves to {real}, outside {base_real}",
+                                    hint=REPAIR_HINT)
+        state_real = Path(os.path.realpath(self.state_dir))
+        if real == state_real or state_real in real.parents:
+            raise StateCorruptError(f"{what} names {root}:{rel}, which lies inside {self.state_dir}",
+                                    hint=REPAIR_HINT)
+        if real.is_dir():
+            raise StateCorruptError(f"{what} names {root}:{rel}, which is a folder", hint=REPAIR_HINT)
+        return path
+
+    def resolve_dir(self, root: str, relpath, *, what: str = "the state") -> Path:
+        """A folder the overlay pack installs into (a run removes it when it leaves it empty), checked."""
+        base = self.root_path(root)
+        rel = check_relpath(relpath, what)
+        if not self.overlay.allows(root, rel + "/"):
+            raise StateCorruptError(f"{what} names the folder {root}:{rel}, which the overlay pack does not own",
+                                    hint=REPAIR_HINT)
+        path = base.joinpath(*PurePosixPath(rel).parts)
+        if Path(os.path.realpath(base)) not in Path(os.path.realpath(path)).parents:
+            raise StateCorruptError(f"{what} names the folder {root}:{rel}, outside {base}", hint=REPAIR_HINT)
+        return path
+
+    def relative_dir(self, folder: Path) -> tuple[str, str]:
+        for root in ROOTS:
+            base = self.roots.get(root)
+            if base is None:
+                continue
+            try:
+                rel = Path(folder).relative_to(base).as_posix()
+            except ValueError:
+                continue
+            if self.overlay.allows(root, rel + "/"):   # roots nest (a venv inside the ComfyUI folder)
+                self.resolve_dir(root, rel, what="this run")
+                return root, rel
+        raise StateCorruptError(f"refusing to prune {folder}: not a folder of the overlay pack in this target",
+                                hint="a bug: please report it")
+
+    def write_folders(self) -> list[Path]:
+        """Every folder a catalog patch writes into, and the overlay pack's folders (recursively): where a killed
+        atomic write can have left its temp file."""
+        folders = set()
+        for root, relpaths in self.catalog_paths.items():
+            base = self.roots.get(root)
+            if base is None:
+                continue
+            for rel in relpaths:
+                folders.add(base.joinpath(*PurePosixPath(rel).parts).parent)
+        for root, prefix in (("site-packages", self.overlay.package),
+                             ("comfyui", f"custom_nodes/{self.overlay.node}" if self.overlay.node else None)):
+            base = self.roots.get(root)
+            if base is None or prefix is None:
+                continue
+            top = base.joinpath(*PurePosixPath(prefix).parts)
+            if top.is_dir() and not top.is_symlink():
+                folders.add(top)
+                folders.update(p for p in top.rglob("*") if p.is_dir() and not p.is_symlink())
+        return sorted(folders)
+
+    def relative(self, path: Path) -> tuple[str, str]:
+        """(root, relpath) of a path the core is about to write: the inverse of resolve, with the same checks."""
+        path = Path(path)
+        for root in ROOTS:
+            base = self.roots.get(root)
+            if base is None:
+                continue
+            try:
+                rel = path.relative_to(base).as_posix()
+            except ValueError:
+                continue
+            if self.allows(root, rel):
+                self.resolve(root, rel, what="this run")
+                return root, rel
+        raise StateCorruptError(f"refusing to write {path}: it is not a file any catalog patch or overlay touches "
+                                "inside this target", hint="a bug or a crafted catalog: please report it")
+
+
+REPAIR_HINT = ("the state was edited or crafted; nothing was changed. Inspect .applier/ by hand (plain JSON), "
+               "or move it aside and reinstall the files it names")
+
+
+def check_relpath(relpath, what: str) -> str:
+    if not isinstance(relpath, str) or not relpath or "\x00" in relpath or "\\" in relpath:
+        raise StateCorruptError(f"{what} holds an invalid relative path: {relpath!r}", hint=REPAIR_HINT)
+    parts = PurePosixPath(relpath).parts
+    if relpath.startswith("/") or (len(relpath) > 1 and relpath[1] == ":") or ".." in parts or "." in parts \
+            or PurePosixPath(relpath).as_posix() != relpath:
+        raise StateCorruptError(f"{what} holds a path that is not a plain relative path: {relpath!r}",
+                                hint=REPAIR_HINT)
+    if STATE_DIR_NAME in parts:
+        raise StateCorruptError(f"{what} names a file inside {STATE_DIR_NAME}/: {relpath!r}", hint=REPAIR_HINT)
+    return relpath
+
+
+def catalog_paths(catalog) -> dict[str, set[str]]:
+    """{root: every relative path a variant of a catalog patch names}."""
+    from applier.planner import load_file_patches  # local: planner imports the catalog, which imports nothing here
+    out: dict[str, set[str]] = {root: set() for root in ROOTS}
+    for patch in catalog:
+        root = COMPONENT_ROOT.get(patch.component)
+        if root is None:
+            continue
+        for variant in patch.variants:
+            try:
+                out[root].update(fp.path for fp in load_file_patches(patch, variant))
+            except (ApplierError, OSError):
+                continue  # a variant that does not parse names nothing; planning reports it
+    return out
+
+
+def pack_prefixes() -> OverlayPrefixes:
+    """The packaged overlay pack's install folders; none when the pack is absent from this install."""
+    from applier.overlays import read_pack  # local: overlays imports the journal, which imports this module
+    try:
+        meta = read_pack()
+    except (ApplierError, OSError, ValueError):
+        return OverlayPrefixes()
+    package, node = meta.get("package"), meta.get("node")
+    plain = lambda name: isinstance(name, str) and name and "/" not in name and name not in (".", "..")  # noqa: E731
+    return OverlayPrefixes(package if plain(package) else None, node if plain(node) else None)
+
+
+def legacy_relative(path, confinement: Confinement) -> tuple[str, str]:
+    """(root, relpath) of an absolute path written by format 1 (applier 0.x kept absolute paths). Only a path
+    inside one of this target's roots maps; a path of another folder (the install was copied) cannot be trusted."""
+    if not isinstance(path, str):
+        raise StateCorruptError(f"the state holds an invalid path: {path!r}", hint=REPAIR_HINT)
+    for root in ROOTS:
+        base = confinement.roots.get(root)
+        if base is None:
+            continue
+        try:
+            return root, Path(path).relative_to(base).as_posix()
+        except ValueError:
+            continue
+    raise StateCorruptError(f"the state names {path}, outside this target (was the install copied or moved "
+                            "while an older applier's run was in flight?)", hint=REPAIR_HINT)
