@@ -328,7 +328,9 @@ def hunk_line(h, action: str, dry_run: bool) -> str:
 @click.option("--force", is_flag=True,
               help="Restore originals even of files edited since apply (their current bytes are saved first).")
 @click.option("--dry-run", is_flag=True, help="Report what would be restored; write nothing.")
-def revert(target, python, patches_dir, as_json, only, force, dry_run):
+@click.option("--forget", is_flag=True,
+              help="Drop the records and leave the files as they are (patches an update replaced for good).")
+def revert(target, python, patches_dir, as_json, only, force, dry_run, forget):
     """Restore the exact original bytes of applied patches (latest first).
 
     Example: applier revert --target ComfyUI/
@@ -337,7 +339,7 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run):
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
     check_known(catalog, tuple(only))
-    result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run)
+    result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run, forget=forget)
     if as_json:
         return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
                          "displaced": str(result.displaced) if result.displaced else None,
@@ -355,8 +357,25 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run):
         click.echo(f"current bytes of forced files saved in {result.displaced}")
 
 
+@cli.command()
+@target_options
+def clean(target, python, patches_dir, as_json):
+    """Remove .applier/ from a target where nothing is applied and no overlay is installed (displaced bytes stay).
+
+    Example: applier clean --target ComfyUI/
+    """
+    from applier import operations
+    found = detect_target(target, python, gpu=False)
+    result = operations.clean(found, load_catalog(patches_dir))
+    if as_json:
+        return out_json({"ok": True, "removed": result.removed, "kept": result.kept})
+    click.echo(f"removed {found.state_dir}" if result.removed else f"cleaned {found.state_dir}")
+    for line in result.kept:
+        click.echo(f"kept {line}")
+
+
 DRY_RUN_VERBS = {"restored": "would restore", "reversed-diff": "would reverse", "deleted": "would delete",
-                 "forced": "would force"}
+                 "forced": "would force", "forgotten": "would forget"}
 
 
 # ------------------------------------------------------------------ explain

@@ -38,14 +38,17 @@ SITE_QUERY = (
 
 
 def detect(target: str | Path, *, python: str | Path | None = None, gpu: bool = True) -> Target:
-    root = Path(target).expanduser()
-    if not root.exists():
-        raise BadTargetError(f"target {root} does not exist")
-    if not root.is_dir():
-        raise BadTargetError(f"target {root} is not a folder")
-    root = root.resolve()
+    given = Path(target).expanduser()
+    if not given.exists():
+        raise BadTargetError(f"target {given} does not exist")
+    if not given.is_dir():
+        raise BadTargetError(f"target {given} is not a folder")
+    given = given.resolve()
     notes: list[str] = []
-    comfy_root = find_comfyui_root(root)
+    root, comfy_root = install_root(given)
+    if root != given:
+        notes.append(f"--target {given} belongs to the install at {root}: using that (one install, one state)")
+        refuse_second_state(given, root)
     layout = detect_layout(root, comfy_root)
     if layout is None:
         raise BadTargetError(f"{root} holds neither ComfyUI (nodes.py) nor a Python environment",
@@ -58,6 +61,10 @@ def detect(target: str | Path, *, python: str | Path | None = None, gpu: bool = 
     site_packages = None
     if interp is not None:
         info = query_interpreter(interp)
+        if info is None and interp_source == "--python":
+            raise BadTargetError(f"--python {python} is not a Python interpreter that runs here (it did not answer "
+                                 "`-I -c` with its site-packages)",
+                                 hint="give the target's python executable, e.g. ComfyUI/venv/bin/python")
         if info is None:
             notes.append(f"{interp} did not answer (not runnable on this machine?); site-packages found by layout")
             site_packages = static_site_packages(interp)
@@ -81,11 +88,56 @@ def detect(target: str | Path, *, python: str | Path | None = None, gpu: bool = 
     )
 
 
+def install_root(given: Path) -> tuple[Path, Path | None]:
+    """(the install's root, where .applier/ lives; the ComfyUI folder or None).
+
+    One install has one state, whichever folder --target names: the ComfyUI folder, the folder holding it, a path
+    inside it, or a portable install's outer folder all lead to the same root. The root is the portable install's
+    outer folder (it holds python_embeded/, whose site-packages torch patches touch), else the ComfyUI folder; a
+    target that is no ComfyUI install (a bare venv or prefix) is its own root."""
+    comfy = find_comfyui_root(given)
+    if comfy is None:
+        comfy = next((folder for folder in given.parents if is_comfyui_folder(folder)), None)
+    if comfy is None:
+        return given, None
+    if (comfy.parent / "python_embeded").is_dir():
+        return comfy.parent, comfy
+    return comfy, comfy
+
+
+def refuse_second_state(given: Path, root: Path) -> None:
+    """An older applier wrote its state wherever --target pointed: never leave two states for one install."""
+    stray = given / ".applier"
+    if not (stray / "state.json").exists() and not (stray / "overlays.json").exists():
+        return
+    if (root / ".applier").exists():
+        raise BadTargetError(f"{stray} holds an applier state for the install at {root}, which has its own "
+                             f"{root / '.applier'}: two states for one install",
+                             hint="an older applier wrote the first one; compare them, merge by hand into "
+                                  f"{root / '.applier'}, then remove {stray}")
+    raise BadTargetError(f"{stray} holds the applier state of the install at {root} (written by an older applier "
+                         "with --target on this folder)",
+                         hint=f"move it where applier now keeps it: mv {stray} {root / '.applier'}")
+
+
 def find_comfyui_root(root: Path) -> Path | None:
     for candidate in (root, root / "ComfyUI"):
-        if (candidate / "nodes.py").is_file() and (candidate / "execution.py").is_file():
+        if is_comfyui_folder(candidate):
             return candidate
     return None
+
+
+def is_comfyui_folder(folder: Path) -> bool:
+    """nodes.py and execution.py; or one of them (or main.py) beside comfy/, so that a file an update or a user
+    removed never hides the install (status and revert must still reach the other files); or an applier state
+    that recorded ComfyUI patches here."""
+    if (folder / "nodes.py").is_file() and (folder / "execution.py").is_file():
+        return True
+    if (folder / "comfy").is_dir() and any((folder / name).is_file() for name in ("nodes.py", "execution.py",
+                                                                                   "main.py")):
+        return True
+    return (folder / ".applier" / "state.json").is_file() and any(
+        (folder / name).is_file() for name in ("nodes.py", "execution.py"))
 
 
 def detect_layout(root: Path, comfy_root: Path | None) -> str | None:

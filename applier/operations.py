@@ -1,6 +1,7 @@
 """apply and revert: plan everything first, then hand the file operations to the journal in one go."""
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -171,8 +172,10 @@ class RevertResult:
 
 
 def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, force: bool = False,
-           dry_run: bool = False) -> RevertResult:
-    """Restore the exact original bytes of every selected applied patch (latest first)."""
+           dry_run: bool = False, forget: bool = False) -> RevertResult:
+    """Restore the exact original bytes of every selected applied patch (latest first). With forget, drop the
+    records and leave the files as they are (for patches an update replaced and no variant can reach any more);
+    their backups move to .applier/displaced/."""
     store = StateStore.for_target(target, catalog)
     store.check_folder()
     if not store.state_file.exists() and not journal.needs_recovery(store):
@@ -200,7 +203,11 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
                 path = store.path_of(rec, f)
                 if path not in pending:
                     originals[path] = pending[path] = read_bytes_or_none(path)
-                outcome, new, note = revert_file(store, rec, f, pending[path], by_id.get(rec.id), pristine, force)
+                if forget:
+                    outcome, new, note = "forgotten", pending[path], "record dropped, file left as it is"
+                else:
+                    outcome, new, note = revert_file(store, rec, f, pending[path], by_id.get(rec.id), pristine,
+                                                     force)
                 if outcome == "forced" and pending[path] is not None:
                     displaced.append((path, pending[path]))
                 pending[path] = new
@@ -224,11 +231,16 @@ RESTORED = ("restored", "reversed-diff", "deleted", "unchanged", "forced")
 
 def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: State) -> None:
     """Remove the backups a revert no longer needs: those of patches whose every file got its original back (a
-    backup of a file an update replaced is kept: it may hold bytes nobody else has). With nothing applied,
-    `.applier/` keeps only what must stay (the lock, displaced bytes, an overlay manifest)."""
+    backup of a file an update replaced is kept: it may hold bytes nobody else has; a forgotten patch's backups
+    move to displaced/). With nothing applied, `.applier/` keeps only what must stay (the lock, displaced bytes,
+    an overlay manifest)."""
     for report in reports:
         if all(f.action in RESTORED for f in report.files):
             shutil.rmtree(store.backups / report.id, ignore_errors=True)
+        elif all(f.action == "forgotten" for f in report.files) and (store.backups / report.id).is_dir():
+            dest = store.displaced / time.strftime("%Y%m%d-%H%M%S") / "backups" / report.id
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(store.backups / report.id, dest)
     prune_empty(store.backups)
     if not state.applied:
         remove_file(store.state_file)
@@ -303,3 +315,38 @@ def save_displaced(store: StateStore, target: Target, displaced: list[tuple[Path
         except OSError as exc:
             raise io_failure(exc, dest, "save the displaced bytes to") from exc
     return folder
+
+
+# ---------------------------------------------------------------- clean
+
+@dataclass
+class CleanResult:
+    removed: bool                 # .applier/ is gone
+    kept: list[str]               # what stays, and why
+
+
+def clean(target: Target, catalog: list[Patch]) -> CleanResult:
+    """Remove `.applier/` from a target where nothing is applied and no overlay is installed. Bytes a forced
+    revert saved (displaced/) are never removed: the folder then keeps only them."""
+    store = StateStore.for_target(target, catalog)
+    store.check_folder()
+    if not store.dir.exists():
+        return CleanResult(True, [])
+    with target_lock(store.dir):
+        journal.recover(store)
+        state = store.load()
+        if state.applied:
+            raise RefusedError(f"patches are applied in {target.root}: {', '.join(sorted(state.applied))}",
+                               hint=f"`applier revert --target {target.root}` first")
+        if store.overlay_manifest.exists():
+            raise RefusedError(f"an overlay pack is installed in {target.root}",
+                               hint=f"`applier overlay uninstall --target {target.root}` first")
+        for name in ("state.json", "journal.json"):
+            remove_file(store.dir / name)
+        for folder in ("backups", "journal-data"):
+            shutil.rmtree(store.dir / folder, ignore_errors=True)
+        if store.displaced.exists():
+            return CleanResult(False, [f"{store.displaced}: bytes a forced revert or uninstall saved; remove them "
+                                       "by hand once you no longer need them"])
+    shutil.rmtree(store.dir, ignore_errors=True)
+    return CleanResult(not store.dir.exists(), [])

@@ -6,6 +6,8 @@ from pathlib import Path, PurePosixPath
 
 from applier.errors import UnsafePathError
 
+STATE_DIR_NAME = ".applier"
+
 
 def resolve_inside(root: Path, relpath: str, *, patch_id: str = "") -> Path:
     """The absolute path of `relpath` under `root`; UnsafePathError for absolute paths, `..`, drive letters,
@@ -18,9 +20,14 @@ def resolve_inside(root: Path, relpath: str, *, patch_id: str = "") -> Path:
     parts = PurePosixPath(relpath.replace("\\", "/")).parts
     if any(part == ".." for part in parts):
         raise UnsafePathError(f"{where}path with '..' in diff refused: {relpath}")
+    if STATE_DIR_NAME in parts:
+        raise UnsafePathError(f"{where}{relpath} lies inside applier's own state folder {STATE_DIR_NAME}/ - refused")
     root_real = Path(os.path.realpath(root))
     candidate = Path(os.path.realpath(root_real.joinpath(*parts)))
     if candidate != root_real and root_real not in candidate.parents:
         raise UnsafePathError(f"{where}{relpath} resolves to {candidate}, outside {root_real} (symlink escape) - "
+                              "refused")
+    if STATE_DIR_NAME in candidate.relative_to(root_real).parts:
+        raise UnsafePathError(f"{where}{relpath} resolves into applier's own state folder {STATE_DIR_NAME}/ - "
                               "refused")
     return root_real.joinpath(*parts)

@@ -7,7 +7,7 @@ from applier import diffengine
 from applier.catalog import Patch
 from applier.confine import Confinement
 from applier.diffengine import FileState
-from applier.errors import ApplierError
+from applier.errors import ApplierError, NoVariantError
 from applier.fsutil import read_bytes_or_none, sha256_bytes
 from applier.planner import load_file_patches, plan_patch
 from applier.record import pristine_hashes
@@ -67,31 +67,37 @@ def recorded_status(target: Target, confinement: Confinement, record: AppliedPat
     files = [file_status(confinement, record, f, patch, state, pristine) for f in record.files]
     states = {f.state for f in files}
     if "lost" in states:
-        overall, reason = "lost", lost_reason(target, record, patch)
+        overall = "lost"
+        reason = stale_reason(target, record, patch) or \
+            "an update or a reinstall replaced a patched file: `applier apply` re-applies it"
     elif "modified" in states:
-        overall, reason = "modified", "a patched file was edited since apply"
+        overall = "modified"
+        reason = stale_reason(target, record, patch) or "a patched file was edited since apply"
     else:
         overall, reason = "applied", f"applied {record.applied_at} on {record.component} {record.component_version}"
     return PatchStatus(record.id, overall, record.variant, reason, recorded=True, files=files)
 
 
-def lost_reason(target: Target, record: AppliedPatch, patch: Patch | None) -> str:
-    """What to do about a lost patch: `apply` re-applies it when a variant of the catalog fits the new files;
-    when none does, the same advice `apply` gives (the command that clears the record)."""
-    if patch is not None:
-        try:
-            plan = plan_patch(target, patch)
-        except ApplierError as exc:
-            return stale_advice(target, record.id, exc.message.splitlines()[0])
-        if plan.action == "not-applicable":
-            return stale_advice(target, record.id, plan.reason)
-        return "an update or a reinstall replaced a patched file: `applier apply` re-applies it"
-    return stale_advice(target, record.id, "it is not in this catalog any more")
+def stale_reason(target: Target, record: AppliedPatch, patch: Patch | None) -> str | None:
+    """For a drifted patch that no variant of the catalog can apply again: the advice `apply` gives too (the
+    command that clears the record). None when `apply` can re-apply it, or the drift is a hand edit."""
+    if patch is None:
+        return stale_advice(target, record.id, "it is not in this catalog any more")
+    try:
+        plan = plan_patch(target, patch)
+    except NoVariantError as exc:
+        return stale_advice(target, record.id, exc.message.splitlines()[0])
+    except ApplierError:
+        return None
+    if plan.action == "not-applicable":
+        return stale_advice(target, record.id, plan.reason)
+    return None
 
 
 def stale_advice(target: Target, patch_id: str, reason: str) -> str:
     return (f"{patch_id} was applied, an update replaced its files, and it cannot be applied again ({reason}); "
-            f"`applier revert --target {target.root} --only {patch_id}` clears the record, and a newer applier "
+            f"`applier revert --target {target.root} --only {patch_id} --forget` clears the record (the files stay "
+            "as the update left them), and a newer applier "
             "may carry a variant for this version")
 
 
