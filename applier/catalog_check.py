@@ -6,7 +6,8 @@ The cache is a folder of pristine upstream files, filled by scripts outside the 
     <cache>/<component>/<version>/<paths relative to the component root>
     e.g. <cache>/torch/2.13.0/torch/cuda/streams.py, <cache>/comfyui/0.3.64/nodes.py
 
-For every variant of every patch and every cached version of its component, the variant's diff is planned against
+For every variant of every patch and every cached version of its component, the variant's diff (the patch's shared
+diffs and its own, through planner.load_file_patches as for apply) is planned against
 the cached files with the diff engine (no fuzz; offsets are fine) and the result is reversed; the round trip must
 give the original bytes back. Each (variant, version) gets one cell:
 
@@ -35,6 +36,7 @@ from applier import diffengine
 from applier.catalog import Patch, Variant
 from applier.diffengine import HunkState
 from applier.errors import ApplierError
+from applier.planner import load_file_patches
 
 
 class CellState(str, enum.Enum):
@@ -106,12 +108,23 @@ def cached_versions(cache_root: Path, component: str) -> tuple[str, ...]:
     return tuple(sorted(labels, key=version_sort_key))
 
 
-def round_trip(variant: Variant, version_root: Path) -> RoundTrip:
-    """Plan the variant on the files under version_root, reverse the result, demand the original bytes back."""
+def round_trip(variant: Variant, version_root: Path, patch: Patch | None = None) -> RoundTrip:
+    """Plan the variant on the files under version_root, reverse the result, demand the original bytes back.
+
+    With the patch given, its file patches come from planner.load_file_patches (shared diffs included, unsafe paths
+    refused), as for apply; its `requires_text` must hold in the cached files too."""
     try:
-        file_patches = diffengine.parse_patch(variant.read_diff())
+        if patch is not None:
+            file_patches = load_file_patches(patch, variant)
+        else:
+            file_patches = diffengine.parse_patch(variant.read_diff())
     except (ApplierError, OSError) as exc:
         return RoundTrip(False, f"diff unreadable: {exc}")
+    if patch is not None:
+        for requirement in patch.requires_text:
+            path = version_root / requirement.file
+            if not requirement.met_by(path.read_bytes() if path.is_file() else None):
+                return RoundTrip(False, f"requirement unmet: {requirement.describe()}")
     notes = []
     for fp in file_patches:
         path = version_root / fp.path
@@ -168,7 +181,7 @@ def check_patch(patch: Patch, cache_root: Path, versions: tuple[str, ...], colum
                 else:
                     cells.append(CoverageCell(label, CellState.NOT_APPLICABLE, claimed, "not cached"))
                 continue
-            result = round_trip(variant, component_root / label)
+            result = round_trip(variant, component_root / label, patch)
             if not release and result.applies:
                 clean_by_snapshot[label].append(variant.name)
             if not release and not claimed:

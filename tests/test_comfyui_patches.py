@@ -127,7 +127,11 @@ def test_each_era_selects_the_variant_written_for_it(tmp_path, comfy_patches, er
     for patch_id, patch in comfy_patches.items():
         variant, how, target = select(tree, patch)
         assert variant.name == ERAS[era].variants[patch_id], how
-        assert ("dry run" in how or "applies cleanly" in how) == (target.comfyui_version is None)
+        version = target.comfyui_version
+        by_dry_run = version is None or patch.is_past_every_variant(version)
+        assert ("dry run" in how or "applies cleanly" in how) == by_dry_run, how
+        if version is not None and by_dry_run:
+            assert f"comfyui {version} is outside every variant's range" in how
 
 
 @pytest.mark.parametrize("era", [name for name, version in eras().items() if version is None])
@@ -370,6 +374,40 @@ def test_every_variant_creates_the_same_helper(comfy_patches):
     assert len({tuple(b) for b in bodies.values()}) == 1 and all(len(b) == 1 for b in bodies.values())
 
 
+def test_the_helper_is_shipped_once_and_each_variant_holds_only_its_call_line(comfy_patches):
+    patch = comfy_patches["comfyui/oom-retry"]
+    shared = {path.name for v in patch.variants for path in v.shared}
+    assert shared == {"helper.diff"}
+    for variant in patch.variants:
+        own = diffengine.parse_patch(variant.diff_path.read_bytes())
+        assert [fp.path for fp in own] == ["execution.py"], variant.name
+        assert variant.read_diff() == b"".join(p.read_bytes() for p in (*variant.shared, variant.diff_path))
+
+
+def test_a_release_between_the_ranges_is_not_applicable_with_the_reason(tmp_path, comfy_patches):
+    from applier.planner import plan_patch
+    tree = build_comfy_tree(tmp_path / "t", era="0.38", layout="plain")
+    (tree / "comfyui_version.py").write_text('__version__ = "0.5.0"\n')
+    target = detect(tree, gpu=False)
+    plan = plan_patch(target, comfy_patches["comfyui/oom-retry"])
+    assert plan.action == "not-applicable" and "no variant for comfyui 0.5.0" in plan.reason
+
+
+def test_pil_pixel_limit_is_refused_on_a_tree_without_max_resolution(tmp_path, comfy_patches):
+    """Checkouts of 2023-01..03-21 had the hunk's context but no MAX_RESOLUTION: applying would break the import."""
+    from applier.errors import RefusedError
+    from applier.planner import plan_apply
+    root = build_comfy_tree(tmp_path / "t", era="2023-04", layout="plain")
+    nodes = root / "nodes.py"
+    nodes.write_text(nodes.read_text().replace("MAX_RESOLUTION=8192\n", "").replace("MAX_RESOLUTION", "8192"))
+    target = detect(root, gpu=False)
+    pil = comfy_patches["comfyui/pil-pixel-limit"]
+    with pytest.raises(RefusedError, match="MAX_RESOLUTION"):
+        plan_apply(target, [pil], explicit=True)
+    (plan,) = plan_apply(target, [pil])
+    assert plan.action == "not-applicable" and "nodes.py has no line matching" in plan.reason
+
+
 def test_retry_frees_the_failed_attempts_locals_before_running_again(helper):
     class Big:
         pass
@@ -489,7 +527,9 @@ def test_gnu_patch_agrees_on_the_cached_snapshots(comfy_patches, tmp_path):
     for snap in cached_snapshots()[::7]:        # a spread across the eras keeps this quick
         for patch in comfy_patches.values():
             for variant in patch.variants:
-                gnu = subprocess.run(["patch", "--dry-run", "-F0", "-p1", "-s", "-f", "-i", str(variant.diff_path)],
+                combined = tmp_path / f"{patch.name}-{variant.name}.diff"   # shared diffs + the variant's own
+                combined.write_bytes(variant.read_diff())
+                gnu = subprocess.run(["patch", "--dry-run", "-F0", "-p1", "-s", "-f", "-i", str(combined)],
                                      cwd=snap, capture_output=True).returncode == 0
                 if gnu != dry_run_is_clean(variant, snap):
                     disagreements.append(f"{snap.name} {patch.id} {variant.name}: GNU patch {gnu}")
