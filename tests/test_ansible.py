@@ -140,10 +140,11 @@ class Farm:
         return env
 
     def play(self, *extra: str, state: str = "applied", only: tuple[str, ...] = (),
-             targets: list[str] | None = None) -> tuple[int, dict[str, int], str]:
+             targets: list[str] | None = None, **more_vars: str) -> tuple[int, dict[str, int], str]:
         variables = {"applier_hosts": "localhost", "applier_state": state, "applier_only": list(only),
                      "applier_executable": self.applier,
-                     "comfyui_targets": targets if targets is not None else [str(t) for t in self.trees]}
+                     "comfyui_targets": targets if targets is not None else [str(t) for t in self.trees],
+                     **more_vars}
         var_file = self.base / "vars.json"
         var_file.write_text(json.dumps(variables))
         proc = subprocess.run([ANSIBLE_PLAYBOOK, "-i", "localhost,", "-c", "local", "-e", f"@{var_file}", *extra,
@@ -223,4 +224,9 @@ def test_playbook_fails_with_the_cli_message_and_exit_code(farm):
     assert [(f["item"], f["rc"]) for f in failures] == [(str(missing), 9), (str(farm.trees[0]), 3)], output
     assert str(missing) in failures[0]["msg"]                     # exit 9: bad target, in applier's words
     assert "no-such-patch" in failures[1]["msg"]                  # exit 3: refused
+
+    # `patches` reaches the CLI as --patches
+    no_catalog = farm.base / "no-such-catalog"
+    rc, recap, output = farm.play(targets=[str(farm.trees[0])], applier_patches=str(no_catalog))
+    assert rc != 0 and recap["failed"] == 1 and str(no_catalog) in output and '"rc": 3' in output, output
     assert [tree_bytes(t) for t in farm.trees] == farm.original
