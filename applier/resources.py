@@ -7,8 +7,9 @@ Two places, decided once at import:
 - an installed wheel (`pip install .`, `pipx install .`): their copies inside the package, `applier/_data/<folder>`,
   put there by the build (setup.cfg maps the packages `applier._data.patches` etc. to the repository folders).
 
-A checkout is recognised by its setup.cfg and all three folders beside the package, so a stray `patches/` or
-`verify/` folder in site-packages is never mistaken for the catalog.
+The bundled copies win when they are there (nothing creates `applier/_data/` in a checkout). Otherwise the folders
+beside the package are used only when they look like a source tree (the three folders and the build metadata), so
+a stray `patches/` or `verify/` package in site-packages is never mistaken for applier's.
 """
 from __future__ import annotations
 
@@ -25,24 +26,29 @@ RESOURCE_FOLDERS = ("patches", "verify", "overlays")
 PACKAGE_DIR = Path(applier.__file__).resolve().parent
 # The repository root when running from a checkout (its docs/ and tests/ are there); only meaningful then.
 REPO_ROOT = PACKAGE_DIR.parent
-BUNDLED_DIR = PACKAGE_DIR / "_data"
+
+
+def has_resources(folder: Path) -> bool:
+    return all((folder / name).is_dir() for name in RESOURCE_FOLDERS)
 
 
 def is_checkout(root: Path) -> bool:
-    """True when root is a source tree of applier: setup.cfg and the three resource folders beside the package."""
-    return (root / "setup.cfg").is_file() and all((root / name).is_dir() for name in RESOURCE_FOLDERS)
+    """True when root is a source tree of applier: its build metadata and the three resource folders."""
+    return has_resources(root) and any((root / name).is_file() for name in ("setup.cfg", "pyproject.toml"))
 
 
 def find_resource_root(package_dir: Path = PACKAGE_DIR) -> tuple[Path, str]:
-    """(folder that holds patches/, verify/ and overlays/, "checkout" or "installed").
+    """(folder that holds patches/, verify/ and overlays/, "installed" or "checkout").
 
-    A checkout wins over a bundled copy, so that editing the repository's catalog takes effect at once in an
-    editable install. An install with neither (a broken build) gets the bundled paths: every command that needs them
-    then refuses with the missing path in its message (the catalog loader's exit 3).
+    An install with neither (a broken build) gets the bundled paths: every command that needs them then refuses
+    with the missing path in its message (the catalog loader's exit 3).
     """
+    bundled = package_dir / "_data"
+    if has_resources(bundled):
+        return bundled, "installed"
     if is_checkout(package_dir.parent):
         return package_dir.parent, "checkout"
-    return package_dir / "_data", "installed"
+    return bundled, "installed"
 
 
 RESOURCE_ROOT, RESOURCE_ORIGIN = find_resource_root()

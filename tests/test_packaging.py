@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from applier import resources
+from applier.errors import RefusedError
+from applier.resources import find_resource_root
 from tests.fixtures.comfy_tree import build_comfy_tree
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,8 +31,6 @@ BUILD_FILES = ("setup.cfg", "pyproject.toml", "README.md", "MANIFEST.in")
 COMFY_IDS = ("comfyui/max-resolution", "comfyui/oom-retry", "comfyui/pil-pixel-limit")
 # The copy's catalog gets this diff rewritten with CRLF line ends: the wheel must keep those bytes, and apply them.
 CRLF_DIFF = Path("patches/comfyui/max-resolution/16384-era.diff")
-
-pytestmark = pytest.mark.slow
 
 
 def source_files(folder: Path) -> dict[str, bytes]:
@@ -108,6 +109,41 @@ class Installed:
         return json.loads(proc.stdout)
 
 
+def make_resource_folders(root: Path) -> None:
+    for name in DATA_FOLDERS:
+        (root / name).mkdir(parents=True)
+
+
+def test_resources_come_from_the_package_copy_in_an_install(tmp_path):
+    package = tmp_path / "site-packages" / "applier"
+    make_resource_folders(package / "_data")
+    make_resource_folders(tmp_path / "site-packages")     # stray top-level folders of other distributions
+    assert find_resource_root(package) == (package / "_data", "installed")
+
+
+def test_resources_come_from_the_checkout_beside_the_package(tmp_path):
+    package = tmp_path / "repo" / "applier"
+    package.mkdir(parents=True)
+    make_resource_folders(tmp_path / "repo")
+    (tmp_path / "repo" / "setup.cfg").write_text("[metadata]\nname = applier\n")
+    assert find_resource_root(package) == (tmp_path / "repo", "checkout")
+
+
+def test_folders_beside_an_installed_package_without_build_metadata_are_not_the_catalog(tmp_path):
+    package = tmp_path / "site-packages" / "applier"
+    package.mkdir(parents=True)
+    make_resource_folders(tmp_path / "site-packages")
+    assert find_resource_root(package) == (package / "_data", "installed")   # missing: commands say so
+
+
+def test_a_missing_verify_suite_is_a_refusal_naming_it(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, resources.VERIFY_MODULE_NAME, raising=False)
+    monkeypatch.setattr(resources, "VERIFY_DIR", tmp_path / "verify")
+    with pytest.raises(RefusedError, match="verify suite is missing") as caught:
+        resources.load_verify()
+    assert str(tmp_path / "verify") in caught.value.message and caught.value.exit_code == 3
+
+
 @pytest.fixture(scope="module")
 def installed():
     (REPO / ".cache").mkdir(exist_ok=True)
@@ -118,6 +154,7 @@ def installed():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_catalog_verify_suite_and_overlay_pack_byte_for_byte(installed):
     data = installed.site / "applier" / "_data"
     for name in DATA_FOLDERS:
@@ -134,6 +171,7 @@ def test_the_wheel_carries_catalog_verify_suite_and_overlay_pack_byte_for_byte(i
     assert installed_package == package
 
 
+@pytest.mark.slow
 def test_the_installed_applier_reads_its_resources_from_the_package(installed):
     code = ("import json, applier, applier.resources as r; print(json.dumps({'package': applier.__file__, "
             "'origin': r.RESOURCE_ORIGIN, 'patches': str(r.PATCHES_DIR), 'verify': str(r.VERIFY_DIR), "
@@ -145,6 +183,7 @@ def test_the_installed_applier_reads_its_resources_from_the_package(installed):
     assert {Path(found[k]) for k in DATA_FOLDERS} == {data / k for k in DATA_FOLDERS}
 
 
+@pytest.mark.slow
 def test_every_command_works_from_the_wheel_and_revert_is_byte_identical(installed):
     tree = build_comfy_tree(installed.base / "sandbox" / "ComfyUI", era="latest", layout="git")
     # the install's own Python: a bare venv (no torch), so the torch patches are not applicable and the
@@ -190,6 +229,7 @@ def test_every_command_works_from_the_wheel_and_revert_is_byte_identical(install
     assert not [p["id"] for p in installed.cli_json("status", *target)["patches"] if p["recorded"]]
 
 
+@pytest.mark.slow
 def test_the_sdist_carries_what_the_wheel_is_built_from(installed):
     out = installed.base / "sdist"
     out.mkdir()
