@@ -152,7 +152,7 @@ def wait_exit(pid: int, timeout: float | None = None) -> int | None:
 class Install:
     root: Path                        # --target: the ComfyUI folder, or the outer folder of a portable install
     comfy: Path                       # the ComfyUI folder (nodes.py)
-    site: Path                        # its site-packages
+    site: Path | None                 # its site-packages (None: plain)
     catalog: Path                     # the two-patch test catalog
     layout: str                       # "portable" | "venv"
     base_files: dict = field(default_factory=dict)    # snapshot of the untouched tree
@@ -169,13 +169,17 @@ class Install:
 
 def make_install(folder: Path, *, layout: str = "portable") -> Install:
     """portable: ComfyUI_windows_portable/{python_embeded/Lib/site-packages, ComfyUI/} without an interpreter (no
-    subprocess per command: the fast one); venv: ComfyUI/ with a real venv inside it (ComfyUI/venv)."""
+    subprocess per command: the fast one); venv: ComfyUI/ with a real venv inside it (ComfyUI/venv); plain: a
+    ComfyUI folder without any Python env (no overlays), .applier/ inside the ComfyUI folder."""
     folder.mkdir(parents=True, exist_ok=True)
     if layout == "portable":
         root = folder / "ComfyUI_windows_portable"
         comfy = make_comfy(root)
         site = root / "python_embeded" / "Lib" / "site-packages"
         site.mkdir(parents=True)
+    elif layout == "plain":
+        root = comfy = make_comfy(folder)
+        site = None
     elif layout == "venv":
         root = comfy = make_comfy(folder)
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(comfy / "venv")], check=True,
@@ -188,7 +192,7 @@ def make_install(folder: Path, *, layout: str = "portable") -> Install:
     (comfy / "custom_nodes").mkdir()
     inst = Install(root, comfy, site, make_catalog(folder), layout)
     inst.base_files, inst.base_dirs = snapshot(root)
-    inst.overlay = learn_reference(inst)
+    inst.overlay = learn_reference(inst) if site is not None else None
     return inst
 
 
@@ -230,8 +234,16 @@ def restore(root: Path, saved: Path) -> None:
     shutil.copytree(saved, root, symlinks=True)
 
 
-def outside_hashes(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+def sha256(data: bytes) -> str:
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
+
+
+def state_files(inst: Install) -> dict[str, bytes]:
+    """Every file of .applier/ but the lock."""
+    folder = inst.root / ".applier"
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "lock"} if folder.is_dir() else {}
 
 
 # ------------------------------------------------------------------------------------------------- expectations
@@ -279,7 +291,7 @@ def classify(inst: Install) -> tuple[tuple[str, str] | None, str]:
     files, dirs = snapshot(inst.root)
     best = None
     for c in STATES["catalog"]:
-        for o in STATES["overlay"]:
+        for o in STATES["overlay"] if inst.overlay is not None else ("absent",):
             want_files, want_dirs = expected_tree(inst, c, o)
             if files == want_files and dirs == want_dirs:
                 return (c, o), ""
@@ -319,7 +331,7 @@ def consistency_problems(inst: Install, allowed: set[tuple[str, str]]) -> list[s
     listed = cli(*inst.args("overlay", "list", "--json"))
     if listed.code != 0 or problems_of(listed):
         found.append(f"overlay list after recovery: {listed}")
-    else:
+    elif inst.overlay is not None:
         data = listed.json()
         if whole[1] == "installed":
             n = len(inst.overlay.files)
