@@ -1,6 +1,8 @@
 """Fused AdaLN `addcmul(shift, LayerNorm(x), 1 + scale)` against both references, modulation layouts included."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -90,32 +92,31 @@ def test_output_dtype_follows_eager_type_promotion(seed):
     (48, 6, 4, True),    # groups of 8
 ])
 def test_rows_of_a_program_share_one_modulation_row_only_where_they_all_have_it(L, rows, per_program, shared,
-                                                                                monkeypatch, seed, device):
+                                                                                seed, device):
     """The shared-modulation path loads the first row's shift/scale for the whole program: at batch > 1 and
     grouped rows it must give the per-row path's bits, and be taken only where every row has that modulation."""
     B, C = 3, 64
     assert adaln.shared_modulation(L, [modulation_group(rows, L)] * 2, per_program) is shared
-    monkeypatch.setattr(adaln, "ROWS_PER_PROGRAM", per_program)
+    launch = replace(adaln.LAUNCH, rows_per_program=per_program)
     gen = generator(seed)
     x = (torch.randn(B, L, C, generator=gen) * 2 + 0.3).to(device)
     shift, scale = (m.to(device) for m in modulation(B, rows, C, gen))
-    out = adaln.adaln(x, shift, scale, out=poisoned_empty((B, L, C), x.dtype).to(device))
-    monkeypatch.setattr(adaln, "SHARED_MODULATION", False)
-    assert torch.equal(out, adaln.adaln(x, shift, scale))
+    out = adaln.adaln(x, shift, scale, out=poisoned_empty((B, L, C), x.dtype).to(device), launch=launch)
+    assert torch.equal(out, adaln.adaln(x, shift, scale, launch=replace(launch, shared_modulation=False)))
     assert_close_fp32(out.cpu(), adaln.reference_comfy(x.cpu(), shift.cpu(), scale.cpu()), "vs ComfyUI chain")
 
 
-PLAIN_LOOPS = {"PREFETCH": False, "STATS_UNROLL": 1, "LOOP_UNROLL": 1, "LOOP_STAGES": None, "HELD_MAX_STEPS": 0,
-               "MOD_AHEAD": 0}
+PLAIN_LOOPS = {"prefetch": False, "stats_unroll": 1, "loop_unroll": 1, "loop_stages": None, "held_max_steps": 0,
+               "mod_ahead": 0}
 
 
 @pytest.mark.parametrize("C", [1024, 1540])
-@pytest.mark.parametrize("schedule", [{}, {"PREFETCH": True}, {"LOOP_UNROLL": 2}, {"STATS_UNROLL": 3},
-                                      {"LOOP_STAGES": 2}, {"PREFETCH": True, "STATS_UNROLL": 2, "LOOP_UNROLL": 2},
-                                      {"HELD_MAX_STEPS": 4}, {"HELD_MAX_STEPS": 4, "MOD_AHEAD": 1},
-                                      {"HELD_MAX_STEPS": 4, "MOD_AHEAD": 3}])
+@pytest.mark.parametrize("schedule", [{}, {"prefetch": True}, {"loop_unroll": 2}, {"stats_unroll": 3},
+                                      {"loop_stages": 2}, {"prefetch": True, "stats_unroll": 2, "loop_unroll": 2},
+                                      {"held_max_steps": 4}, {"held_max_steps": 4, "mod_ahead": 1},
+                                      {"held_max_steps": 4, "mod_ahead": 3}])
 @pytest.mark.parametrize("mod_rows", [1, 6])    # per sample (rows of a program share it) and per token
-def test_loop_schedules_keep_the_bits(C, schedule, mod_rows, monkeypatch, seed, device):
+def test_loop_schedules_keep_the_bits(C, schedule, mod_rows, seed, device):
     """Prefetching the next chunk, unrolling, pipelining, holding the row in registers (C=1024: two held steps;
     C=1540 is not a multiple of 512 and is read twice) and loading held steps' modulation ahead (past the last
     step too) change when loads are issued, never the values: the shipped schedule ({}) and each variant equal the
@@ -125,13 +126,11 @@ def test_loop_schedules_keep_the_bits(C, schedule, mod_rows, monkeypatch, seed, 
     shift, scale = (m.to(device) for m in modulation(2, mod_rows, C, gen))
     scheduled = adaln.adaln(x, shift, scale, out=poisoned_empty(x.shape, x.dtype).to(device)) if not schedule \
         else None
-    for name, value in PLAIN_LOOPS.items():
-        monkeypatch.setattr(adaln, name, value)
-    plain = adaln.adaln(x, shift, scale)
-    for name, value in schedule.items():
-        monkeypatch.setattr(adaln, name, value)
+    plain_loops = replace(adaln.LAUNCH, **PLAIN_LOOPS)
+    plain = adaln.adaln(x, shift, scale, launch=plain_loops)
     if schedule:
-        scheduled = adaln.adaln(x, shift, scale, out=poisoned_empty(x.shape, x.dtype).to(device))
+        scheduled = adaln.adaln(x, shift, scale, out=poisoned_empty(x.shape, x.dtype).to(device),
+                                launch=replace(plain_loops, **schedule))
     assert torch.equal(scheduled, plain)
 
 

@@ -9,6 +9,7 @@ output is held to a bound. Byte-exact codes on the GPU: benchmarks/gpu_fp8_gates
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -220,19 +221,18 @@ def test_ffn_forward_without_fp8_matches_stock():
 
 
 @interpreter_only
-def test_dynamic_kernels_reduce_partial_maxima_across_many_programs(monkeypatch):
+def test_dynamic_kernels_reduce_partial_maxima_across_many_programs():
     # small chunks and few programs, so the interpreter runs the multi-program, multi-iteration grid the GPU runs
-    monkeypatch.setattr(qf, "ELEMENTS_PER_ITERATION", 64)
-    monkeypatch.setattr(qf, "MAX_PROGRAMS", 4)
+    launch = replace(qf.LAUNCH, elements_per_iteration=64, max_programs=4)
     x = activations(3, shape=(1000, 13))
     x.view(-1)[-1] = 5000.0                                 # the maximum sits in the very last chunk
-    assert qf.launch_grid(x.numel()) == (4, 51)
-    values, scale = qf.quantize_dynamic_triton(x, out_fp32=True)
+    assert qf.launch_grid(x.numel(), launch) == (4, 51)
+    values, scale = qf.quantize_dynamic_triton(x, out_fp32=True, launch=launch)
     ref_codes, ref_scale = qf.quantize_fp8_dynamic_reference(x)
     assert scale.item() == ref_scale.item()
     assert byte_mismatch(codes_of(values), ref_codes) == (0, 0.0)
     h = x / 100
-    _, gelu_scale = gq.gelu_quantize_dynamic_triton(h, out_fp32=True)
+    _, gelu_scale = gq.gelu_quantize_dynamic_triton(h, out_fp32=True, launch=launch)
     assert gelu_scale.item() == pytest.approx(gq.gelu_quantize_fp8_dynamic_reference(h)[1].item(), rel=1e-6)
 
 

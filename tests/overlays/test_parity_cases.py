@@ -68,7 +68,7 @@ def test_a_kernel_that_perturbs_its_output_fails_its_case(monkeypatch):
 
 
 def test_a_kernel_that_writes_nothing_fails_through_the_poisoned_output(monkeypatch):
-    monkeypatch.setattr(gate_add, "_launch", lambda x, y, gate, group, rounding, inplace, out: out)
+    monkeypatch.setattr(gate_add, "_launch", lambda x, y, gate, group, rounding, inplace, out, launch: out)
     result = small_case("gate_add_wan B2 L8 C48 rows1").run()
     assert result["status"] == "failed"
     assert result["vs_comfy"][0]["unwritten"] == result["vs_comfy"][0]["numel"]

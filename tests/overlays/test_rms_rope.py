@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -44,28 +45,26 @@ def test_flux_kernel_matches_comfy_chain_and_fp64_and_writes_every_element(B, H,
 
 
 @pytest.mark.parametrize("tokens", [2, 8])
-def test_flux_kernel_with_q_and_k_in_separate_programs_writes_the_same_bits(tokens, monkeypatch, seed):
+def test_flux_kernel_with_q_and_k_in_separate_programs_writes_the_same_bits(tokens, seed):
     q, k, sq, sk, pe = flux_inputs(2, 3, 37, 64, 2, generator(seed))
-    monkeypatch.setattr(rms_rope, "FLUX_TOKENS_PER_PROGRAM", tokens)
-    together = rms_rope.flux_rms_rope(q, k, sq, sk, pe)
-    monkeypatch.setattr(rms_rope, "FLUX_SPLIT_QK", True)
+    launch = replace(rms_rope.FLUX_LAUNCH, tokens_per_program=tokens)
+    together = rms_rope.flux_rms_rope(q, k, sq, sk, pe, launch=launch)
     out = (poisoned_empty((2, 3, 37, 64), q.dtype), poisoned_empty((2, 3, 37, 64), q.dtype))
-    apart = rms_rope.flux_rms_rope(q, k, sq, sk, pe, out=out)
+    apart = rms_rope.flux_rms_rope(q, k, sq, sk, pe, out=out, launch=replace(launch, split_qk=True))
     for got, expected in zip(apart, together):
         assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
 
 
 @pytest.mark.parametrize("heads_per_step", [2, 4])
-def test_flux_prefetching_the_next_heads_keeps_the_bits(heads_per_step, monkeypatch, seed):
+def test_flux_prefetching_the_next_heads_keeps_the_bits(heads_per_step, seed):
     """Loading the next head step before storing this one changes when loads are issued, not the values (H=3 with
     2 heads per step: a partial last step)."""
     q, k, sq, sk, pe = flux_inputs(2, 3, 11, 64, 1, generator(seed))
-    monkeypatch.setattr(rms_rope, "FLUX_HEADS_PER_STEP", heads_per_step)
-    monkeypatch.setattr(rms_rope, "FLUX_PREFETCH", False)
-    plain = rms_rope.flux_rms_rope(q, k, sq, sk, pe)
-    monkeypatch.setattr(rms_rope, "FLUX_PREFETCH", True)
+    launch = replace(rms_rope.FLUX_LAUNCH, heads_per_step=heads_per_step)
+    plain = rms_rope.flux_rms_rope(q, k, sq, sk, pe, launch=replace(launch, prefetch=False))
     out = (poisoned_empty((2, 3, 11, 64), q.dtype), poisoned_empty((2, 3, 11, 64), q.dtype))
-    for got, expected in zip(rms_rope.flux_rms_rope(q, k, sq, sk, pe, out=out), plain):
+    for got, expected in zip(rms_rope.flux_rms_rope(q, k, sq, sk, pe, out=out,
+                                                    launch=replace(launch, prefetch=True)), plain):
         assert torch.equal(got, expected)
 
 
@@ -87,23 +86,19 @@ def test_wan_kernel_norms_full_c_then_ropes_per_head(B, L, H, D, pe_batch, seed)
         assert_close_fp32(got, exact, "vs fp64")
 
 
-@pytest.mark.parametrize("schedule", [{}, {"WAN_PREFETCH": True}, {"WAN_LOOP_UNROLL": 2}, {"WAN_STATS_UNROLL": 3},
-                                      {"WAN_HELD_MAX_STEPS": 0}])
+@pytest.mark.parametrize("schedule", [{}, {"prefetch": True}, {"loop_unroll": 2}, {"stats_unroll": 3},
+                                      {"held_max_steps": 0}])
 # 640 and 108 channels: tails in both loops; 1024 channels of 64-channel heads: held in registers (2 chunks)
 @pytest.mark.parametrize("H,D", [(5, 128), (3, 36), (16, 64)])
-def test_wan_loop_schedules_keep_the_bits(schedule, H, D, monkeypatch, seed):
+def test_wan_loop_schedules_keep_the_bits(schedule, H, D, seed):
     """Prefetching the next chunk, unrolling and holding the row in registers change when loads are issued, not
     the values: the shipped schedule ({}) and each variant equal the plain loops bit for bit."""
     q, k, wq, wk, freqs = wan_inputs(2, 7, H, D, 1, generator(seed))
     out = (poisoned_empty((2, 7, H, D), q.dtype), poisoned_empty((2, 7, H, D), q.dtype))
     shipped = rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, out=out) if not schedule else None
-    for name, value in {"WAN_PREFETCH": False, "WAN_STATS_UNROLL": 1, "WAN_LOOP_UNROLL": 1,
-                        "WAN_HELD_MAX_STEPS": 0}.items():
-        monkeypatch.setattr(rms_rope, name, value)
-    plain = rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H)
-    for name, value in schedule.items():
-        monkeypatch.setattr(rms_rope, name, value)
-    got = shipped or rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, out=out)
+    plain_loops = replace(rms_rope.WAN_LAUNCH, prefetch=False, stats_unroll=1, loop_unroll=1, held_max_steps=0)
+    plain = rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, launch=plain_loops)
+    got = shipped or rms_rope.wan_rms_rope(q, k, wq, wk, freqs, H, out=out, launch=replace(plain_loops, **schedule))
     for a, b in zip(got, plain):
         assert torch.equal(a, b)
 
@@ -114,7 +109,7 @@ def test_wan_holds_rows_of_whole_head_chunks_up_to_the_limit(C, head_dim, steps)
     assert rms_rope.wan_held_steps(C, head_dim) == steps
 
 
-def test_wan_norm_only_holds_the_row_and_keeps_the_bits(monkeypatch, seed):
+def test_wan_norm_only_holds_the_row_and_keeps_the_bits(seed):
     """The cross-attention norm (no rotation) walks 1024 channels as 2 held chunks: the same bits as reading the
     row again."""
     gen = generator(seed)
@@ -122,8 +117,8 @@ def test_wan_norm_only_holds_the_row_and_keeps_the_bits(monkeypatch, seed):
     wq, wk = torch.rand(1024, generator=gen) + 0.5, torch.rand(1024, generator=gen) + 0.5
     held = rms_rope.wan_rms_norm_qk(q, k, wq, wk, out=(poisoned_empty(q.shape, q.dtype),
                                                        poisoned_empty(k.shape, k.dtype)))
-    monkeypatch.setattr(rms_rope, "WAN_HELD_MAX_STEPS", 0)
-    for got, expected in zip(held, rms_rope.wan_rms_norm_qk(q, k, wq, wk)):
+    read_twice = replace(rms_rope.WAN_LAUNCH, held_max_steps=0)
+    for got, expected in zip(held, rms_rope.wan_rms_norm_qk(q, k, wq, wk, launch=read_twice)):
         assert torch.equal(got, expected)
     assert_close_fp32(held[0], rms_rope.wan_norm_reference_comfy(q, wq))
 

@@ -10,6 +10,7 @@ the Triton kernel cannot run. This package imports no Triton; each op module imp
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -96,3 +97,16 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (n >= 1), as triton.next_power_of_2, without its per-call overhead."""
     return 1 << (n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """Why an op's launch setting is what it is: one record per op, beside its setting.
+
+    `results` names the JSON of the sweep in the repository's benchmarks/results/ (not shipped with the pack).
+    """
+    chosen: str
+    best: str
+    second_best: str
+    date: str
+    results: str

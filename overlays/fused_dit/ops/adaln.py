@@ -6,13 +6,16 @@ per token (`[B, L, C]`) or per group of tokens as Wan's `repeat_e` expands them 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from ..dispatch import choose
 from ..launch import launch_args
-from . import (KERNEL_DTYPES, as_batch_rows_channels, batch_stride, cdiv, check_out, eager_because, into_out,
-               modulation_group, norm_order, repeat_rows_like_comfy)
+from ..library import compiling, register
+from . import (KERNEL_DTYPES, TuningRecord, as_batch_rows_channels, batch_stride, cdiv, check_out, eager_because,
+               into_out, modulation_group, norm_order, repeat_rows_like_comfy)
 
 try:
     import triton
@@ -20,36 +23,37 @@ try:
 except Exception:  # the eager path must keep working without triton; dispatch says why
     triton = None
 
-# Rows per program and warps: benchmarks/kernels.py --sweep per length with the pair-sum tree
-# (h200-2026-11-30-run8/kernels.json): 2 rows x 2 warps was the fastest at L=4096 and 2% from the fastest at 16384;
-# it stayed within 2% of the fastest with the loop schedules below (run17-run19)
-ROWS_PER_PROGRAM = 2
-NUM_WARPS = 2
-# False: the general Welford tree also where the pair-sum fold applies (norm_order.halves_are_exact), to compare
-EQUAL_HALVES = True
-# The loops over a row's 512-channel steps, unrolled (the statistics pass STATS_UNROLL times, the normalising pass
-# LOOP_UNROLL times) and software-pipelined over LOOP_STAGES stages (None: not pipelined), so that a program has more
-# than one step's loads in flight. Sweeps on the H200 (h200-2026-11-30-run17..run19/kernels-sweep.json): at 2 rows
-# x 2 warps in run17, unrolling by 2 with PREFETCH took L=16384 from 78.2 to 65.4 us and L=4096 from 24.6 to 21.8 us;
-# unrolling by 3 or 6, and pipelining (LOOP_STAGES=2), were no faster
-STATS_UNROLL = 2
-LOOP_UNROLL = 2
-LOOP_STAGES = None
-# True: the normalising pass loads each chunk one step ahead of its stores
-PREFETCH = True
-# Rows of at most this many 512-channel steps (and a multiple of 512 channels) are held in registers between the
-# two passes instead of being read again (0: never). run25 (C=3072, 6 steps): L=16384 64.7 vs 65.4 us at 2 rows x 2
-# warps (62.7 us at 1 x 1), L=4096 21.2 vs 21.7 us; gates 27/27 at 0 ulp with it. Rows of 5120 channels (10 steps)
-# are not held here: not timed for AdaLN (Wan's rms_rope holds them, rms_rope.WAN_HELD_MAX_STEPS)
-HELD_MAX_STEPS = 8
-# Held rows: the modulation of this many steps ahead is loaded before the current step's store (0: each step loads
-# its own after the previous store). run26 sweep at 2 rows x 2 warps: 1 ahead 20.4 / 35.5 / 63.9 us at L=4096 / 8192
-# / 16384 against 21.2 / 36.4 / 64.9 with 0 (2 ahead: 20.6 / 35.7 / 64.9); 2 x 2 with it the fastest at each length.
-# run27: capping registers at 104 for more programs per SM spilled and was slower (23.2 / 70.2 us against 20.6 / 63.8)
-MOD_AHEAD = 1
-# False: every row loads its own shift/scale even where all rows of a program share them (shared_modulation), to
-# compare
-SHARED_MODULATION = True
+
+
+@dataclass(frozen=True)
+class AdalnLaunch:
+    """The kernel's launch setting. Pass another (dataclasses.replace(LAUNCH, ...)) to `adaln` to sweep one."""
+    rows_per_program: int = 2
+    num_warps: int = 2
+    # False: the general Welford tree also where the pair-sum fold applies (norm_order.halves_are_exact), to compare
+    equal_halves: bool = True
+    # the loops over a row's 512-channel steps unrolled (statistics pass, normalising pass) and software-pipelined
+    # over loop_stages stages (None: not pipelined), so that a program has more than one step's loads in flight
+    stats_unroll: int = 2
+    loop_unroll: int = 2
+    loop_stages: int | None = None
+    # the normalising pass loads each chunk one step ahead of its stores
+    prefetch: bool = True
+    # rows of at most this many 512-channel steps (a multiple of 512 channels) are held in registers between the
+    # two passes instead of being read again (0: never)
+    held_max_steps: int = 8
+    # held rows: the modulation of this many steps ahead is loaded before the current step's store
+    mod_ahead: int = 1
+    # False: every row loads its own shift/scale even where all rows of a program share them (shared_modulation)
+    shared_modulation: bool = True
+
+
+LAUNCH = AdalnLaunch()
+TUNING = TuningRecord(
+    chosen="2 rows x 2 warps, unrolled 2/2, prefetch, rows of <= 8 steps held, modulation 1 step ahead",
+    best="the chosen setting: L=4096 20.4 us, 8192 35.5, 16384 63.9 (H200, bf16, C=3072)",
+    second_best="modulation 2 steps ahead: 20.6 / 35.7 us at L=4096 / 8192; at 16384 1 row per program, 63.9 us",
+    date="2026-11-30", results="kernels-sweep.json (ops.adaln)")
 
 
 def _modulation_rows(x, shift, scale):
@@ -225,11 +229,14 @@ if triton is not None:
 
 
 def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6,
-          out: torch.Tensor | None = None) -> torch.Tensor:
+          out: torch.Tensor | None = None, launch: AdalnLaunch = LAUNCH) -> torch.Tensor:
     """`addcmul(shift, LayerNorm(x), 1 + scale)` for x `[B, L, C]`; shift/scale `[B|1, rows, C]` or `[B, C]`.
 
     Returns a contiguous `[B, L, C]` tensor of the promoted dtype (x's dtype when the modulation shares it).
+    Under torch.compile: one custom op (`torch.ops.fused_dit.adaln`, the default launch setting).
     """
+    if compiling() and launch is LAUNCH:
+        return into_out(_ADALN(x, shift, scale, eps), out)
     op = "adaln"
     if choose(op, x, shift, scale).triton:
         reason = None
@@ -251,9 +258,21 @@ def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float 
                 if reciprocals is None:
                     reason = norm_order.RECIPROCALS_WHILE_CAPTURING.format(n=x.size(-1))
         if reason is None:
-            return _launch(x, shift3, scale3, groups, reciprocals, eps, out)
+            return _launch(x, shift3, scale3, groups, reciprocals, eps, out, launch)
         eager_because(op, reason)
     return into_out(reference_comfy(x, shift, scale, eps), out)
+
+
+def _adaln_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    return adaln(x, shift, scale, eps)
+
+
+def _adaln_fake(x, shift, scale, eps):
+    dtype = torch.promote_types(torch.promote_types(x.dtype, shift.dtype), scale.dtype)
+    return x.new_empty(x.shape, dtype=dtype)
+
+
+_ADALN = register("adaln", _adaln_op, _adaln_fake)
 
 
 def shared_modulation(tokens: int, groups, rows_per_program: int) -> bool:
@@ -266,7 +285,7 @@ def shared_modulation(tokens: int, groups, rows_per_program: int) -> bool:
     return all(n % rows_per_program == 0 for n in (tokens, *groups))
 
 
-def _launch(x, shift, scale, groups, reciprocals, eps, out):
+def _launch(x, shift, scale, groups, reciprocals, eps, out, launch: AdalnLaunch):
     B, L, C = x.shape
     out_dtype = torch.promote_types(torch.promote_types(x.dtype, shift.dtype), scale.dtype)
     if out is None:
@@ -278,18 +297,22 @@ def _launch(x, shift, scale, groups, reciprocals, eps, out):
             batch_stride(shift), shift.stride(1), shift.stride(2), batch_stride(scale), scale.stride(1),
             scale.stride(2), eps)
     # no fma contraction beyond the explicit ones, which are torch's
-    launch_args(_adaln_kernel, (cdiv(rows, ROWS_PER_PROGRAM),), args, kernel_constexprs(C, L, groups),
-                num_warps=NUM_WARPS, enable_fp_fusion=False)
+    launch_args(_adaln_kernel, (cdiv(rows, launch.rows_per_program),), args, kernel_constexprs(C, L, groups, launch),
+                num_warps=launch.num_warps, enable_fp_fusion=False)
     return out
 
 
-def kernel_constexprs(C: int, tokens: int, groups, rows_per_program: int | None = None) -> dict:
+def kernel_constexprs(C: int, tokens: int, groups, launch: AdalnLaunch = LAUNCH,
+                      rows_per_program: int | None = None) -> dict:
     """The kernel's compile-time parameters for rows of C channels, `tokens` per sample and modulation `groups`,
-    under the module's current settings (scripts/adaln_registers.py compiles the kernel with these too)."""
-    rows_per_program = ROWS_PER_PROGRAM if rows_per_program is None else rows_per_program
+    under `launch` (with `rows_per_program` in place of its own, where given; scripts/adaln_registers.py compiles
+    the kernel with these too)."""
+    rows_per_program = launch.rows_per_program if rows_per_program is None else rows_per_program
     even = C % norm_order.CHUNK == 0
-    return {"ROWS": rows_per_program, "EVEN": even, "EQUAL_HALVES": EQUAL_HALVES and norm_order.halves_are_exact(C),
-            "SHARED_MOD": SHARED_MODULATION and shared_modulation(tokens, groups, rows_per_program),
-            "STATS_UNROLL": STATS_UNROLL, "UNROLL": LOOP_UNROLL, "STAGES": LOOP_STAGES, "PREFETCH": PREFETCH,
-            "HELD_STEPS": C // norm_order.CHUNK if even and C // norm_order.CHUNK <= HELD_MAX_STEPS else 0,
-            "MOD_AHEAD": MOD_AHEAD}
+    return {"ROWS": rows_per_program, "EVEN": even,
+            "EQUAL_HALVES": launch.equal_halves and norm_order.halves_are_exact(C),
+            "SHARED_MOD": launch.shared_modulation and shared_modulation(tokens, groups, rows_per_program),
+            "STATS_UNROLL": launch.stats_unroll, "UNROLL": launch.loop_unroll, "STAGES": launch.loop_stages,
+            "PREFETCH": launch.prefetch,
+            "HELD_STEPS": C // norm_order.CHUNK if even and C // norm_order.CHUNK <= launch.held_max_steps else 0,
+            "MOD_AHEAD": launch.mod_ahead}

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 from .. import dispatch
 from ..launch import launch as run_kernel
+from ..library import compiling, register
 from . import quantize_fp8 as op5
-from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, fp8_choice, kernel_input, launch_grid, new_output,
-                           quantize_fp8_comfy_reference, quantize_fp8_dynamic_reference)
+from .quantize_fp8 import (ABSMAX_FLOOR, E4M3_MAX, FP8_DTYPE, LAUNCH, QuantizeLaunch, fp8_choice, kernel_input,
+                           launch_grid, new_output, quantize_fp8_comfy_reference, quantize_fp8_dynamic_reference)
 
 
 def gelu_quantize_fp8_dynamic_reference(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,18 +33,45 @@ def gelu_quantize_fp8_comfy_reference(h: torch.Tensor, scale_input: torch.Tensor
     return quantize_fp8_comfy_reference(F.gelu(h, approximate="tanh"), scale_input, clamp_input_in_place=False)
 
 
-def gelu_quantize_fp8_dynamic(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes of GELU_tanh(h) with h's shape, fp32 0-dim scale); per-tensor dynamic scale as op 5."""
+def gelu_quantize_fp8_dynamic(h: torch.Tensor, launch: QuantizeLaunch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes of GELU_tanh(h) with h's shape, fp32 0-dim scale); per-tensor dynamic scale as op 5.
+
+    Under torch.compile: one custom op (`torch.ops.fused_dit.gelu_quantize_fp8_dynamic`, the default launch)."""
+    if compiling() and launch is LAUNCH:
+        return _GELU_QUANTIZE_DYNAMIC(h)
     if not fp8_choice("gelu_quantize_fp8_dynamic", h).triton:
         return gelu_quantize_fp8_dynamic_reference(h)
-    return gelu_quantize_dynamic_triton(h)
+    return gelu_quantize_dynamic_triton(h, launch=launch)
 
 
-def gelu_quantize_fp8_comfy(h: torch.Tensor, scale_input: torch.Tensor | None = None) -> torch.Tensor:
+def gelu_quantize_fp8_comfy(h: torch.Tensor, scale_input: torch.Tensor | None = None,
+                            launch: QuantizeLaunch = LAUNCH) -> torch.Tensor:
     """Codes of GELU_tanh(h) under ComfyUI's static input scale (unit scale when None)."""
+    if compiling() and launch is LAUNCH:
+        return _GELU_QUANTIZE_COMFY(h, scale_input)
     if not fp8_choice("gelu_quantize_fp8_comfy", h).triton:
         return gelu_quantize_fp8_comfy_reference(h, scale_input)
-    return gelu_quantize_comfy_triton(h, scale_input)
+    return gelu_quantize_comfy_triton(h, scale_input, launch=launch)
+
+
+def _gelu_quantize_dynamic_op(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return gelu_quantize_fp8_dynamic(h)
+
+
+def _gelu_quantize_dynamic_fake(h):
+    return h.new_empty(h.shape, dtype=FP8_DTYPE), h.new_empty((), dtype=torch.float32)
+
+
+def _gelu_quantize_comfy_op(h: torch.Tensor, scale_input: torch.Tensor | None) -> torch.Tensor:
+    return gelu_quantize_fp8_comfy(h, scale_input)
+
+
+def _gelu_quantize_comfy_fake(h, scale_input):
+    return h.new_empty(h.shape, dtype=FP8_DTYPE)
+
+
+_GELU_QUANTIZE_DYNAMIC = register("gelu_quantize_fp8_dynamic", _gelu_quantize_dynamic_op, _gelu_quantize_dynamic_fake)
+_GELU_QUANTIZE_COMFY = register("gelu_quantize_fp8_comfy", _gelu_quantize_comfy_op, _gelu_quantize_comfy_fake)
 
 
 try:
@@ -109,39 +137,40 @@ def _libdevice_tanh(device: torch.device) -> bool:
     return device.type == "cuda" and not dispatch.interpreting() and libdevice is not None
 
 
-# (n, the op 5 launch settings) -> (grid, iterations, MAX_PARTIALS): launch_grid and next_power_of_2 cost a few
-# microseconds per FFN call in Python for values that depend only on the key (settings included, so a sweep or a
-# test that sets them gets fresh values); the cap only guards against unbounded growth.
+# (n, the launch setting) -> (grid, iterations, MAX_PARTIALS): launch_grid and next_power_of_2 cost a few
+# microseconds per FFN call in Python for values that depend only on the key; the cap only guards against
+# unbounded growth.
 _gelu_launches: dict[tuple, tuple] = {}
 
 
-def _gelu_launch_cached(n: int) -> tuple:
-    key = (n, op5.ELEMENTS_PER_ITERATION, op5.MAX_PROGRAMS)
-    launch = _gelu_launches.get(key)
-    if launch is None:
-        programs, iterations = launch_grid(n)
-        launch = ((programs,), iterations, triton.next_power_of_2(op5.MAX_PROGRAMS))
+def _gelu_launch_cached(n: int, launch: QuantizeLaunch) -> tuple:
+    key = (n, launch)
+    cached = _gelu_launches.get(key)
+    if cached is None:
+        programs, iterations = launch_grid(n, launch)
+        cached = ((programs,), iterations, triton.next_power_of_2(launch.max_programs))
         if len(_gelu_launches) >= op5._LAUNCH_CACHE_CAP:
             _gelu_launches.clear()
-        _gelu_launches[key] = launch
-    return launch
+        _gelu_launches[key] = cached
+    return cached
 
 
-def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False,
+                                 launch: QuantizeLaunch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
     n = h.numel()
     if n > op5.MAX_KERNEL_ELEMENTS:
         codes, scale = gelu_quantize_fp8_dynamic_reference(h)
         return (codes.float() if out_fp32 else codes), scale
     source = kernel_input(h)
     out, written = new_output(source, out_fp32)
-    launch = _gelu_launch_cached(n)
-    grid, iterations, max_partials = launch
+    grid_setting = _gelu_launch_cached(n, launch)
+    grid, iterations, max_partials = grid_setting
     stats = torch.empty(grid[0] + 1, device=h.device, dtype=torch.float32)
     use_libdevice = _libdevice_tanh(h.device)
-    block, num_warps = op5.ELEMENTS_PER_ITERATION, op5.NUM_WARPS
-    # the launches' specialisation, as in op5.quantize_dynamic_triton (see fused_dit.launch): the launch tuple
+    block, num_warps = launch.elements_per_iteration, launch.num_warps
+    # the launches' specialisation, as in op5.quantize_dynamic_triton (see fused_dit.launch): the grid tuple
     # (grid, iterations, MAX_PARTIALS) and the block size
-    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, use_libdevice, launch, block)
+    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, use_libdevice, grid_setting, block)
     run_kernel(_gelu_absmax_kernel, grid, key, source, stats, n, iterations, use_libdevice, block, num_warps=num_warps)
     # arguments: h, out, stats, reciprocal (unread when DYNAMIC), n, iterations, floor, fmax, DYNAMIC, HAS_SCALE,
     # LIBDEVICE_TANH, OUT_FP8, BLOCK, MAX_PARTIALS
@@ -152,7 +181,7 @@ def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False) -> tup
 
 
 def gelu_quantize_comfy_triton(h: torch.Tensor, scale_input: torch.Tensor | None = None,
-                               out_fp32: bool = False) -> torch.Tensor:
+                               out_fp32: bool = False, launch: QuantizeLaunch = LAUNCH) -> torch.Tensor:
     n = h.numel()
     if n > op5.MAX_KERNEL_ELEMENTS:
         codes = gelu_quantize_fp8_comfy_reference(h, scale_input)
@@ -161,10 +190,10 @@ def gelu_quantize_comfy_triton(h: torch.Tensor, scale_input: torch.Tensor | None
     out, written = new_output(h, out_fp32)
     reciprocal = op5.comfy_reciprocal(scale_input, source)
     if n:
-        programs, iterations = launch_grid(n)
+        programs, iterations = launch_grid(n, launch)
         # stats_ptr is not read outside DYNAMIC mode; any pointer will do
         _gelu_quantize_kernel[(programs,)](
             source, written, reciprocal, reciprocal, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
             DYNAMIC=False, HAS_SCALE=scale_input is not None, LIBDEVICE_TANH=_libdevice_tanh(h.device),
-            OUT_FP8=not out_fp32, BLOCK=op5.ELEMENTS_PER_ITERATION, MAX_PARTIALS=1, num_warps=op5.NUM_WARPS)
+            OUT_FP8=not out_fp32, BLOCK=launch.elements_per_iteration, MAX_PARTIALS=1, num_warps=launch.num_warps)
     return out

@@ -5,7 +5,7 @@ Dynamic per-tensor (what the overlay's own FP8 linears use for bf16/fp16 weights
     codes = (x.float() / scale).clamp(-448, 448).to(float8_e4m3fn)
 The scale never leaves the GPU and nothing is zero-filled: the first kernel's programs each write the maximum of
 |x| over their share into their own slot of a small fp32 "stats" buffer (no atomics, so no contention on one
-address); the second kernel's programs each reduce those <= MAX_PROGRAMS partial maxima themselves, derive the
+address); the second kernel's programs each reduce those <= max_programs partial maxima themselves, derive the
 scale, quantise their share, and program 0 stores the scale (slot 0 of the same buffer, handed to
 torch._scaled_mm as a 0-dim view). The maximum is exact in any order, so the scale is bit-identical to the
 reference. No host sync.
@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 
 from .. import dispatch
 from ..launch import launch as run_kernel
+from ..library import compiling, register
+from . import TuningRecord
 
 E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
@@ -43,50 +46,63 @@ ABSMAX_FLOOR = 1e-12
 # FP8 kernels need Ada (sm_89) or Hopper (sm_90) for the hardware e4m3 conversion
 FP8_MIN_CAPABILITY = (8, 9)
 
-# Launch configuration of the FP8 quantisation kernels (op 5 and op 7), module-level so a sweep can set them.
-# Each program walks its chunks of ELEMENTS_PER_ITERATION elements grid-stride; at most MAX_PROGRAMS programs, so
-# the dynamic kernels' per-program partial maxima stay few enough for every program to reduce all of them.
-ELEMENTS_PER_ITERATION = 4096
-NUM_WARPS = 8
-MAX_PROGRAMS = 1024
 # offsets are int32 in the kernels; larger tensors take the eager reference (same results). The margin covers the
-# grid's overshoot past n (under MAX_PROGRAMS + 1 chunks) for chunks of up to 2**14 elements.
+# grid's overshoot past n (under max_programs + 1 chunks) for chunks of up to 2**14 elements.
 MAX_KERNEL_ELEMENTS = 2**31 - 2**25
 MAX_ELEMENTS_PER_ITERATION = 2**14
 
 
-# The dynamic quantiser's own launch settings (the comfy and GELU kernels keep the ones above). None: the shared
-# value above. DYNAMIC_PROGRAMS_PER_SM > 0: at most that many programs per SM instead of MAX_PROGRAMS.
-DYNAMIC_ELEMENTS_PER_ITERATION: int | None = None
-DYNAMIC_NUM_WARPS: int | None = None
-DYNAMIC_PROGRAMS_PER_SM = 0
-# bytes of x's tail that the absmax pass asks L2 to keep (evict_last; the chunks before it evict_first) for the
-# quantise pass, which walks the chunks last to first; 0: no cache hints. 32 MiB: +2% at [4608, 3072] and +4% at
-# [16384, 3072] bf16 on an H200 (benchmarks/results/tune-adaln-quant-2026-11-30.json)
-DYNAMIC_L2_KEEP_BYTES = 32 * 1024 * 1024
+@dataclass(frozen=True)
+class QuantizeLaunch:
+    """Launch setting of the FP8 quantisation kernels (op 5 and op 7's GELU kernels). Pass another to the
+    quantisers to sweep one.
+
+    Each program walks its chunks of elements_per_iteration elements grid-stride; at most max_programs programs,
+    so the dynamic kernels' per-program partial maxima stay few enough for every program to reduce all of them.
+    The dynamic quantiser has its own (None: the shared value; dynamic_programs_per_sm > 0: at most that many
+    programs per SM instead of max_programs). dynamic_l2_keep_bytes: bytes of x's tail that the absmax pass asks
+    L2 to keep (evict_last; the chunks before it evict_first) for the quantise pass, which walks the chunks last
+    to first; 0: no cache hints.
+    """
+    elements_per_iteration: int = 4096
+    num_warps: int = 8
+    max_programs: int = 1024
+    dynamic_elements_per_iteration: int | None = None
+    dynamic_num_warps: int | None = None
+    dynamic_programs_per_sm: int = 0
+    dynamic_l2_keep_bytes: int = 32 * 1024 * 1024
 
 
-def launch_grid(n: int, elements_per_iteration: int | None = None,
+LAUNCH = QuantizeLaunch()
+TUNING = TuningRecord(
+    chosen="4096 elements per iteration x 8 warps, at most 1024 programs; the dynamic pass keeps 32 MiB of x in L2",
+    best="at most 8 programs per SM: 25.2 us at [4096, 3072], 73.3 us at [16384, 3072] with 16 warps (H200, bf16)",
+    second_best="the chosen grid: 25.4 / 73.4 us (within 0.5%); the L2 hints: +2% at [4608, 3072], +4% at "
+                "[16384, 3072]",
+    date="2026-11-30", results="kernels-sweep.json (ops.quantize_fp8_dynamic, quantize_fp8_dynamic_l2_hints)")
+
+
+def launch_grid(n: int, launch: QuantizeLaunch = LAUNCH, elements_per_iteration: int | None = None,
                 max_programs: int | None = None) -> tuple[int, int]:
     """(programs, iterations per program) covering n elements, with the chunks spread evenly over the programs."""
-    block = elements_per_iteration or ELEMENTS_PER_ITERATION
+    block = elements_per_iteration or launch.elements_per_iteration
     chunks = max(-(-n // block), 1)
-    iterations = -(-chunks // (max_programs or MAX_PROGRAMS))
+    iterations = -(-chunks // (max_programs or launch.max_programs))
     # as many programs as keep every program's last iteration busy (e.g. 3456 chunks: 864 x 4, not 1024 x 4)
     programs = -(-chunks // iterations)
     return programs, iterations
 
 
-def dynamic_launch(n: int, device: torch.device, element_size: int) -> dict:
+def dynamic_launch(n: int, device: torch.device, element_size: int, launch: QuantizeLaunch = LAUNCH) -> dict:
     """The dynamic quantiser's grid and settings for n elements of element_size bytes on device."""
-    block = min(DYNAMIC_ELEMENTS_PER_ITERATION or ELEMENTS_PER_ITERATION, MAX_ELEMENTS_PER_ITERATION)
-    max_programs = MAX_PROGRAMS
-    if DYNAMIC_PROGRAMS_PER_SM:
-        max_programs = min(MAX_PROGRAMS, DYNAMIC_PROGRAMS_PER_SM * _sm_count(device))
-    programs, iterations = launch_grid(n, block, max_programs)
-    keep_iterations = -(-DYNAMIC_L2_KEEP_BYTES // (programs * block * element_size))
+    block = min(launch.dynamic_elements_per_iteration or launch.elements_per_iteration, MAX_ELEMENTS_PER_ITERATION)
+    max_programs = launch.max_programs
+    if launch.dynamic_programs_per_sm:
+        max_programs = min(launch.max_programs, launch.dynamic_programs_per_sm * _sm_count(device))
+    programs, iterations = launch_grid(n, launch, block, max_programs)
+    keep_iterations = -(-launch.dynamic_l2_keep_bytes // (programs * block * element_size))
     return {"programs": programs, "iterations": iterations, "block": block,
-            "num_warps": DYNAMIC_NUM_WARPS or NUM_WARPS, "hints": DYNAMIC_L2_KEEP_BYTES > 0,
+            "num_warps": launch.dynamic_num_warps or launch.num_warps, "hints": launch.dynamic_l2_keep_bytes > 0,
             "keep_from": max(iterations - keep_iterations, 0)}
 
 
@@ -153,19 +169,62 @@ def fp8_choice(op: str, x: torch.Tensor) -> dispatch.Choice:
     return choice
 
 
-def quantize_fp8_dynamic(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes float8_e4m3fn with x's shape, contiguous; scale fp32 0-dim on x's device)."""
+def quantize_fp8_dynamic(x: torch.Tensor, launch: QuantizeLaunch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes float8_e4m3fn with x's shape, contiguous; scale fp32 0-dim on x's device).
+
+    Under torch.compile: one custom op (`torch.ops.fused_dit.quantize_fp8_dynamic`, the default launch setting).
+    """
+    if compiling() and launch is LAUNCH:
+        return _QUANTIZE_DYNAMIC(x)
     if not fp8_choice("quantize_fp8_dynamic", x).triton:
         return quantize_fp8_dynamic_reference(x)
-    return quantize_dynamic_triton(x)
+    return quantize_dynamic_triton(x, launch=launch)
 
 
 def quantize_fp8_comfy(x: torch.Tensor, scale_input: torch.Tensor | None = None,
-                       clamp_input_in_place: bool = True) -> torch.Tensor:
-    """ComfyUI fp8_linear's input quantisation; codes with x's shape."""
+                       clamp_input_in_place: bool = True, launch: QuantizeLaunch = LAUNCH) -> torch.Tensor:
+    """ComfyUI fp8_linear's input quantisation; codes with x's shape.
+
+    Under torch.compile: one custom op (`quantize_fp8_comfy`, or `quantize_fp8_comfy_clamping`, which mutates x,
+    where the unit scale clamps x in place).
+    """
+    if compiling() and launch is LAUNCH:
+        if clamp_input_in_place and scale_input is None:
+            return _QUANTIZE_COMFY_CLAMPING(x)
+        return _QUANTIZE_COMFY(x, scale_input)
     if not fp8_choice("quantize_fp8_comfy", x).triton:
         return quantize_fp8_comfy_reference(x, scale_input, clamp_input_in_place)
-    return quantize_comfy_triton(x, scale_input, clamp_input_in_place)
+    return quantize_comfy_triton(x, scale_input, clamp_input_in_place, launch=launch)
+
+
+def _quantize_dynamic_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_fp8_dynamic(x)
+
+
+def _quantize_dynamic_fake(x):
+    return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty((), dtype=torch.float32)
+
+
+def _quantize_comfy_op(x: torch.Tensor, scale_input: torch.Tensor | None) -> torch.Tensor:
+    return quantize_fp8_comfy(x, scale_input, clamp_input_in_place=False)
+
+
+def _quantize_comfy_fake(x, scale_input):
+    return x.new_empty(x.shape, dtype=FP8_DTYPE)
+
+
+def _quantize_comfy_clamping_op(x: torch.Tensor) -> torch.Tensor:
+    return quantize_fp8_comfy(x, None, clamp_input_in_place=True)
+
+
+def _quantize_comfy_clamping_fake(x):
+    return x.new_empty(x.shape, dtype=FP8_DTYPE)
+
+
+_QUANTIZE_DYNAMIC = register("quantize_fp8_dynamic", _quantize_dynamic_op, _quantize_dynamic_fake)
+_QUANTIZE_COMFY = register("quantize_fp8_comfy", _quantize_comfy_op, _quantize_comfy_fake)
+_QUANTIZE_COMFY_CLAMPING = register("quantize_fp8_comfy_clamping", _quantize_comfy_clamping_op,
+                                    _quantize_comfy_clamping_fake, mutates_args=("x",))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,43 +372,42 @@ def kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_contiguous() else x.contiguous()
 
 
-# (n, device, element size, the launch settings above) -> (grid, iterations, keep_from, block, hints, num_warps,
+# (n, device, element size, the launch setting) -> (grid, iterations, keep_from, block, hints, num_warps,
 # MAX_PARTIALS) of the dynamic quantiser. dynamic_launch builds a dict and next_power_of_2 loops in Python: a few
-# microseconds per FP8 linear call, for values that depend only on the key. The settings are part of the key, so a
-# sweep or a test that sets them gets fresh values. Few distinct sizes occur in a run (one per Linear input shape);
-# the cap only guards against unbounded growth.
+# microseconds per FP8 linear call, for values that depend only on the key. Few distinct sizes occur in a run (one
+# per Linear input shape); the cap only guards against unbounded growth.
 _dynamic_launches: dict[tuple, tuple] = {}
 _LAUNCH_CACHE_CAP = 4096
 
 
-def _dynamic_launch_cached(n: int, device: torch.device, element_size: int) -> tuple:
-    key = (n, device, element_size, ELEMENTS_PER_ITERATION, NUM_WARPS, MAX_PROGRAMS, DYNAMIC_ELEMENTS_PER_ITERATION,
-           DYNAMIC_NUM_WARPS, DYNAMIC_PROGRAMS_PER_SM, DYNAMIC_L2_KEEP_BYTES)
-    launch = _dynamic_launches.get(key)
-    if launch is None:
-        grid = dynamic_launch(n, device, element_size)
-        launch = ((grid["programs"],), grid["iterations"], grid["keep_from"], grid["block"], grid["hints"],
+def _dynamic_launch_cached(n: int, device: torch.device, element_size: int, launch: QuantizeLaunch = LAUNCH) -> tuple:
+    key = (n, device, element_size, launch)
+    cached = _dynamic_launches.get(key)
+    if cached is None:
+        grid = dynamic_launch(n, device, element_size, launch)
+        cached = ((grid["programs"],), grid["iterations"], grid["keep_from"], grid["block"], grid["hints"],
                   grid["num_warps"], triton.next_power_of_2(grid["programs"]))
         if len(_dynamic_launches) >= _LAUNCH_CACHE_CAP:
             _dynamic_launches.clear()
-        _dynamic_launches[key] = launch
-    return launch
+        _dynamic_launches[key] = cached
+    return cached
 
 
-def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False,
+                            launch: QuantizeLaunch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.numel()
     if n > MAX_KERNEL_ELEMENTS:
         codes, scale = quantize_fp8_dynamic_reference(x)
         return (codes.float() if out_fp32 else codes), scale
     source = kernel_input(x)
     device = x.device
-    launch = _dynamic_launch_cached(n, device, x.element_size())
-    grid, iterations, keep_from, block, hints, num_warps, max_partials = launch
+    grid_setting = _dynamic_launch_cached(n, device, x.element_size(), launch)
+    grid, iterations, keep_from, block, hints, num_warps, max_partials = grid_setting
     out, written = new_output(source, out_fp32)
     stats = torch.empty(grid[0] + 1, device=device, dtype=torch.float32)
-    # what the two launches specialise on: source's dtype and alignment, n and the launch derived from it (every
+    # what the two launches specialise on: source's dtype and alignment, n and the grid derived from it (every
     # other int argument and constexpr); out and stats are fresh allocations, always aligned. See fused_dit.launch
-    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, launch)
+    key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, grid_setting)
     run_kernel(_absmax_kernel, grid, key, source, stats, n, iterations, keep_from, block, hints, num_warps=num_warps)
     run_kernel(_quantize_dynamic_kernel, grid, key, source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
                not out_fp32, block, max_partials, hints, num_warps=num_warps)
@@ -366,7 +424,8 @@ def comfy_reciprocal(scale_input: torch.Tensor | None, source: torch.Tensor) -> 
 
 
 def quantize_comfy_triton(x: torch.Tensor, scale_input: torch.Tensor | None = None,
-                          clamp_input_in_place: bool = True, out_fp32: bool = False) -> torch.Tensor:
+                          clamp_input_in_place: bool = True, out_fp32: bool = False,
+                          launch: QuantizeLaunch = LAUNCH) -> torch.Tensor:
     write_back = clamp_input_in_place and scale_input is None
     n = x.numel()
     if (write_back and not x.is_contiguous()) or n > MAX_KERNEL_ELEMENTS:
@@ -378,9 +437,9 @@ def quantize_comfy_triton(x: torch.Tensor, scale_input: torch.Tensor | None = No
     reciprocal = comfy_reciprocal(scale_input, source)
     saturate = _cast_saturates(x.device)
     if n:
-        programs, iterations = launch_grid(n)
+        programs, iterations = launch_grid(n, launch)
         _quantize_comfy_kernel[(programs,)](
             source, written, reciprocal, n, iterations, E4M3_MAX,
             HAS_SCALE=scale_input is not None, WRITE_BACK=write_back, SATURATE=saturate,
-            OUT_FP8=not out_fp32, BLOCK=ELEMENTS_PER_ITERATION, num_warps=NUM_WARPS)
+            OUT_FP8=not out_fp32, BLOCK=launch.elements_per_iteration, num_warps=launch.num_warps)
     return out

@@ -9,12 +9,15 @@ pe / freqs hold rows `[[cos, -sin], [sin, cos]]` per pair: out[2i + r] = f[i, r,
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from ..dispatch import choose
 from ..launch import launch_args
-from . import KERNEL_DTYPES, batch_stride, cdiv, check_out, eager_because, into_out, next_power_of_2
+from ..library import compiling, register
+from . import KERNEL_DTYPES, TuningRecord, batch_stride, cdiv, check_out, eager_because, into_out, next_power_of_2
 from . import norm_order
 
 try:
@@ -23,42 +26,52 @@ try:
 except Exception:  # the eager path must keep working without triton; dispatch says why
     triton = None
 
-# Launch parameters, tuned on an H200 (benchmarks/rms_rope_sweep.py sweeps them); module-level so a sweep can set
-# them. Both kernels give a program a block of tokens, load those tokens' rotation matrices once, and then walk
-# over the heads (Flux: every head of q and of k; Wan: the head-aligned chunks of C) with a [heads, tokens, D]
-# tile, so the table is read once per token and no lane is spent on padding C up to a power of two.
-# Chosen by benchmarks/kernels.py --sweep, per length (the kernels with torch's norm order; the earlier
-# configurations in rms_rope-sweep-2026-11-30.json predate it). Flux, h200-2026-11-30-run20: 2 tokens x 8 heads per
-# step x 2 warps, loading each tensor's next head step before storing the current one, was the fastest at both
-# lengths (L=4096: 32.8 us, 34.5 without the prefetch; L=16384: 112.6 us; run13's setting, 1 token without it, in
-# the same sweep: 35.6 / 114.6 us).
-# Wan: run7/run8 (1 token x 8 heads x 4 warps; again the fastest with unrolled loops in run17-run20).
-FLUX_TOKENS_PER_PROGRAM = 2
-FLUX_HEADS_PER_STEP = 8
-FLUX_NUM_WARPS = 2
-# True: q and k of a token block go to two programs (twice the programs, the block's rotations loaded twice)
-FLUX_SPLIT_QK = False
-# True: each tensor's next head step is loaded before the current one is stored
-FLUX_PREFETCH = True
-WAN_TOKENS_PER_PROGRAM = 1
-WAN_HEADS_PER_STEP = 8       # channels per step = heads * D
-WAN_NUM_WARPS = 4
-WAN_NORM_CHUNK = 128         # norm only (no heads): C is walked in chunks of this many channels
-# The loops over C unrolled (loads of later steps issued earlier): the sum of squares' 512-channel steps and the
-# normalising pass's head steps: 5 and 5 ran L=4096 in 52.3 us and L=16384 in 183.9 us (run18), against 55.3 and
-# 193.3 us without unrolling (run17); loading one step ahead (WAN_PREFETCH) was slower with unrolling
-WAN_STATS_UNROLL = 5
-WAN_LOOP_UNROLL = 5
-WAN_PREFETCH = False         # True: the normalising loop loads each chunk one step ahead of its stores
-# Rows of at most this many 512-channel steps (a multiple of 512 channels, with head_dim a power of two dividing 512)
-# are held in registers between the two passes instead of being read again (0: never): Wan's 5120 channels are 10
-# steps, 40 fp32 values per thread at 1 token x 4 warps. run26 sweep at 1 token x 4 warps: L=4096 52.0 us held
-# against 52.3 read twice, L=8192 93.3 / 96.9, L=16384 175.9 / 184.9; 0 ulp in the gates; 2 tokens, or 2 or 8
-# warps, were slower with and without it. Tried and not kept: q's and k's programs of a token block side by side
-# (run27: 52.0 / 174.8 us against 52.0 / 174.4), a cap of 56 registers for more programs per SM (run27: 52.8 /
-# 181.8 us, with spills), persistent programs loading the next token block before storing the current one (run29:
-# 50.9 against 51.8 us at L=4096, 178.8 against 174.8 at 16384)
-WAN_HELD_MAX_STEPS = 16
+# Both kernels give a program a block of tokens, load those tokens' rotation matrices once, and then walk over the
+# heads (Flux: every head of q and of k; Wan: the head-aligned chunks of C) with a [heads, tokens, D] tile, so the
+# table is read once per token and no lane is spent on padding C up to a power of two.
+
+@dataclass(frozen=True)
+class FluxLaunch:
+    """The Flux kernel's launch setting. Pass another to `flux_rms_rope` to sweep one."""
+    tokens_per_program: int = 2
+    heads_per_step: int = 8
+    num_warps: int = 2
+    # True: q and k of a token block go to two programs (twice the programs, the block's rotations loaded twice)
+    split_qk: bool = False
+    # True: each tensor's next head step is loaded before the current one is stored
+    prefetch: bool = True
+
+
+@dataclass(frozen=True)
+class WanLaunch:
+    """The Wan kernel's launch setting (rms_rope and the norm-only path). Pass another to `wan_rms_rope` to sweep."""
+    tokens_per_program: int = 1
+    heads_per_step: int = 8      # channels per step = heads * D
+    num_warps: int = 4
+    norm_chunk: int = 128        # norm only (no heads): C is walked in chunks of this many channels
+    # the loops over C unrolled (loads of later steps issued earlier): the sum of squares' 512-channel steps and
+    # the normalising pass's head steps
+    stats_unroll: int = 5
+    loop_unroll: int = 5
+    prefetch: bool = False       # True: the normalising loop loads each chunk one step ahead of its stores
+    # rows of at most this many 512-channel steps (a multiple of 512 channels, with head_dim a power of two dividing
+    # 512) are held in registers between the two passes instead of being read again (0: never): Wan's 5120
+    # channels are 10 steps, 40 fp32 values per thread at 1 token x 4 warps
+    held_max_steps: int = 16
+
+
+FLUX_LAUNCH = FluxLaunch()
+WAN_LAUNCH = WanLaunch()
+FLUX_TUNING = TuningRecord(
+    chosen="2 tokens x 8 heads per step x 2 warps, next head step prefetched",
+    best="the chosen setting: L=4096 32.8 us, L=16384 112.6 us (H200, bf16, 24 heads x 128)",
+    second_best="1 token, prefetched: 34.0 us at L=4096; 1 token, not prefetched: 114.6 us at L=16384",
+    date="2026-11-30", results="kernels-sweep.json (ops.rms_rope_flux)")
+WAN_TUNING = TuningRecord(
+    chosen="1 token x 8 heads per step x 4 warps, loops unrolled by 5, rows of <= 16 steps held in registers",
+    best="the chosen setting: L=4096 52.0 us, 8192 93.3, 16384 175.9 (H200, bf16, C=5120)",
+    second_best="L=4096: rows read twice, 52.3 us; L=8192 / 16384: 2 warps, 95.6 / 180.3 us",
+    date="2026-11-30", results="kernels-sweep.json (ops.rms_rope_wan)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -411,12 +424,15 @@ def _head_threads(block_d: int) -> tuple[int, int]:
 
 
 def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
-                  pe: torch.Tensor, eps: float = 1e-6, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  pe: torch.Tensor, eps: float = 1e-6, out=None,
+                  launch: FluxLaunch = FLUX_LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
     """Flux QK-norm (per head, weight `scale`) + RoPE on q, k `[B,H,N,D]` (strided views allowed).
 
     Returns contiguous `[B,H,N,D]` tensors in the input dtype (written into `out=(q_out, k_out)` if given);
-    pe is `[B|1, 1, N, D/2, 2, 2]`.
+    pe is `[B|1, 1, N, D/2, 2, 2]`. Under torch.compile: one custom op (`torch.ops.fused_dit.flux_rms_rope`).
     """
+    if compiling() and launch is FLUX_LAUNCH:
+        return into_out(_FLUX_RMS_ROPE(q, k, q_scale, k_scale, pe, eps), out)
     op = "rms_rope_flux"
     if not choose(op, q, k, q_scale, k_scale, pe).triton:
         return into_out(flux_reference_comfy(q, k, q_scale, k_scale, pe, eps), out)
@@ -443,28 +459,40 @@ def flux_rms_rope(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_sca
     else:
         q_out, k_out = (check_out(o, (B, H, N, D), q.dtype, q.device) for o in out)
     block_d = next_power_of_2(D)
-    heads_per_step = min(FLUX_HEADS_PER_STEP, next_power_of_2(H))
+    heads_per_step = min(launch.heads_per_step, next_power_of_2(H))
     lanes, warps = _head_threads(block_d)
-    grid = (cdiv(N, FLUX_TOKENS_PER_PROGRAM), B, 2 if FLUX_SPLIT_QK else 1)
+    grid = (cdiv(N, launch.tokens_per_program), B, 2 if launch.split_qk else 1)
     launch_args(
         _flux_rms_rope_kernel, grid,
         (q, k, q_scale, k_scale, q_out, k_out, pe, H, N, D, *q.stride(), *k.stride(), *pe_strides, eps),
-        {"TOKENS": FLUX_TOKENS_PER_PROGRAM, "HEADS": heads_per_step, "BLOCK_D": block_d, "LANES": lanes,
-         "WARPS": warps, "SPLIT_QK": FLUX_SPLIT_QK, "PREFETCH": FLUX_PREFETCH},
-        num_warps=FLUX_NUM_WARPS, enable_fp_fusion=False)  # eager rounds each product: no fma contraction
+        {"TOKENS": launch.tokens_per_program, "HEADS": heads_per_step, "BLOCK_D": block_d, "LANES": lanes,
+         "WARPS": warps, "SPLIT_QK": launch.split_qk, "PREFETCH": launch.prefetch},
+        num_warps=launch.num_warps, enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
 
-def wan_held_steps(C: int, head_dim: int) -> int:
+def _flux_rms_rope_op(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor,
+                      pe: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return flux_rms_rope(q, k, q_scale, k_scale, pe, eps)
+
+
+def _flux_rms_rope_fake(q, k, q_scale, k_scale, pe, eps):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+_FLUX_RMS_ROPE = register("flux_rms_rope", _flux_rms_rope_op, _flux_rms_rope_fake)
+
+
+def wan_held_steps(C: int, head_dim: int, launch: WanLaunch = WAN_LAUNCH) -> int:
     """How many 512-channel chunks of a row the Wan kernel holds in registers between its passes (0: it reads the
-    row again): all of them where C is a multiple of 512 of at most WAN_HELD_MAX_STEPS steps and each chunk is
+    row again): all of them where C is a multiple of 512 of at most launch.held_max_steps steps and each chunk is
     whole heads of a power-of-two head_dim."""
     steps, rest = divmod(C, norm_order.CHUNK)
     whole_heads = head_dim & (head_dim - 1) == 0 and norm_order.CHUNK % head_dim == 0
-    return steps if not rest and steps <= WAN_HELD_MAX_STEPS and whole_heads else 0
+    return steps if not rest and steps <= launch.held_max_steps and whole_heads else 0
 
 
-def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
+def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out, launch: WanLaunch):
     """One launch over q and k rows; freqs None means norm only. Returns None when the kernel cannot take it."""
     if q.dim() != 3 or k.dim() != 3 or q.size(-1) != k.size(-1) or q.dtype != k.dtype:
         return f"q {tuple(q.shape)} and k {tuple(k.shape)} are not [B, L, C] with one C and dtype"
@@ -476,7 +504,7 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
     if not norm_order.follows_torch_order(C):
         return norm_order.OTHER_PATH.format(n=C)
     # the kernel walks C in "heads" of head_dim channels; without a rotation any chunk width will do
-    head_dim, pe_strides = WAN_NORM_CHUNK, (0, 0, 0, 0, 0)
+    head_dim, pe_strides = launch.norm_chunk, (0, 0, 0, 0, 0)
     if freqs is not None:
         if C % num_heads or (C // num_heads) % 2 or q.shape[:2] != k.shape[:2]:
             return f"C={C} with {num_heads} heads does not give an even head dim, or q/k token counts differ"
@@ -490,31 +518,34 @@ def _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out=None):
     else:
         q_out, k_out = (check_out(o.view(x.shape) if o.is_contiguous() else o, x.shape, x.dtype, x.device)
                         for o, x in zip(out, (q, k)))
-    heads_per_step = min(WAN_HEADS_PER_STEP, next_power_of_2(cdiv(C, head_dim)))
+    heads_per_step = min(launch.heads_per_step, next_power_of_2(cdiv(C, head_dim)))
     rows_q, rows_k = q.size(0) * q.size(1), k.size(0) * k.size(1)
     # a zero-row k (single-tensor norm) gets no programs of its own
-    grid = (cdiv(max(rows_q, rows_k), WAN_TOKENS_PER_PROGRAM), 2 if rows_k else 1)
+    grid = (cdiv(max(rows_q, rows_k), launch.tokens_per_program), 2 if rows_k else 1)
     launch_args(
         _wan_rms_rope_kernel, grid,
         (q, k, q_weight, k_weight, q_out, k_out, freqs if freqs is not None else q, rows_q, rows_k, q.size(1),
          k.size(1), C, head_dim, *q.stride(), *k.stride(), *pe_strides, eps),
-        {"TOKENS": WAN_TOKENS_PER_PROGRAM, "HEADS": heads_per_step, "BLOCK_D": next_power_of_2(head_dim),
-         "HAS_ROPE": freqs is not None, "STATS_UNROLL": WAN_STATS_UNROLL, "UNROLL": WAN_LOOP_UNROLL,
-         "PREFETCH": WAN_PREFETCH, "HELD_STEPS": wan_held_steps(C, head_dim)},
-        num_warps=WAN_NUM_WARPS, enable_fp_fusion=False)  # eager rounds each product: no fma contraction
+        {"TOKENS": launch.tokens_per_program, "HEADS": heads_per_step, "BLOCK_D": next_power_of_2(head_dim),
+         "HAS_ROPE": freqs is not None, "STATS_UNROLL": launch.stats_unroll, "UNROLL": launch.loop_unroll,
+         "PREFETCH": launch.prefetch, "HELD_STEPS": wan_held_steps(C, head_dim, launch)},
+        num_warps=launch.num_warps, enable_fp_fusion=False)  # eager rounds each product: no fma contraction
     return q_out, k_out
 
 
 def wan_rms_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  freqs: torch.Tensor, num_heads: int, eps: float = 1e-6,
-                 out=None) -> tuple[torch.Tensor, torch.Tensor]:
+                 out=None, launch: WanLaunch = WAN_LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
     """Wan self-attention: RMSNorm over the full C of q, k `[B, L, C]`, then RoPE per head.
 
     Returns contiguous `[B, L, H, D]` (or writes `out=(q_out, k_out)`); freqs is `[B|1, L, 1, D/2, 2, 2]`.
+    Under torch.compile: one custom op (`torch.ops.fused_dit.wan_rms_rope`).
     """
+    if compiling() and launch is WAN_LAUNCH:
+        return into_out(_WAN_RMS_ROPE(q, k, q_weight, k_weight, freqs, num_heads, eps), out)
     op = "rms_rope_wan"
     if choose(op, q, k, q_weight, k_weight, freqs).triton:
-        result = _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out)
+        result = _launch_wan(op, q, k, q_weight, k_weight, freqs, num_heads, eps, out, launch)
         if not isinstance(result, str):
             b, s, c = q.shape
             return tuple(t.view(b, s, num_heads, c // num_heads) for t in result)
@@ -523,26 +554,62 @@ def wan_rms_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 
 
 def wan_rms_norm_qk(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                    eps: float = 1e-6, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    eps: float = 1e-6, out=None, launch: WanLaunch = WAN_LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
     """Wan cross-attention: norm_q(q) and norm_k(k) over the full C in one launch (q and k may differ in L)."""
+    if compiling() and launch is WAN_LAUNCH:
+        return into_out(_WAN_RMS_NORM_QK(q, k, q_weight, k_weight, eps), out)
     op = "rms_norm_wan"
     if choose(op, q, k, q_weight, k_weight).triton:
-        result = _launch_wan(op, q, k, q_weight, k_weight, None, 1, eps, out)
+        result = _launch_wan(op, q, k, q_weight, k_weight, None, 1, eps, out, launch)
         if not isinstance(result, str):
             return result
         eager_because(op, result)
     return into_out((wan_norm_reference_comfy(q, q_weight, eps), wan_norm_reference_comfy(k, k_weight, eps)), out)
 
 
-def wan_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out=None) -> torch.Tensor:
+def wan_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out=None,
+                 launch: WanLaunch = WAN_LAUNCH) -> torch.Tensor:
     """One full-C RMSNorm (`[B, L, C]`), e.g. norm_k_img."""
+    if compiling() and launch is WAN_LAUNCH:
+        return into_out(_WAN_RMS_NORM(x, weight, eps), out)
     op = "rms_norm_wan"
     if choose(op, x, weight).triton:
         # the kernel has a q and a k slot; an empty k launches no programs
         empty = x[:, :0]
         result = _launch_wan(op, x, empty, weight, weight, None, 1, eps,
-                             None if out is None else (out, torch.empty_like(empty)))
+                             None if out is None else (out, torch.empty_like(empty)), launch)
         if not isinstance(result, str):
             return result[0]
         eager_because(op, result)
     return into_out(wan_norm_reference_comfy(x, weight, eps), out)
+
+
+def _wan_rms_rope_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                     freqs: torch.Tensor, num_heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return wan_rms_rope(q, k, q_weight, k_weight, freqs, num_heads, eps)
+
+
+def _wan_rms_rope_fake(q, k, q_weight, k_weight, freqs, num_heads, eps):
+    return tuple(x.new_empty((*x.shape[:2], num_heads, x.shape[2] // num_heads)) for x in (q, k))
+
+
+def _wan_rms_norm_qk_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return wan_rms_norm_qk(q, k, q_weight, k_weight, eps)
+
+
+def _wan_rms_norm_qk_fake(q, k, q_weight, k_weight, eps):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def _wan_rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return wan_rms_norm(x, weight, eps)
+
+
+def _wan_rms_norm_fake(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+_WAN_RMS_ROPE = register("wan_rms_rope", _wan_rms_rope_op, _wan_rms_rope_fake)
+_WAN_RMS_NORM_QK = register("wan_rms_norm_qk", _wan_rms_norm_qk_op, _wan_rms_norm_qk_fake)
+_WAN_RMS_NORM = register("wan_rms_norm", _wan_rms_norm_op, _wan_rms_norm_fake)
