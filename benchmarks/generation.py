@@ -264,12 +264,18 @@ class Session:
 
     def load(self, spec: ModelSpec, run: RunSpec):
         """The ModelPatcher UNETLoader would return for this run's weights (reused between runs)."""
-        import comfy.sd
-        from comfy.cli_args import PerformanceFeature, args
+        import torch
         wanted = (spec.key, run.load_key)
         if self.loaded == wanted:
             return self.patcher
         self.unload()
+        # UNETLoader runs inside the executor's torch.inference_mode(): the weights are inference tensors
+        with torch.inference_mode():
+            return self._load(spec, run, wanted)
+
+    def _load(self, spec: ModelSpec, run: RunSpec, wanted: tuple):
+        import comfy.sd
+        from comfy.cli_args import PerformanceFeature, args
         weights, fast = run.load_key
         # the CLI's --fast fp8_matrix_mult: comfy.ops.pick_operations reads it when the model is built
         args.fast = {PerformanceFeature.Fp8MatrixMultiplication} if fast else set()
@@ -368,7 +374,7 @@ class Session:
             self.compare_with_stock(spec, resolution, run, out, record)
         except Exception as error:   # one config's failure must not lose the others
             record["error"] = f"{type(error).__name__}: {error}"
-            record["traceback"] = traceback.format_exc(limit=12)[-4000:]
+            record["traceback"] = traceback.format_exc()[-4000:]
             print(f"  {run.name}: {record['error']}", flush=True)
         finally:
             record["overlay_log"] = captured.close()

@@ -1,0 +1,380 @@
+#!/usr/bin/env python3
+"""The Fused DiT Ops node through a real ComfyUI server: install, start, queue prompts over HTTP, measure.
+
+Steps, each recorded in the JSON:
+  1. a venv inside the ComfyUI folder (--system-site-packages, so it sees this interpreter's torch), unless
+     --python names one; then `python -m applier overlay install --target DIR` installs the pack as a user would;
+  2. a probe custom node written into custom_nodes/ by this script: it counts torch._scaled_mm calls (the GEMM of
+     both ComfyUI's fp8 path and the overlay's FP8 linears) behind GET /generation_probe/counts, and offers a
+     zero CONDITIONING of the text encoder's shape (no text encoder or VAE is needed);
+  3. `main.py --listen 127.0.0.1` with the random-weight checkpoint linked into models/diffusion_models/;
+  4. prompts of ComfyUI's own nodes: UNETLoader -> [FusedDiTOps] -> KSampler (euler, simple, cfg 1.0) with the
+     latent from EmptyLatentImage (Flux) or EmptyHunyuanLatentVideo (Wan) -> SaveLatent. Each config runs at two
+     step counts; seconds per step = the difference of the two prompts' execution times (from the server's own
+     execution_start / execution_success timestamps) over the difference of steps, so model loading, FP8
+     quantisation and prompt overhead cancel. Order: stock, the node with FP8, stock again (it must be
+     bit-identical to the first stock latent and run no FP8 GEMM), then the node without FP8 (bit-identical too).
+
+The weights are random: speed, memory and which code ran, never image quality.
+
+Example:
+    python benchmarks/comfy_server_run.py --comfyui DIR --checkpoint /tmp/ckpt/flux-dev-random-seed0.safetensors \\
+        --model flux-dev --out benchmarks/results/comfy-server.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROBE_NAME = "generation_probe.py"
+NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed and which code ran "
+        "(torch._scaled_mm calls), never for image quality.")
+
+PROBE_SOURCE = '''\
+"""Benchmark probe written by benchmarks/comfy_server_run.py (applier project); not part of ComfyUI.
+
+Counts torch._scaled_mm calls (GET /generation_probe/counts, POST /generation_probe/reset) and offers a zero
+CONDITIONING of a text encoder's output shape, so a prompt needs no text encoder."""
+import torch
+from aiohttp import web
+from server import PromptServer
+
+COUNTS = {"scaled_mm": 0}
+_scaled_mm = torch._scaled_mm
+
+
+def _counted_scaled_mm(*args, **kwargs):
+    COUNTS["scaled_mm"] += 1
+    return _scaled_mm(*args, **kwargs)
+
+
+torch._scaled_mm = _counted_scaled_mm
+
+
+@PromptServer.instance.routes.get("/generation_probe/counts")
+async def counts(request):
+    return web.json_response(COUNTS)
+
+
+@PromptServer.instance.routes.post("/generation_probe/reset")
+async def reset(request):
+    COUNTS["scaled_mm"] = 0
+    return web.json_response(COUNTS)
+
+
+class GenerationProbeZeroConditioning:
+    CATEGORY = "_for_testing"
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "make"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"tokens": ("INT", {"default": 256, "min": 1, "max": 4096}),
+                             "channels": ("INT", {"default": 4096, "min": 1, "max": 16384}),
+                             "pooled": ("INT", {"default": 768, "min": 0, "max": 16384}),
+                             "guidance": ("FLOAT", {"default": 3.5, "min": -1.0, "max": 100.0})}}
+
+    def make(self, tokens, channels, pooled, guidance):
+        extra = {}
+        if pooled:
+            extra["pooled_output"] = torch.zeros(1, pooled)
+        if guidance >= 0:
+            extra["guidance"] = guidance
+        return ([[torch.zeros(1, tokens, channels), extra]],)
+
+
+NODE_CLASS_MAPPINGS = {"GenerationProbeZeroConditioning": GenerationProbeZeroConditioning}
+'''
+
+MODELS = {
+    "flux-dev": {"latent": "flux", "tokens": 256, "pooled": 768, "guidance": 3.5, "resolution": (1024, 1024)},
+    "wan2.1-t2v-14b": {"latent": "wan", "tokens": 512, "pooled": 0, "guidance": -1.0, "resolution": (480, 832, 33)},
+}
+
+
+# ------------------------------------------------------------------------------------------------ HTTP helpers
+def http_json(url: str, payload: dict | None = None, timeout: float = 30.0):
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                     method="GET" if payload is None else "POST")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+def wait_for_server(base: str, server: subprocess.Popen, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with {server.returncode} before answering")
+        try:
+            return http_json(f"{base}/system_stats", timeout=5)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            time.sleep(0.5)
+    raise TimeoutError(f"no answer from {base}/system_stats within {timeout} s")
+
+
+# --------------------------------------------------------------------------------------------------- prompts
+def build_prompt(model: dict, checkpoint_name: str, resolution: tuple, steps: int, seed: int, node: dict | None,
+                 prefix: str) -> dict:
+    """The API-format graph: UNETLoader -> [FusedDiTOps] -> KSampler -> SaveLatent."""
+    prompt = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": checkpoint_name, "weight_dtype": "default"}},
+              "3": {"class_type": "GenerationProbeZeroConditioning",
+                    "inputs": {"tokens": model["tokens"], "channels": 4096, "pooled": model["pooled"],
+                               "guidance": model["guidance"]}}}
+    if model["latent"] == "flux":
+        height, width = resolution
+        prompt["4"] = {"class_type": "EmptyLatentImage", "inputs": {"width": width, "height": height, "batch_size": 1}}
+    else:
+        height, width, frames = resolution
+        prompt["4"] = {"class_type": "EmptyHunyuanLatentVideo",
+                       "inputs": {"width": width, "height": height, "length": frames, "batch_size": 1}}
+    model_output = ["1", 0]
+    if node is not None:
+        prompt["2"] = {"class_type": "FusedDiTOps", "inputs": {"model": ["1", 0], **node}}
+        model_output = ["2", 0]
+    prompt["5"] = {"class_type": "KSampler",
+                   "inputs": {"model": model_output, "seed": seed, "steps": steps, "cfg": 1.0, "sampler_name": "euler",
+                              "scheduler": "simple", "positive": ["3", 0], "negative": ["3", 0],
+                              "latent_image": ["4", 0], "denoise": 1.0}}
+    prompt["6"] = {"class_type": "SaveLatent", "inputs": {"samples": ["5", 0], "filename_prefix": prefix}}
+    return prompt
+
+
+def queue_and_wait(base: str, prompt: dict, timeout: float) -> dict:
+    """Queue one prompt; its history entry once done (status, messages with the server's timestamps)."""
+    client_id = uuid.uuid4().hex
+    answer = http_json(f"{base}/prompt", {"prompt": prompt, "client_id": client_id})
+    if answer.get("node_errors"):
+        raise RuntimeError(f"the server refused the prompt: {answer['node_errors']}")
+    prompt_id = answer["prompt_id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        history = http_json(f"{base}/history/{prompt_id}")
+        entry = history.get(prompt_id) if history else None
+        if entry and entry.get("status", {}).get("completed") is not None and (
+                entry["status"].get("status_str") in ("success", "error")):
+            return entry
+        time.sleep(0.1)
+    raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout} s")
+
+
+def execution_summary(entry: dict) -> dict:
+    messages = {name: data for name, data in entry["status"].get("messages", [])}
+    start = messages.get("execution_start", {}).get("timestamp")
+    end = (messages.get("execution_success") or messages.get("execution_error") or {}).get("timestamp")
+    summary = {"status": entry["status"].get("status_str"),
+               "execution_s": (end - start) / 1000 if start is not None and end is not None else None,
+               "cached_nodes": messages.get("execution_cached", {}).get("nodes", [])}
+    if "execution_error" in messages:
+        error = messages["execution_error"]
+        summary["error"] = f"{error.get('exception_type')}: {error.get('exception_message')}"
+        summary["traceback"] = "".join(error.get("traceback", []))[-3000:]
+    return summary
+
+
+def load_latent(output_dir: Path, prefix: str):
+    from safetensors.torch import load_file
+    files = sorted(output_dir.glob(f"{prefix}_*.latent"))
+    if not files:
+        return None
+    return load_file(str(files[-1]))["latent_tensor"]
+
+
+def compare(a, b) -> dict:
+    if a is None or b is None:
+        return {"bit_identical": None, "rel_err": None}
+    a, b = a.double(), b.double()
+    return {"bit_identical": bool((a == b).all()) and a.shape == b.shape,
+            "rel_err": float((a - b).norm() / b.norm().clamp_min(1e-30))}
+
+
+# ---------------------------------------------------------------------------------------------------- set-up
+def make_venv(comfyui: Path) -> Path:
+    venv = comfyui / "venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                       check=True)
+    return python
+
+
+def install_overlay(comfyui: Path, python: Path) -> dict:
+    """`python -m applier overlay install --target DIR --python PY --json`, run from the repo as a user would."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "applier", "overlay", "install", "--target", str(comfyui),
+                           "--python", str(python), "--json"], cwd=REPO_ROOT, capture_output=True, text=True)
+    record = {"command": "python -m applier overlay install --target DIR --python DIR/venv/bin/python --json",
+              "returncode": done.returncode, "seconds": round(time.perf_counter() - started, 2)}
+    try:
+        record["result"] = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        record["stdout"] = done.stdout[-2000:]
+    if done.returncode:
+        record["stderr"] = done.stderr[-2000:]
+    return record
+
+
+def link_checkpoint(comfyui: Path, checkpoint: Path) -> str:
+    folder = comfyui / "models" / "diffusion_models"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / checkpoint.name
+    if not target.exists():
+        try:
+            os.link(checkpoint, target)
+        except OSError:
+            target.symlink_to(checkpoint.resolve())
+    return checkpoint.name
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--comfyui", type=Path, required=True, help="the ComfyUI folder to install into and run")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="the random-weight safetensors file")
+    parser.add_argument("--model", choices=tuple(MODELS), default="flux-dev")
+    parser.add_argument("--resolution", default="", help="HxW (Flux) or HxWxFRAMES (Wan); default per model")
+    parser.add_argument("--python", type=Path, help="the server's interpreter (default: a venv inside --comfyui)")
+    parser.add_argument("--steps", type=int, nargs=2, default=(2, 6), metavar=("LOW", "HIGH"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=8199)
+    parser.add_argument("--server-args", default="", help="more main.py arguments, e.g. '--cpu'")
+    parser.add_argument("--startup-timeout", type=float, default=180)
+    parser.add_argument("--prompt-timeout", type=float, default=300)
+    parser.add_argument("--out", type=Path, required=True)
+    options = parser.parse_args(argv)
+    low, high = options.steps
+    if not 1 <= low < high:
+        parser.error("--steps LOW HIGH needs 1 <= LOW < HIGH")
+    comfyui = options.comfyui.resolve()
+    if not (comfyui / "main.py").exists():
+        parser.error(f"{comfyui} has no main.py")
+    if not options.checkpoint.exists():
+        parser.error(f"{options.checkpoint} does not exist")
+    model = MODELS[options.model]
+    resolution = (tuple(int(v) for v in options.resolution.split("x")) if options.resolution
+                  else model["resolution"])
+
+    report = {"benchmark": "comfy-server", "script": "benchmarks/comfy_server_run.py", "note": NOTE,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "python": platform.python_version(), "model": options.model,
+              "resolution": "x".join(map(str, resolution)), "steps": [low, high], "seed": options.seed,
+              "sampler": {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0}, "prompts": []}
+
+    def write():
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(json.dumps(report, indent=1) + "\n")
+
+    python = options.python or make_venv(comfyui)
+    report["install"] = install_overlay(comfyui, python)
+    (comfyui / "custom_nodes" / PROBE_NAME).write_text(PROBE_SOURCE)
+    checkpoint_name = link_checkpoint(comfyui, options.checkpoint)
+    front_end = comfyui / "temp_empty_frontend"   # no frontend package is installed: serve an empty folder
+    front_end.mkdir(exist_ok=True)
+    output_dir = comfyui / "output"
+    shutil.rmtree(output_dir / "generation_probe", ignore_errors=True)
+    log_path = options.out.with_suffix(".server.log")
+    base = f"http://127.0.0.1:{options.port}"
+    command = [str(python), "main.py", "--listen", "127.0.0.1", "--port", str(options.port),
+               "--front-end-root", str(front_end), *options.server_args.split()]
+    report["server_command"] = " ".join(["python", *command[1:]]).replace(str(comfyui), "DIR")
+    write()
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(command, cwd=comfyui, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            report["system_stats"] = wait_for_server(base, server, options.startup_timeout)
+            report["startup_s"] = round(time.perf_counter() - started, 1)
+            node_info = http_json(f"{base}/object_info/FusedDiTOps")
+            report["node_registered"] = "FusedDiTOps" in node_info
+            write()
+            overlay = {"norm_rope": True, "adaln": True, "gate": True}
+            configs = {"stock": None, "node_fp8": {**overlay, "fp8_linear": True},
+                       "node": {**overlay, "fp8_linear": False}}
+            # (config, steps, role); "stock_after_node" reruns the stock graph on the same cached UNETLoader model
+            sequence = [("stock", low, "warm-up (loads the checkpoint)"), ("stock", high, "timed"),
+                        ("stock", low, "timed"),
+                        ("node_fp8", low, "warm-up"), ("node_fp8", high, "timed"), ("node_fp8", low, "timed"),
+                        ("stock_after_node", high, "stock again after the node ran"),
+                        ("node", low, "warm-up"), ("node", high, "timed"), ("node", low, "timed")]
+            for index, (config, steps, role) in enumerate(sequence):
+                prefix = f"generation_probe/p{index:02d}_{config}_{steps}"
+                node = configs["stock" if config == "stock_after_node" else config]
+                prompt = build_prompt(model, checkpoint_name, resolution, steps, options.seed, node, prefix)
+                http_json(f"{base}/generation_probe/reset", {})
+                entry = queue_and_wait(base, prompt, options.prompt_timeout)
+                record = {"index": index, "config": config, "steps": steps, "role": role,
+                          **execution_summary(entry), "scaled_mm_calls": http_json(
+                              f"{base}/generation_probe/counts")["scaled_mm"], "latent_prefix": prefix}
+                record["ksampler_ran"] = "5" not in record["cached_nodes"]
+                report["prompts"].append(record)
+                print(f"{index:2d} {config:16s} steps {steps}: {record['status']} {record['execution_s']} s, "
+                      f"_scaled_mm {record['scaled_mm_calls']}", flush=True)
+                write()
+            report["system_stats_after"] = http_json(f"{base}/system_stats")
+        except Exception as error:
+            report["error"] = f"{type(error).__name__}: {error}"
+            print(report["error"], flush=True)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+    report["server_log_tail"] = log_path.read_text(errors="replace")[-4000:]
+    summarise(report, output_dir, low, high)
+    write()
+    print(f"wrote {options.out}")
+    return 0 if "error" not in report else 1
+
+
+def summarise(report: dict, output_dir: Path, low: int, high: int) -> None:
+    """Seconds per step and FP8 GEMMs per step for each config, and the bit checks against stock."""
+    prompts = [p for p in report["prompts"] if p.get("status") == "success"]
+
+    def timed(config, steps):
+        found = [p for p in prompts if p["config"] == config and p["steps"] == steps and p["role"] == "timed"]
+        return found[-1] if found else None
+
+    summary = {}
+    for config in ("stock", "node_fp8", "node"):
+        a, b = timed(config, low), timed(config, high)
+        if a is None or b is None or a["execution_s"] is None or b["execution_s"] is None:
+            continue
+        summary[config] = {"s_per_step": round((b["execution_s"] - a["execution_s"]) / (high - low), 4),
+                           "fp8_linear_calls_per_step": (b["scaled_mm_calls"] - a["scaled_mm_calls"]) / (high - low),
+                           "prompt_s": {str(low): a["execution_s"], str(high): b["execution_s"]}}
+    stock = summary.get("stock", {}).get("s_per_step")
+    for entry in summary.values():
+        entry["speedup_vs_stock"] = round(stock / entry["s_per_step"], 3) if stock and entry["s_per_step"] else None
+    latents = {}
+    for p in prompts:
+        if p["steps"] == high:
+            latents[p["config"]] = load_latent(output_dir, p["latent_prefix"])
+    stock_latent = latents.get("stock")
+    for config in ("node_fp8", "node", "stock_after_node"):
+        if config in latents:
+            summary.setdefault(config, {}).update(compare(latents[config], stock_latent))
+    after = next((p for p in prompts if p["config"] == "stock_after_node"), None)
+    if after is not None:
+        summary["stock_after_node"].update({"scaled_mm_calls": after["scaled_mm_calls"],
+                                            "ksampler_ran": after["ksampler_ran"],
+                                            "execution_s": after["execution_s"]})
+    report["summary"] = summary
+
+
+if __name__ == "__main__":
+    sys.exit(main())
