@@ -5,28 +5,36 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch (the kernels extra needs torch; the applier itself does not).
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
-# Caches stay inside the repo too: `make demo` and `make test` write nothing outside it.
+# Caches and temporary files stay inside the repo too: `make demo` and `make test` write nothing outside it
+# (everything that asks tempfile for a folder, pytest's tmp_path folders included, goes to .cache/tmp, numbered per
+# run so that two runs do not share one; Hypothesis' examples go to .cache/hypothesis: tests/conftest.py).
 export XDG_CACHE_HOME   := $(CURDIR)/.cache
 export PIP_CACHE_DIR    := $(CURDIR)/.cache/pip
 export TRITON_CACHE_DIR := $(CURDIR)/.cache/triton
+export TMPDIR           := $(CURDIR)/.cache/tmp
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 
 .PHONY: demo test test-fast clean-sandbox clean
 
 $(STAMP): setup.cfg pyproject.toml
+	mkdir -p $(TMPDIR)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,kernels]'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	mkdir -p .cache/tmp
-	TMPDIR=$(CURDIR)/.cache/tmp $(PY) scripts/demo.py --sandbox sandbox --torch "$(TORCH)"
+	mkdir -p $(TMPDIR)
+	$(PY) scripts/demo.py --sandbox sandbox --torch "$(TORCH)"
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	mkdir -p $(TMPDIR)
+	$(PYTEST)
 
+# Without the slow tests (the Triton interpreter, real torch files: tests/conftest.py marks them).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	mkdir -p $(TMPDIR)
+	$(PYTEST) -m "not slow"
 
 clean-sandbox:
 	rm -rf sandbox

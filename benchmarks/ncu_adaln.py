@@ -5,6 +5,9 @@ warm-up and compilation before are not; a same-size `copy_` would be a device me
 
     ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \\
         --section WarpStateStats --section LaunchStats -o adaln python benchmarks/ncu_adaln.py
+
+The metrics quoted in docs/gpu-report.md were collected by hand from ncu's CSV pages into
+benchmarks/results/ncu-adaln.json (with the ncu command line that produced them).
 """
 from __future__ import annotations
 

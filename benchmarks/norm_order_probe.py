@@ -76,7 +76,7 @@ def probe_length(n: int, rows: int, seed: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="JSON file, or a folder for norm-order-<date>.json")
+    parser.add_argument("--out", type=Path, help="JSON file, or a folder for norm-order.json")
     parser.add_argument("--rows", type=int, default=8192)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

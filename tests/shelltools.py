@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 NODES_PY = (
@@ -110,13 +112,11 @@ def cli_json(*args: str, **kw) -> tuple[int, dict]:
 
 
 def real_torch_site() -> Path:
+    """site-packages of the torch installed beside the tests; the calling test is skipped without one."""
     spec = importlib.util.find_spec("torch")
     if spec is None or spec.origin is None:
-        raise RuntimeError("torch is not installed in the test environment")
+        pytest.skip("torch is not installed: this test copies the installed torch's files (pip install -e '.[kernels]')")
     return Path(spec.origin).parent.parent
-
-
-TORCH_SUBSET = ("torch/cuda", "torch/version.py")
 
 
 def make_torch_env(root: Path) -> tuple[Path, Path]:

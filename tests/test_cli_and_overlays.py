@@ -28,17 +28,44 @@ def test_usage_errors_keep_click_exit_2():
     assert run_cli("apply", "--target", ".", "--fuzz", "9").returncode == 2
 
 
+def complete(**env: str) -> subprocess.CompletedProcess:
+    """Run the `applier` entry point as the console script does (argv[0] ends in applier) with Click's completion
+    variables set, as the shell function it generates calls it."""
+    script = "import sys; from applier.cli import main; sys.argv[0] = 'applier'; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env})
+
+
+def completions(words: str) -> list[str]:
+    """The values bash would offer after `words` (the last word being completed; "" after a space)."""
+    parts = words.split(" ")
+    proc = complete(_APPLIER_COMPLETE="bash_complete", COMP_WORDS=words, COMP_CWORD=str(len(parts) - 1))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines and all(line.startswith("plain,") for line in lines), proc.stdout
+    return [line.split(",", 1)[1] for line in lines]
+
+
 def test_shell_completion_script_is_generated():
-    proc = subprocess.run([sys.executable, "-m", "applier"], capture_output=True, text=True, cwd=REPO,
-                          env={"_APPLIER_COMPLETE": "bash_source", "PATH": "/usr/bin:/bin",
-                               "PYTHONPATH": str(REPO)})
-    assert "_applier_completion" in proc.stdout or "complete" in proc.stdout
+    proc = complete(_APPLIER_COMPLETE="bash_source")
+    assert proc.returncode == 0, proc.stderr
+    assert "_applier_completion()" in proc.stdout
+    assert "complete -o nosort -F _applier_completion applier" in proc.stdout
+    assert "_APPLIER_COMPLETE=bash_complete" in proc.stdout
+
+
+def test_shell_completion_offers_the_subcommands_and_patch_ids():
+    assert completions("applier ") == ["apply", "catalog", "detect", "explain", "list", "overlay", "revert",
+                                       "status", "verify"]
+    assert completions("applier rev") == ["revert"]
+    comfy_ids = sorted(p.id for p in load_catalog() if p.id.startswith("comfyui/"))
+    assert comfy_ids and sorted(completions("applier explain comfyui/")) == comfy_ids
+    assert "--only" in completions("applier apply --o")
 
 
 def test_explain_states_reach_and_how_to_revert():
     catalog = load_catalog()
-    if not catalog:
-        pytest.skip("catalog not populated")
+    assert catalog, "the packaged catalog loaded empty"
     for patch in catalog:
         code, out = cli_json("explain", patch.id)
         assert code == 0
@@ -46,7 +73,7 @@ def test_explain_states_reach_and_how_to_revert():
         assert out["revert"] == f"applier revert --target <TARGET> --only {patch.id}"
         assert out["variants"]
     proc = run_cli("explain", "nope/nope")
-    assert proc.returncode == 2 and "no patch" in proc.stderr
+    assert proc.returncode == 3 and "no patch" in proc.stderr  # an unknown id is exit 3 in every command
 
 
 def test_catalog_refresh_builds_a_variant_that_round_trips(tmp_path):
