@@ -11,6 +11,9 @@ import hashlib
 import importlib.util
 import io
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -120,23 +123,121 @@ def _load_prestartup():
     return module
 
 
-def _write_state(root: Path, files: dict[str, bytes]) -> None:
-    state = {"applied": {"comfyui/max-resolution": {"files": [
-        {"path": str(root / name), "sha256_after": hashlib.sha256(data).hexdigest()} for name, data in files.items()]}}}
-    (root / ".applier").mkdir()
-    (root / ".applier" / "state.json").write_text(json.dumps(state))
+# ---------------------------------------------------------------------------------------------- real installs
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _applier(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "applier", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _install_node(comfyui: Path) -> Path:
+    folder = comfyui / "custom_nodes" / "comfyui_fused_dit"
+    shutil.copytree(PRESTARTUP.parent, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder / "prestartup_script.py"
+
+
+def _start(script: Path) -> str:
+    """What the prestartup script prints when ComfyUI runs it (its own folder as the working directory)."""
+    proc = subprocess.run([sys.executable, "-I", str(script)], cwd=script.parent, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    return proc.stderr
+
+
+# (layout, --target relative to what build_comfy_tree returns, the ComfyUI folder relative to it, install root)
+LAYOUTS = [("git", ".", ".", "."), ("git", "comfy_extras", ".", "."),
+           ("portable", ".", "ComfyUI", "."), ("portable", "ComfyUI", "ComfyUI", ".")]
+
+
+@pytest.mark.parametrize("layout, target, comfyui, root", LAYOUTS, ids=["git", "git-subfolder", "portable",
+                                                                        "portable-inner"])
+def test_prestartup_warns_where_a_real_apply_wrote_its_state(tmp_path, layout, target, comfyui, root):
+    from tests.fixtures.comfy_tree import build_comfy_tree
+
+    built = build_comfy_tree(tmp_path / "install" / ("ComfyUI" if layout == "git" else ""), era="latest",
+                             layout=layout)
+    comfy, install = (built / comfyui).resolve(), (built / root).resolve()
+    script = _install_node(comfy)
+    stock = (comfy / "nodes.py").read_bytes()
+    applied = _applier("apply", "--target", built / target, "--only", "comfyui/max-resolution",
+                       "--only", "comfyui/pil-pixel-limit")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert (install / ".applier" / "state.json").is_file()
+    assert _start(script) == ""                                       # applied and intact: nothing to say
+    (comfy / "nodes.py").write_bytes(stock)                           # an update put the stock file back
+    line = _start(script)
+    assert line.count("\n") == 1
+    assert "patches lost by an update: comfyui/max-resolution, comfyui/pil-pixel-limit" in line
+    assert f"applier apply --target {install}" in line
+    reverted = _applier("revert", "--target", install, "--force")
+    assert reverted.returncode == 0, reverted.stdout + reverted.stderr
+    assert _start(script) == ""                                       # nothing applied any more
+
+
+def test_prestartup_never_stops_comfyui_on_a_hostile_state(tmp_path):
+    from tests.fixtures.comfy_tree import build_comfy_tree
+
+    comfy = build_comfy_tree(tmp_path / "ComfyUI", layout="git")
+    script = _install_node(comfy)
+    (comfy / ".applier").mkdir()
+    for content in ("{not json", "[]", '{"applied": {"x": {"files": "nodes.py"}}}', "\udcff",
+                    '{"format": 2, "applied": {"x": {"component": "comfyui", "files": [{"relpath": 7}]}}}'):
+        (comfy / ".applier" / "state.json").write_text(content, encoding="utf-8", errors="surrogateescape")
+        assert _start(script) == ""
+
+
+# ---------------------------------------------------------------------------------------------- edge cases
+def _state(comfyui: Path, files: dict[str, bytes], component="comfyui", seq=1, patch="comfyui/max-resolution"):
+    return {patch: {"component": component, "seq": seq, "files": [
+        {"relpath": name, "sha256_after": hashlib.sha256(data).hexdigest()} for name, data in files.items()]}}
+
+
+def _write_state(root: Path, applied: dict, fmt: int = 2) -> None:
+    (root / ".applier").mkdir(exist_ok=True)
+    (root / ".applier" / "state.json").write_text(json.dumps({"format": fmt, "applied": applied}))
 
 
 def test_prestartup_warns_once_when_a_patched_file_changed(tmp_path):
     prestartup = _load_prestartup()
     (tmp_path / "nodes.py").write_bytes(b"MAX_RESOLUTION = 32768\n")
-    _write_state(tmp_path, {"nodes.py": b"MAX_RESOLUTION = 32768\n"})
+    _write_state(tmp_path, _state(tmp_path, {"nodes.py": b"MAX_RESOLUTION = 32768\n"}))
     stream = io.StringIO()
     assert prestartup.warn_if_lost(tmp_path, stream) == [] and stream.getvalue() == ""
     (tmp_path / "nodes.py").write_bytes(b"MAX_RESOLUTION = 16384\n")   # an update put the original back
     assert prestartup.warn_if_lost(tmp_path, stream) == ["comfyui/max-resolution"]
     line = stream.getvalue()
     assert line.count("\n") == 1 and "lost by an update" in line and f"applier apply --target {tmp_path}" in line
+
+
+def test_prestartup_reads_format_1_absolute_paths(tmp_path):
+    prestartup = _load_prestartup()
+    (tmp_path / "nodes.py").write_bytes(b"MAX_RESOLUTION = 16384\n")
+    applied = {"comfyui/max-resolution": {"seq": 1, "files": [
+        {"path": str(tmp_path / "nodes.py"), "sha256_after": hashlib.sha256(b"MAX_RESOLUTION = 32768\n").hexdigest()}]}}
+    _write_state(tmp_path, applied, fmt=1)
+    assert prestartup.warn_if_lost(tmp_path, io.StringIO()) == ["comfyui/max-resolution"]
+
+
+@pytest.mark.parametrize("relpath", ["../outside.py", "/etc/hostname", "C:\\Windows\\win.ini", "sub/../../x"])
+def test_prestartup_reads_no_file_outside_the_comfyui_folder(tmp_path, relpath):
+    prestartup = _load_prestartup()
+    comfy = tmp_path / "ComfyUI"
+    comfy.mkdir()
+    (tmp_path / "outside.py").write_bytes(b"changed")
+    _write_state(comfy, _state(comfy, {relpath: b"what applier wrote"}))
+    assert prestartup.warn_if_lost(comfy, io.StringIO()) == []
+
+
+def test_prestartup_leaves_torch_files_alone(tmp_path):
+    # relative to site-packages, which the script does not know: never looked up under the ComfyUI folder
+    prestartup = _load_prestartup()
+    (tmp_path / "torch" / "cuda").mkdir(parents=True)
+    (tmp_path / "torch" / "cuda" / "streams.py").write_bytes(b"changed")
+    _write_state(tmp_path, _state(tmp_path, {"torch/cuda/streams.py": b"patched"}, component="torch",
+                                  patch="torch/stream-priority"))
+    assert prestartup.warn_if_lost(tmp_path, io.StringIO()) == []
 
 
 @pytest.mark.parametrize("content", [None, "{not json", "[]", '{"applied": {"x": {"files": [{"path": 1}]}}}'])
@@ -155,14 +256,8 @@ def test_prestartup_is_silent_when_two_patches_share_a_file(tmp_path):
     prestartup = _load_prestartup()
     first, second = b"MAX_RESOLUTION = 40960\n", b"MAX_RESOLUTION = 40960\nImage.MAX_IMAGE_PIXELS = 1\n"
     (tmp_path / "nodes.py").write_bytes(second)
-    path = str(tmp_path / "nodes.py")
-    state = {"applied": {
-        "comfyui/pil-pixel-limit": {"seq": 2, "files": [{"path": path,
-                                                         "sha256_after": hashlib.sha256(second).hexdigest()}]},
-        "comfyui/max-resolution": {"seq": 1, "files": [{"path": path,
-                                                        "sha256_after": hashlib.sha256(first).hexdigest()}]}}}
-    (tmp_path / ".applier").mkdir()
-    (tmp_path / ".applier" / "state.json").write_text(json.dumps(state))
+    _write_state(tmp_path, {**_state(tmp_path, {"nodes.py": second}, seq=2, patch="comfyui/pil-pixel-limit"),
+                            **_state(tmp_path, {"nodes.py": first}, seq=1)})
     stream = io.StringIO()
     assert prestartup.warn_if_lost(tmp_path, stream) == [] and stream.getvalue() == ""
     (tmp_path / "nodes.py").write_bytes(b"MAX_RESOLUTION = 16384\n")
