@@ -203,11 +203,20 @@ def compare(a, b) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- set-up
 def make_venv(comfyui: Path) -> Path:
+    """DIR/venv, the layout applier detects, seeing this interpreter's packages (torch, triton).
+
+    --system-site-packages alone reaches the base interpreter's packages; when this interpreter is itself a venv,
+    a .pth file adds its site-packages too."""
+    import site
     venv = comfyui / "venv"
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
                        check=True)
+    if sys.prefix != sys.base_prefix:
+        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        Path(purelib, "_parent_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return python
 
 

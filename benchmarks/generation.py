@@ -3,7 +3,7 @@
 
 Given a ComfyUI checkout (--comfyui DIR), it builds seeded random weights for Flux-dev (12B) and Wan 2.1 T2V 14B
 at full size, loads them the way UNETLoader does (comfy.sd.load_diffusion_model from a safetensors file with
---checkpoint-dir, else comfy.sd.load_diffusion_model_state_dict; model_options {"dtype": torch.float8_e4m3fn} for
+--save-checkpoint, else comfy.sd.load_diffusion_model_state_dict; model_options {"dtype": torch.float8_e4m3fn} for
 fp8 weights), and samples with comfy.sample.sample (KSampler's call: euler, simple, cfg 1.0, so one model forward
 per step) under torch.inference_mode(), as ComfyUI's executor runs a prompt. The model stays in training mode as
 ComfyUI 0.3.64 leaves it; a run spec ending in ":eval" calls .eval() and requires_grad_(False) first, as newer
@@ -31,7 +31,7 @@ after every run, so a call cut off by a time limit still leaves what it measured
 
 Examples:
     python benchmarks/generation.py --comfyui DIR --tiny --out /tmp/generation-tiny.json        # CPU smoke test
-    python benchmarks/generation.py --comfyui DIR --models flux-dev --checkpoint-dir /tmp/ckpt \\
+    python benchmarks/generation.py --comfyui DIR --models flux-dev --work-dir /tmp/gen --save-checkpoint \\
         --configs stock,overlay,overlay_fp8,comfy_fp8,comfy_fp8_fast --out benchmarks/results/generation.json
     python benchmarks/generation.py --combine A.json B.json --out benchmarks/results/generation.json
 """
@@ -281,8 +281,8 @@ class Session:
         args.fast = {PerformanceFeature.Fp8MatrixMultiplication} if fast else set()
         started = time.perf_counter()
         record = {"model": spec.key, "weights": weights, "fast": sorted(f.value for f in args.fast)}
-        if self.options.checkpoint_dir:
-            path, wrote = ensure_checkpoint(self.options.checkpoint_dir, spec, self.options.tiny, self.options.seed,
+        if self.options.save_checkpoint:
+            path, wrote = ensure_checkpoint(self.options.work_dir, spec, self.options.tiny, self.options.seed,
                                             self.device)
             record.update({"checkpoint": path.name, "checkpoint_bytes": path.stat().st_size,
                            "write_s": round(wrote, 1), "loader": "comfy.sd.load_diffusion_model"})
@@ -356,6 +356,7 @@ class Session:
                 synchronize(self.device)
                 total = time.perf_counter() - started
                 record["peak_gib"], record["peak_reserved_gib"] = peak_gib(self.device)
+                record["device_used_after_gib"] = device_used_gib(self.device)
                 steps_s = [b - a for a, b in zip([started] + marks[:-1], marks)]
                 record["step_times_s"] = [round(s, 4) for s in steps_s]
                 record["steps"] = steps
@@ -393,8 +394,8 @@ class Session:
         import torch
         key = (spec.key, resolution_name(resolution))
         reference_file = None
-        if self.options.checkpoint_dir:
-            reference_file = (self.options.checkpoint_dir /
+        if self.options.work_dir:
+            reference_file = (self.options.work_dir /
                               f"stock-{spec.key}{'-tiny' if self.options.tiny else ''}-{key[1]}-"
                               f"seed{self.options.seed}-steps{self.options.steps}.pt")
         if run.config == "stock" and run.weights == "bf16" and not run.eval_mode:
@@ -561,6 +562,15 @@ def peak_gib(device: str):
             round(torch.cuda.max_memory_reserved() / 2 ** 30, 2))
 
 
+def device_used_gib(device: str):
+    """Memory in use on the whole device (cudaMemGetInfo), whatever the allocator reports."""
+    if device != "cuda":
+        return None
+    import torch
+    free, total = torch.cuda.mem_get_info()
+    return round((total - free) / 2 ** 30, 2)
+
+
 def free_memory() -> None:
     gc.collect()
     import torch
@@ -641,8 +651,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--allocator", choices=("comfy", "native"), default="comfy",
                         help="comfy: import main.py's cuda_malloc (cudaMallocAsync where ComfyUI enables it)")
-    parser.add_argument("--checkpoint-dir", type=Path,
-                        help="write/read the random weights as safetensors here and load them from the file")
+    parser.add_argument("--work-dir", type=Path,
+                        help="keeps the stock latents (and with --save-checkpoint the weights) for later calls")
+    parser.add_argument("--save-checkpoint", action="store_true",
+                        help="write the random weights as safetensors in --work-dir and load them from the file "
+                             "(comfy.sd.load_diffusion_model, UNETLoader's call); else from the state dict")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
     parser.add_argument("--combine", type=Path, nargs="+", help="merge these reports into --out and exit")
     options = parser.parse_args(argv)
@@ -665,6 +678,10 @@ def main(argv=None) -> int:
         planned = plan(options)
     except ValueError as error:
         parser.error(str(error))
+    if options.save_checkpoint and not options.work_dir:
+        parser.error("--save-checkpoint needs --work-dir")
+    if options.work_dir:
+        options.work_dir.mkdir(parents=True, exist_ok=True)
     if options.steps < 2:
         parser.error("--steps must be at least 2 (the first timed step is reported apart)")
 
@@ -679,7 +696,7 @@ def main(argv=None) -> int:
               "environment": environment(device, comfyui),
               "settings": {"steps": options.steps, "warmup_steps": options.warmup_steps, "seed": options.seed,
                            "tiny": options.tiny, **SAMPLER, "allocator": options.allocator,
-                           "loader": "file" if options.checkpoint_dir else "state_dict",
+                           "loader": "file" if options.save_checkpoint else "state_dict",
                            "s_per_step": "median of the timed call's steps after its first"},
               "setup": [], "runs": []}
     session = Session(options, device)
