@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -299,6 +300,8 @@ def main(argv=None) -> int:
                "--front-end-root", str(front_end), *options.server_args.split()]
     report["server_command"] = " ".join(["python", *command[1:]]).replace(str(comfyui), "DIR")
     write()
+    # a `timeout` around this script sends SIGTERM: leave through `finally`, which stops the server
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"terminated (SIGTERM) after {time.perf_counter() - started:.0f} s"))
     started = time.perf_counter()
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, cwd=comfyui, stdout=log, stderr=subprocess.STDOUT,
@@ -333,7 +336,7 @@ def main(argv=None) -> int:
                       f"_scaled_mm {record['scaled_mm_calls']}", flush=True)
                 write()
             report["system_stats_after"] = http_json(f"{base}/system_stats")
-        except Exception as error:
+        except (Exception, SystemExit) as error:
             report["error"] = f"{type(error).__name__}: {error}"
             print(report["error"], flush=True)
         finally:

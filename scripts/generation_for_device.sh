@@ -21,7 +21,7 @@ date -u +%T; timeout "$limit_a" python3 benchmarks/generation.py "${common[@]}" 
 if [ "$model" = flux-dev ]; then
     date -u +%T; cp -r .realcomfy/ComfyUI /tmp/comfyserver
     timeout "$limit_server" python3 benchmarks/comfy_server_run.py --comfyui /tmp/comfyserver \
-        --checkpoint "$work/flux-dev-random-seed0.safetensors" --model flux-dev --out "$out/comfy-server.json"
+        --checkpoint "$work/flux-dev-random-seed0.safetensors" --model flux-dev --startup-timeout 60 --prompt-timeout 90 --out "$out/comfy-server.json"
     echo "server exit $?"
 fi
 date -u +%T; resolutions=(); [ "$model" = flux-dev ] && resolutions=(--resolutions 1024x1024)
