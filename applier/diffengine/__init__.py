@@ -60,6 +60,10 @@ RULES (what "present", "found" and "ending" mean here):
   file has none. New files take the patch's endings, LF where the patch carries none.
 * Whole files. Creation: file absent => NOT_APPLIED; present with the same lines => APPLIED; else CONFLICT.
   Deletion: absent => APPLIED; the whole content equal to the removed lines => NOT_APPLIED; else CONFLICT.
+* The near-match of a HunkConflict: the window of the file (as many lines as the hunk expects) most like the
+  expected lines, whitespace aside, by difflib's ratio over lines; nearer the expected place wins a tie; none when
+  no window shares a line with them. Its cost is linear in the file's size: a one-pass score per window, then the
+  ratio for a bounded set of windows only (conflict.py says which).
 * plan_file refuses (HunkConflict) when any hunk is in CONFLICT. A file where every hunk is APPLIED gives
   new == old. A PARTIAL file (some applied, the others applicable) gets the applicable hunks applied; both kinds
   are reported.
