@@ -6,16 +6,18 @@ seed is recorded), poisons the outputs with NaN, runs the Triton overlay, and co
 (ComfyUI's eager chain: bf16/fp16 gate <= 1 ulp on >= 99.9% of elements and <= 2 ulp max; fp32 gate 1e-5) and with
 the tier-1 fp64 reference (fp32 outputs: the same gate; otherwise for context, as is eager itself).
 
-    PYTHONPATH=overlays:. python benchmarks/gpu_gates.py --out benchmarks/results/ [--set adaln.ROWS_PER_PROGRAM=4]
+    PYTHONPATH=overlays:. python benchmarks/gpu_gates.py --out benchmarks/results/ [--set adaln.rows_per_program=4]
 
-`--set module.NAME=value` sets an op module's launch setting first (a Python literal), so a configuration a sweep
-found can be held to the gates before it becomes the default (`--sweep-best kernels.json:16384` sets every op's
-fastest configuration at that length); the settings are recorded in the JSON.
+`--set KIND.field=value` runs the cases of one kind of launch setting (fused_dit.parity.LAUNCH_KINDS: rms_rope_flux,
+rms_rope_wan, adaln, gate_add) with that field of the op's default setting replaced (a Python literal), so a
+setting a sweep found can be held to the gates before it becomes the default (`--sweep-best kernels.json:16384`
+takes every op's fastest setting at that length); the settings are recorded in the JSON.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib
 import json
 import sys
@@ -29,25 +31,35 @@ from results_io import environment, write_json
 DEVICE = "cuda"
 
 
-def apply_settings(assignments: list[str]) -> dict:
-    """Set `fused_dit.ops.<module>.<NAME>` for each "module.NAME=value"; only names the module already has."""
-    applied = {}
+def launch_settings(assignments: list[str]) -> tuple[dict, dict]:
+    """(launch setting per kind for fused_dit.parity.parity_cases, the assignments as recorded) for each
+    "KIND.field=value"; only fields the kind's setting has."""
+    from fused_dit.parity import LAUNCH_KINDS
+    launches, applied = {}, {}
     for assignment in assignments:
         target, sep, literal = assignment.partition("=")
-        module_name, dot, name = target.partition(".")
-        if not (sep and dot and name.isupper()):
-            raise ValueError(f"--set {assignment!r}: expected module.NAME=value, e.g. adaln.ROWS_PER_PROGRAM=4")
-        module = importlib.import_module(f"fused_dit.ops.{module_name}")
-        if not hasattr(module, name):
-            raise ValueError(f"--set {assignment!r}: fused_dit.ops.{module_name} has no setting {name}")
+        kind, dot, field = target.partition(".")
+        if not (sep and dot and field):
+            raise ValueError(f"--set {assignment!r}: expected KIND.field=value, e.g. adaln.rows_per_program=4")
+        if kind not in LAUNCH_KINDS:
+            raise ValueError(f"--set {assignment!r}: no launch setting kind {kind!r}; known: {', '.join(LAUNCH_KINDS)}")
+        module_name, default_name = LAUNCH_KINDS[kind]
+        current = launches.get(kind) or getattr(importlib.import_module(f"fused_dit.ops.{module_name}"), default_name)
+        if field not in {f.name for f in dataclasses.fields(current)}:
+            raise ValueError(f"--set {assignment!r}: {type(current).__name__} has no field {field}")
         value = ast.literal_eval(literal)
-        setattr(module, name, value)
+        launches[kind] = dataclasses.replace(current, **{field: value})
         applied[target] = value
-    return applied
+    return launches, applied
+
+
+# kernels.py's sweep ops -> the launch setting kinds of the parity cases (the FP8 quantiser: gpu_fp8_gates.py)
+SWEEP_KINDS = {"rms_rope_flux": "rms_rope_flux", "rms_rope_wan": "rms_rope_wan", "adaln": "adaln",
+               "gate_add_wan": "gate_add"}
 
 
 def sweep_best(spec: str | None) -> list[str]:
-    """"module.NAME=value" assignments for the best configuration of each op a kernels.py sweep found at one L."""
+    """"KIND.field=value" assignments for the best setting of each op a kernels.py sweep found at one L."""
     if not spec:
         return []
     path, _, length = spec.rpartition(":")
@@ -55,31 +67,31 @@ def sweep_best(spec: str | None) -> list[str]:
         sweeps = json.loads(Path(path).read_text())["sweep"][length]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--sweep-best {spec!r}: no sweep at L={length} there ({type(exc).__name__}: {exc})")
-    import kernels
     assignments = []
     for op, report in sweeps.items():
-        module = kernels.SWEEPS[op][0].__name__.rsplit(".", 1)[-1]
-        assignments += [f"{module}.{name}={value!r}" for name, value in report["best"].items() if name != "error"]
+        if op in SWEEP_KINDS:
+            assignments += [f"{SWEEP_KINDS[op]}.{name}={value!r}" for name, value in report["best"].items()
+                            if name != "error"]
     return assignments
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="JSON file, or a folder for gates-<date>.json")
-    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                        help="an op module's launch setting, e.g. adaln.ROWS_PER_PROGRAM=4 (repeatable)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KIND.FIELD=VALUE",
+                        help="a field of an op's launch setting, e.g. adaln.rows_per_program=4 (repeatable)")
     parser.add_argument("--sweep-best", metavar="KERNELS_JSON:L",
                         help="first set every op's fastest configuration at length L of a kernels.py --sweep run")
     args = parser.parse_args(argv)
     try:
-        settings = apply_settings(sweep_best(args.sweep_best) + args.settings)
+        launches, settings = launch_settings(sweep_best(args.sweep_best) + args.settings)
     except ValueError as exc:
         parser.error(str(exc))
     if not torch.cuda.is_available():
         print("gpu_gates: no CUDA device; the CPU tests cover the interpreter path", file=sys.stderr)
         return 2
     results = []
-    for case in parity_cases(DEVICE, small=False):
+    for case in parity_cases(DEVICE, small=False, launches=launches):
         if case.fp8:
             continue
         # keys of the earlier result files (name, op, dtype, seed, backend, shape_fallbacks, vs_comfy, vs_fp64,

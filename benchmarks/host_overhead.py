@@ -52,9 +52,10 @@ def main() -> None:
               "method": "mean host time per call over a round of calls without synchronising, median of 5 rounds",
               "host_us": {}}
     # kernels.py's inputs (Flux and Wan widths, batch 1) at a few tokens; ops with one kernel to stub out
-    for op, overlay, eager_chain, inputs, _ in kernels.problems(args.tokens):
+    for op, overlay_with, eager_chain, inputs, _ in kernels.problems(args.tokens):
         if op not in KERNELS:
             continue
+        overlay = functools.partial(overlay_with, kernels.DEFAULT_LAUNCHES[op])
         eager = functools.partial(eager_chain, *inputs)
         module, kernel_name = KERNELS[op]
         kernel = getattr(module, kernel_name)

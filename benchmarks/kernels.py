@@ -11,6 +11,7 @@ either. `--sweep` first tries launch configurations per op at each L and uses th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import itertools
 import math
@@ -74,20 +75,21 @@ def rotation_table(leading, half):
 
 
 def problems(L: int):
-    """(op, overlay fn, eager fn, bytes moved) at sequence length L with Flux (and Wan for rms_rope) shapes."""
+    """(op, overlay fn taking the op's launch setting, eager fn, inputs, bytes moved) at sequence length L with Flux
+    (and Wan for rms_rope) shapes."""
     qkv = torch.randn(1, L, 3 * FLUX_C, device=DEVICE, dtype=BF16)
     q, k, _ = qkv.view(1, L, 3, FLUX_HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
     sq, sk = torch.ones(HEAD_DIM, device=DEVICE, dtype=BF16), torch.ones(HEAD_DIM, device=DEVICE, dtype=BF16)
     pe = rotation_table((1, 1, L), HEAD_DIM // 2)
     flux_bytes = 2 * nbytes(q) + nbytes(pe) + 2 * nbytes(q)
-    yield ("rms_rope_flux", lambda: rms_rope.flux_rms_rope(q, k, sq, sk, pe),
+    yield ("rms_rope_flux", lambda launch: rms_rope.flux_rms_rope(q, k, sq, sk, pe, launch=launch),
            lambda q, k, sq, sk, pe: rms_rope.flux_reference_comfy(q, k, sq, sk, pe), (q, k, sq, sk, pe), flux_bytes)
 
     wq_in, wk_in = (torch.randn(1, L, WAN_C, device=DEVICE, dtype=BF16) for _ in range(2))
     ww = torch.ones(WAN_C, device=DEVICE, dtype=BF16)
     freqs = rotation_table((1, L, 1), HEAD_DIM // 2)
     wan_bytes = 4 * nbytes(wq_in) + nbytes(freqs)
-    yield ("rms_rope_wan", lambda: rms_rope.wan_rms_rope(wq_in, wk_in, ww, ww, freqs, WAN_HEADS),
+    yield ("rms_rope_wan", lambda launch: rms_rope.wan_rms_rope(wq_in, wk_in, ww, ww, freqs, WAN_HEADS, launch=launch),
            lambda q, k, wq, wk, f: rms_rope.wan_reference_comfy(q, k, wq, wk, f, WAN_HEADS),
            (wq_in, wk_in, ww, ww, freqs), wan_bytes)
 
@@ -95,57 +97,49 @@ def problems(L: int):
     y = torch.randn_like(x)
     e = torch.randn(1, 1, 6, FLUX_C, device=DEVICE, dtype=BF16)
     shift, scale, gate = e[:, :, 0], e[:, :, 1], e[:, :, 2]
-    yield ("adaln", lambda: adaln.adaln(x, shift, scale), adaln.reference_comfy, (x, shift, scale),
-           2 * nbytes(x) + nbytes(shift, scale))
-    yield ("gate_add_wan", lambda: gate_add.gate_add(x, y, gate, gate_add.WAN),
+    yield ("adaln", lambda launch: adaln.adaln(x, shift, scale, launch=launch), adaln.reference_comfy,
+           (x, shift, scale), 2 * nbytes(x) + nbytes(shift, scale))
+    yield ("gate_add_wan", lambda launch: gate_add.gate_add(x, y, gate, gate_add.WAN, launch=launch),
            lambda x, y, g: gate_add.reference_comfy(x, y, g, gate_add.WAN), (x, y, gate),
            3 * nbytes(x) + nbytes(gate))
-    yield ("gate_add_flux", lambda: gate_add.gate_add(x, y, gate, gate_add.FLUX),
+    yield ("gate_add_flux", lambda launch: gate_add.gate_add(x, y, gate, gate_add.FLUX, launch=launch),
            lambda x, y, g: gate_add.reference_comfy(x, y, g, gate_add.FLUX), (x, y, gate),
            3 * nbytes(x) + nbytes(gate))
     if torch.cuda.get_device_capability() >= quantize_fp8.FP8_MIN_CAPABILITY:
         # a Flux block's Linear input [L, 3072]; bytes: x read once, the e4m3 codes written once (a per-tensor
         # scale needs the whole absmax before the first code, so the kernel reads x twice: see notes)
         a = torch.randn(L, FLUX_C, device=DEVICE, dtype=BF16)
-        yield ("quantize_fp8_dynamic", lambda: quantize_fp8.quantize_fp8_dynamic(a),
+        yield ("quantize_fp8_dynamic", lambda launch: quantize_fp8.quantize_fp8_dynamic(a, launch=launch),
                quantize_fp8.quantize_fp8_dynamic_reference, (a,), nbytes(a) + a.numel())
 
 
+# each op's shipped launch setting (fused_dit.ops.*: one frozen value per op); gate_add_flux shares gate_add's
+DEFAULT_LAUNCHES = {"rms_rope_flux": rms_rope.FLUX_LAUNCH, "rms_rope_wan": rms_rope.WAN_LAUNCH, "adaln": adaln.LAUNCH,
+                    "gate_add_wan": gate_add.LAUNCH, "gate_add_flux": gate_add.LAUNCH,
+                    "quantize_fp8_dynamic": quantize_fp8.LAUNCH}
+
 SWEEPS = {
-    # Grids around the shipped defaults; the wider grids they were narrowed from are in the sweeps of
-    # h200-2026-11-30-run13 (Flux), run16-run19 (AdaLN, Wan), run20 (Flux prefetch), run25 (AdaLN's held row), run26
-    # (Wan's held row, AdaLN's modulation loaded ahead), run27 (q/k interleaving, register caps) and
-    # run29 (persistent Wan programs), whose switches were removed.
-    # benchmarks/rms_rope_sweep.py covers the rms_rope configurations more widely, with parity
-    "rms_rope_flux": (rms_rope, {"FLUX_TOKENS_PER_PROGRAM": (1, 2), "FLUX_HEADS_PER_STEP": (4, 8),
-                                 "FLUX_NUM_WARPS": (2, 4), "FLUX_SPLIT_QK": (False,), "FLUX_PREFETCH": (False, True)}),
-    "rms_rope_wan": (rms_rope, {"WAN_TOKENS_PER_PROGRAM": (1,), "WAN_HEADS_PER_STEP": (8,),
-                                "WAN_NUM_WARPS": (2, 4), "WAN_STATS_UNROLL": (5,), "WAN_LOOP_UNROLL": (5,),
-                                "WAN_PREFETCH": (False,), "WAN_HELD_MAX_STEPS": (0, 16)}),
-    "adaln": (adaln, {"ROWS_PER_PROGRAM": (1, 2), "NUM_WARPS": (1, 2), "SHARED_MODULATION": (True,),
-                      "STATS_UNROLL": (2,), "LOOP_UNROLL": (2,), "LOOP_STAGES": (None,), "PREFETCH": (True,),
-                      "HELD_MAX_STEPS": (8,), "MOD_AHEAD": (0, 1)}),
-    "gate_add_wan": (gate_add, {"ELEMENTS_PER_PROGRAM": (2048, 4096, 8192), "MAX_BLOCK_C": (512, 1024),
-                                "NUM_WARPS": (4, 8)}),
-    "quantize_fp8_dynamic": (quantize_fp8, {"DYNAMIC_ELEMENTS_PER_ITERATION": (4096, 8192),
-                                            "DYNAMIC_NUM_WARPS": (8, 16),
-                                            "DYNAMIC_PROGRAMS_PER_SM": (0, 8)}),
+    # Grids of the launch settings' fields around the shipped defaults; the wider grids they were narrowed from are
+    # in git history (the run files kernels-sweep.json's sections name). benchmarks/rms_rope_sweep.py covers the
+    # rms_rope settings more widely, with parity
+    "rms_rope_flux": {"tokens_per_program": (1, 2), "heads_per_step": (4, 8), "num_warps": (2, 4),
+                      "split_qk": (False,), "prefetch": (False, True)},
+    "rms_rope_wan": {"tokens_per_program": (1,), "heads_per_step": (8,), "num_warps": (2, 4), "stats_unroll": (5,),
+                     "loop_unroll": (5,), "prefetch": (False,), "held_max_steps": (0, 16)},
+    "adaln": {"rows_per_program": (1, 2), "num_warps": (1, 2), "shared_modulation": (True,), "stats_unroll": (2,),
+              "loop_unroll": (2,), "loop_stages": (None,), "prefetch": (True,), "held_max_steps": (8,),
+              "mod_ahead": (0, 1)},
+    "gate_add_wan": {"elements_per_program": (2048, 4096, 8192), "max_block_c": (512, 1024), "num_warps": (4, 8)},
+    "quantize_fp8_dynamic": {"dynamic_elements_per_iteration": (4096, 8192), "dynamic_num_warps": (8, 16),
+                             "dynamic_programs_per_sm": (0, 8)},
 }
 
 
-# ops whose launch parameters are another op's
-SHARED_CONFIG = {"gate_add_flux": "gate_add_wan"}
 
 
-def launch_config() -> dict:
-    """The swept launch parameters as the modules hold them now."""
-    return {op: {name: getattr(module, name) for name in grid} for op, (module, grid) in SWEEPS.items()}
-
-
-def set_launch_config(config: dict) -> None:
-    for op, (module, grid) in SWEEPS.items():
-        for name in grid:
-            setattr(module, name, config[op][name])
+def launch_config(launches: dict) -> dict:
+    """The launch settings `launches` holds, as plain dicts (for the JSON)."""
+    return {op: dataclasses.asdict(launch) for op, launch in launches.items()}
 
 
 def same_size_copy_ms(moved: int) -> float:
@@ -157,33 +151,30 @@ def same_size_copy_ms(moved: int) -> float:
     return ms
 
 
-def sweep(L: int, ops=None) -> dict:
-    """Try each launch configuration at length L (of `ops`, default all); leave the fastest set in the module
-    and report all."""
-    report = {}
+def sweep(L: int, ops=None) -> tuple[dict, dict]:
+    """Try each launch setting at length L (of `ops`, default all); (the report of all, the fastest per op)."""
+    report, fastest = {}, {}
     by_op = {p[0]: p for p in problems(L)}
-    for op, (module, grid) in SWEEPS.items():
+    for op, grid in SWEEPS.items():
         if op not in by_op or (ops and op not in ops):      # quantize_fp8_dynamic below sm_89
             continue
         overlay = by_op[op][1]
         trials = []
         for values in itertools.product(*grid.values()):
             config = dict(zip(grid.keys(), values))
-            for name, value in config.items():
-                setattr(module, name, value)
+            launch = dataclasses.replace(DEFAULT_LAUNCHES[op], **config)
             try:
-                trials.append((time_ms(overlay, warmup=3, repeats=20), config))
+                trials.append((time_ms(lambda: overlay(launch), warmup=3, repeats=20), config, launch))
             except Exception as exc:  # a configuration the compiler rejects (registers) is reported, not fatal
-                trials.append((float("inf"), {**config, "error": f"{type(exc).__name__}: {exc}"[:200]}))
-        best_ms, best = min(trials, key=lambda t: t[0])
-        for name, value in best.items():
-            if name in grid:
-                setattr(module, name, value)
+                trials.append((float("inf"), {**config, "error": f"{type(exc).__name__}: {exc}"[:200]}, None))
+        best_ms, best, fastest[op] = min(trials, key=lambda t: t[0])
         report[op] = {"L": L, "best": best, "best_ms": best_ms,
-                      "trials": [{"ms": ms, **cfg} for ms, cfg in trials]}
+                      "trials": [{"ms": ms, **cfg} for ms, cfg, _ in trials]}
         print(f"sweep {op}: best {best} {best_ms:.4f} ms", flush=True)
-    # gate_add_flux shares gate_add_wan's launch parameters
-    return report
+    # gate_add_flux shares gate_add_wan's launch setting
+    if "gate_add_wan" in fastest:
+        fastest["gate_add_flux"] = fastest["gate_add_wan"]
+    return report, fastest
 
 
 def comfy_kitchen_status() -> str:
@@ -249,22 +240,22 @@ def main(argv=None) -> int:
     _L2_FLUSH = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=DEVICE)
     ceiling = copy_ceiling_gbs()
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
-    defaults = launch_config()
     sweep_report = {} if args.sweep else None
     rows = []
     for L in args.lengths:
+        launches = dict(DEFAULT_LAUNCHES)
         if args.sweep:
-            # each length gets its own best configuration, swept from the defaults; the rows at L use it
-            set_launch_config(defaults)
-            sweep_report[str(L)] = sweep(L, args.ops)
+            # each length gets its own best setting, swept around the defaults; the rows at L use it
+            sweep_report[str(L)], fastest = sweep(L, args.ops)
+            launches.update(fastest)
         for op, overlay, eager, inputs, moved in problems(L):
             if args.ops and op not in args.ops:
                 continue
             copy_ms = same_size_copy_ms(moved)
-            config = launch_config().get(SHARED_CONFIG.get(op, op))
-            row = {"op": op, "L": L, "bytes": moved, "launch_config": config,
+            launch = launches[op]
+            row = {"op": op, "L": L, "bytes": moved, "launch_config": dataclasses.asdict(launch),
                    "same_size_copy": {"ms": copy_ms, "gbs": moved / copy_ms / 1e6}}
-            candidates = {"eager": lambda: eager(*inputs), "overlay": overlay}
+            candidates = {"eager": lambda: eager(*inputs), "overlay": lambda: overlay(launch)}
             if not args.no_compile:
                 compiled = torch.compile(eager, dynamic=False)
                 candidates["torch_compile"] = lambda: compiled(*inputs)
@@ -289,7 +280,7 @@ def main(argv=None) -> int:
     report = {
         **environment(),
         "copy_ceiling_gbs": ceiling, "comfy_kitchen": comfy_kitchen_status(),
-        "launch_config_defaults": defaults,
+        "launch_config_defaults": launch_config(DEFAULT_LAUNCHES),
         "shapes": {"flux": f"B=1 H={FLUX_HEADS} D={HEAD_DIM} C={FLUX_C}", "wan": f"B=1 H={WAN_HEADS} C={WAN_C}",
                    "modulation": "[1, 1, C] strided chunks of a [1, 1, 6, C] tensor"},
         "results": rows, "sweep": sweep_report,

@@ -12,6 +12,7 @@ short still leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib
 import json
@@ -36,12 +37,12 @@ WAN_CONFIGS = ([(t, h, w) for t in (2, 1, 4) for h in (8, 4) for w in (4, 8)]
                + [(1, 16, 8), (2, 16, 8), (1, 64, 8), (1, 64, 16)])
 
 
-def set_flux(tokens, heads, warps):
-    rms_rope.FLUX_TOKENS_PER_PROGRAM, rms_rope.FLUX_HEADS_PER_STEP, rms_rope.FLUX_NUM_WARPS = tokens, heads, warps
+def flux_launch(tokens, heads, warps) -> rms_rope.FluxLaunch:
+    return dataclasses.replace(rms_rope.FLUX_LAUNCH, tokens_per_program=tokens, heads_per_step=heads, num_warps=warps)
 
 
-def set_wan(tokens, heads, warps):
-    rms_rope.WAN_TOKENS_PER_PROGRAM, rms_rope.WAN_HEADS_PER_STEP, rms_rope.WAN_NUM_WARPS = tokens, heads, warps
+def wan_launch(tokens, heads, warps) -> rms_rope.WanLaunch:
+    return dataclasses.replace(rms_rope.WAN_LAUNCH, tokens_per_program=tokens, heads_per_step=heads, num_warps=warps)
 
 
 def rotation_table(leading, half, gen):
@@ -62,7 +63,7 @@ def flux_problem(L, gen):
     inputs = (q, k, sq, sk, pe)
     outs = tuple(torch.empty((1, FLUX_HEADS, L, HEAD_DIM), dtype=BF16, device=DEVICE) for _ in range(2))
     return dict(inputs=inputs, outs=outs, bytes=4 * bench.nbytes(q) + bench.nbytes(pe),
-                new=lambda o=None: rms_rope.flux_rms_rope(*inputs, out=o),
+                new=lambda launch, o=None: rms_rope.flux_rms_rope(*inputs, out=o, launch=launch),
                 old=lambda m: m.flux_rms_rope(*inputs), eager=rms_rope.flux_reference_comfy)
 
 
@@ -73,17 +74,17 @@ def wan_problem(L, gen):
     inputs = (q, k, wq, wk, freqs)
     outs = tuple(torch.empty((1, L, WAN_HEADS, HEAD_DIM), dtype=BF16, device=DEVICE) for _ in range(2))
     return dict(inputs=inputs, outs=outs, bytes=4 * bench.nbytes(q) + bench.nbytes(freqs),
-                new=lambda o=None: rms_rope.wan_rms_rope(*inputs, WAN_HEADS, out=o),
+                new=lambda launch, o=None: rms_rope.wan_rms_rope(*inputs, WAN_HEADS, out=o, launch=launch),
                 old=lambda m: m.wan_rms_rope(*inputs, WAN_HEADS),
                 eager=lambda q, k, wq, wk, f: rms_rope.wan_reference_comfy(q, k, wq, wk, f, WAN_HEADS))
 
 
-def parity(problem, reference) -> dict:
+def parity(problem, reference, launch) -> dict:
     """Overlay (into NaN-poisoned outputs) vs the eager chain: the gpu_gates.py bf16 gate, plus fallbacks seen."""
     fused_ops._fallbacks_said.clear()
     for o in problem["outs"]:
         testing.poison_(o)
-    problem["new"](problem["outs"])
+    problem["new"](launch, problem["outs"])
     reports = [testing.compare(o, r) for o, r in zip(problem["outs"], reference)]
     return {"passed": all(r.passes_ulp_gate() for r in reports) and not fused_ops._fallbacks_said,
             "max_ulp": max(r.max_ulp for r in reports),
@@ -137,8 +138,8 @@ def main(argv=None) -> int:
 
     gen = testing.generator(1234, DEVICE)
     for L in args.lengths:
-        for op, make, configs, setter in (("flux", flux_problem, FLUX_CONFIGS, set_flux),
-                                          ("wan", wan_problem, WAN_CONFIGS, set_wan)):
+        for op, make, configs, as_launch in (("flux", flux_problem, FLUX_CONFIGS, flux_launch),
+                                             ("wan", wan_problem, WAN_CONFIGS, wan_launch)):
             problem = make(L, gen)
             moved, inputs = problem["bytes"], problem["inputs"]
             reference = problem["eager"](*inputs)
@@ -154,10 +155,11 @@ def main(argv=None) -> int:
                 if time.monotonic() - began > args.budget_s:
                     entry["skipped_for_time"] = entry.get("skipped_for_time", 0) + 1
                     continue
-                setter(*config)
+                launch = as_launch(*config)
                 try:
-                    check = parity(problem, reference)
-                    row = rate(bench.time_ms(problem["new"], warmup=3, repeats=20), moved, compile_ms)
+                    check = parity(problem, reference, launch)
+                    row = rate(bench.time_ms(lambda: problem["new"](launch), warmup=3, repeats=20), moved,
+                               compile_ms)
                 except Exception as exc:   # a config the compiler rejects (registers) is reported, not fatal
                     check, row = {"passed": False, "error": f"{type(exc).__name__}: {exc}"[:300]}, {}
                 entry["configs"].append({"config": list(config), **row, "parity": check})

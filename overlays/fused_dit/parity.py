@@ -233,7 +233,7 @@ def _poison_allocator(numel: int, device) -> None:
 # when the case runs: a broken or half-edited op module fails its own cases only, and a test can monkeypatch an op
 # ---------------------------------------------------------------------------------------------------------------
 
-def _flux_rms_rope(B, H, N, D, dtype, pe_batch):
+def _flux_rms_rope(B, H, N, D, dtype, pe_batch, launch):
     def body(gen):
         from .ops import rms_rope
         qkv = _randn((B, N, 3 * H * D), dtype, gen, 3.0)
@@ -242,13 +242,13 @@ def _flux_rms_rope(B, H, N, D, dtype, pe_batch):
         pe = _rotation_table((pe_batch, 1, N), D // 2, gen)
         inputs = (q, k, q_scale, k_scale, pe)
         outs = tuple(testing.poisoned_empty((B, H, N, D), dtype, gen.device) for _ in range(2))
-        rms_rope.flux_rms_rope(*inputs, out=outs)
+        rms_rope.flux_rms_rope(*inputs, out=outs, **launch)
         comfy, exact = rms_rope.flux_reference_comfy(*inputs), rms_rope.flux_reference_fp32(*inputs)
         return [ComparedOutput(n, o, c, e) for n, o, c, e in zip(("q", "k"), outs, comfy, exact)], inputs
     return body
 
 
-def _wan_rms_rope(B, L, C, H, dtype, freqs_batch):
+def _wan_rms_rope(B, L, C, H, dtype, freqs_batch, launch):
     def body(gen):
         from .ops import rms_rope
         q, k = _randn((B, L, C), dtype, gen, 3.0), _randn((B, L, C), dtype, gen, 3.0)
@@ -256,44 +256,44 @@ def _wan_rms_rope(B, L, C, H, dtype, freqs_batch):
         freqs = _rotation_table((freqs_batch, L, 1), C // H // 2, gen)
         inputs = (q, k, wq, wk, freqs)
         outs = tuple(testing.poisoned_empty((B, L, H, C // H), dtype, gen.device) for _ in range(2))
-        rms_rope.wan_rms_rope(*inputs, H, out=outs)
+        rms_rope.wan_rms_rope(*inputs, H, out=outs, **launch)
         comfy, exact = rms_rope.wan_reference_comfy(*inputs, H), rms_rope.wan_reference_fp32(*inputs, H)
         return [ComparedOutput(n, o, c, e) for n, o, c, e in zip(("q", "k"), outs, comfy, exact)], inputs
     return body
 
 
-def _wan_rms_norm(B, Lq, Lk, C, dtype):
+def _wan_rms_norm(B, Lq, Lk, C, dtype, launch):
     def body(gen):
         from .ops import rms_rope
         q, k = _randn((B, Lq, C), dtype, gen, 3.0), _randn((B, Lk, C), dtype, gen, 3.0)
         wq, wk = _randn((C,), dtype, gen, 0.2) + 1, _randn((C,), dtype, gen, 0.2) + 1
         outs = (testing.poisoned_empty(q.shape, dtype, gen.device), testing.poisoned_empty(k.shape, dtype, gen.device))
-        rms_rope.wan_rms_norm_qk(q, k, wq, wk, out=outs)
+        rms_rope.wan_rms_norm_qk(q, k, wq, wk, out=outs, **launch)
         return [ComparedOutput(n, o, rms_rope.wan_norm_reference_comfy(x, w), rms_rope.wan_norm_reference_fp32(x, w))
                 for n, o, x, w in (("q", outs[0], q, wq), ("k", outs[1], k, wk))], (q, k, wq, wk)
     return body
 
 
-def _adaln(B, L, C, rows, dtype):
+def _adaln(B, L, C, rows, dtype, launch):
     def body(gen):
         from .ops import adaln
         x = _randn((B, L, C), dtype, gen, 2.0) + 0.3
         shift, scale = _modulation(B, rows, C, dtype, gen)[:2]
         out = testing.poisoned_empty((B, L, C), dtype, gen.device)
-        adaln.adaln(x, shift, scale, out=out)
+        adaln.adaln(x, shift, scale, out=out, **launch)
         return [ComparedOutput("out", out, adaln.reference_comfy(x, shift, scale),
                                adaln.reference_fp32(x, shift, scale))], (x, shift, scale)
     return body
 
 
-def _gate_add(B, L, C, rows, dtype, rounding_name):
+def _gate_add(B, L, C, rows, dtype, rounding_name, launch):
     def body(gen):
         from .ops import gate_add
         rounding = getattr(gate_add, rounding_name)
         x, y = _randn((B, L, C), dtype, gen, 2.0), _randn((B, L, C), dtype, gen, 2.0)
         gate = _modulation(B, rows, C, dtype, gen)[2]
         out = testing.poisoned_empty((B, L, C), dtype, gen.device)
-        gate_add.gate_add(x, y, gate, rounding, out=out)
+        gate_add.gate_add(x, y, gate, rounding, out=out, **launch)
         return [ComparedOutput("out", out, gate_add.reference_comfy(x, y, gate, rounding),
                                gate_add.reference_fp32(x, y, gate, rounding))], (x, y, gate)
     return body
@@ -380,8 +380,12 @@ def _linear_fp8_comfy_module(M, K, N, dtype):
 # the lists
 # ---------------------------------------------------------------------------------------------------------------
 
-def _float_cases(device: str, small: bool) -> list[ParityCase]:
+def _float_cases(device: str, small: bool, launches: dict) -> list[ParityCase]:
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+
+    def launch(kind):
+        # the op's own default unless the caller gives another setting (`launch=` of the op)
+        return {"launch": launches[kind]} if kind in launches else {}
 
     def case(label, op, family, dtype, body, suffix=""):
         name = f"{label} {_short(dtype)}{suffix}"
@@ -390,15 +394,17 @@ def _float_cases(device: str, small: bool) -> list[ParityCase]:
 
     def flux(B, H, N, D, dtype, pe_batch=1):
         return case(f"rms_rope_flux B{B} H{H} N{N} D{D}", "rms_rope_flux", "rms_rope", dtype,
-                    _flux_rms_rope(B, H, N, D, dtype, pe_batch), " pe[B]" if pe_batch > 1 else "")
+                    _flux_rms_rope(B, H, N, D, dtype, pe_batch, launch("rms_rope_flux")),
+                    " pe[B]" if pe_batch > 1 else "")
 
     def wan(B, L, C, H, dtype, freqs_batch=1):
         return case(f"rms_rope_wan B{B} L{L} C{C} H{H}", "rms_rope_wan", "rms_rope", dtype,
-                    _wan_rms_rope(B, L, C, H, dtype, freqs_batch), " freqs[B]" if freqs_batch > 1 else "")
+                    _wan_rms_rope(B, L, C, H, dtype, freqs_batch, launch("rms_rope_wan")),
+                    " freqs[B]" if freqs_batch > 1 else "")
 
     def wan_norm(B, Lq, Lk, C, dtype):
         return case(f"rms_norm_wan B{B} Lq{Lq} Lk{Lk} C{C}", "rms_norm_wan", "rms_rope", dtype,
-                    _wan_rms_norm(B, Lq, Lk, C, dtype))
+                    _wan_rms_norm(B, Lq, Lk, C, dtype, launch("rms_rope_wan")))
 
     def rows_words(rows, L, mark_uneven=True):
         if rows == L and rows > 1:
@@ -408,12 +414,12 @@ def _float_cases(device: str, small: bool) -> list[ParityCase]:
 
     def adaln(B, L, C, rows, dtype):
         return case(f"adaln B{B} L{L} C{C} {rows_words(rows, L)}", "adaln", "adaln", dtype,
-                    _adaln(B, L, C, rows, dtype))
+                    _adaln(B, L, C, rows, dtype, launch("adaln")))
 
     def gate(B, L, C, rows, dtype, tag):
         words = rows_words(rows, L, mark_uneven=False)   # gpu_gates.py never marked gate_add's uneven rows
         return case(f"gate_add_{tag} B{B} L{L} C{C} {words}", f"gate_add_{tag}", "gate_add", dtype,
-                    _gate_add(B, L, C, rows, dtype, tag.upper()))
+                    _gate_add(B, L, C, rows, dtype, tag.upper(), launch("gate_add")))
 
     if small:   # fp32 only: the interpreter truncates bf16 casts; shapes it gets through in seconds
         return [
@@ -482,10 +488,21 @@ def _fp8_cases(device: str, small: bool) -> list[ParityCase]:
     return cases
 
 
-def parity_cases(device: str, small: bool) -> list[ParityCase]:
+def parity_cases(device: str, small: bool, launches: dict | None = None) -> list[ParityCase]:
     """Every parity case of the pack on `device`.
 
     small=True: tiny fp32 shapes for TRITON_INTERPRET=1 on CPU (FP8 cases are listed with a skip reason);
     small=False: the real DiT shapes of the GPU gates, FP8 included (skipped below sm_89).
+    launches: launch settings other than the ops' defaults, by kind ("rms_rope_flux": an ops.rms_rope.FluxLaunch,
+    "rms_rope_wan": a WanLaunch, also for the norm-only cases, "adaln": an AdalnLaunch, "gate_add": a
+    GateAddLaunch), so a setting a sweep found can be held to the gates before it becomes the default.
     """
-    return _float_cases(device, small) + _fp8_cases(device, small)
+    unknown = set(launches or ()) - set(LAUNCH_KINDS)
+    if unknown:
+        raise ValueError(f"no launch setting kind {sorted(unknown)}; known: {', '.join(LAUNCH_KINDS)}")
+    return _float_cases(device, small, launches or {}) + _fp8_cases(device, small)
+
+
+# the kinds of launch setting parity_cases takes: (op module, the name of its default)
+LAUNCH_KINDS = {"rms_rope_flux": ("rms_rope", "FLUX_LAUNCH"), "rms_rope_wan": ("rms_rope", "WAN_LAUNCH"),
+                "adaln": ("adaln", "LAUNCH"), "gate_add": ("gate_add", "LAUNCH")}
