@@ -2,9 +2,9 @@
 
 `kernel[grid](*args)` binds the arguments, computes Triton's specialisation key and looks the compiled kernel up
 on every call: 13.5 us of host time on the H200 machine's host, against 5.8 us for calling the compiled kernel's
-launcher directly (benchmarks/results/h200-2026-11-30-run6/launch-overhead.json, same bits). An FP8 linear
-launches two such kernels, and on that host the FP8 block stack at 4608 tokens often takes as long to issue as
-the GPU takes to run it (run11's issue times; notes).
+launcher directly (same bits; benchmarks/launch_overhead.py, launch-overhead.json). An FP8 linear launches two
+such kernels, and on that host the FP8 block stack at 4608 tokens often takes as long to issue as the GPU takes to
+run it (benchmarks/blocks.py's issue times, blocks.json).
 
 `launch(kernel, grid, key, *args, **options)` keeps the compiled kernel under a key the CALLER gives, and calls
 its launcher directly when the key repeats. The key must determine everything Triton specialises the launch on
