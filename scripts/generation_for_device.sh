@@ -2,7 +2,7 @@
 # On the device machine, from the repo root (carry .realcomfy and .whl): the whole-generation benchmark for one
 # model in two invocations (everything but compilation, then the two compile configs), and for Flux the real
 # ComfyUI server run in between. Each phase has its own time limit; JSONs land in $OUT.
-#   bash scripts/generation_for_device.sh flux-dev|wan2.1-t2v-14b [SECONDS_A SECONDS_SERVER SECONDS_COMPILE]
+#   [FLUX_CHECK=SECONDS] bash scripts/generation_for_device.sh flux-dev|wan2.1-t2v-14b [SECONDS_A SECONDS_SERVER SECONDS_COMPILE]
 set -uo pipefail
 model=${1:?model: flux-dev or wan2.1-t2v-14b}
 limit_a=${2:-300}; limit_server=${3:-150}; limit_compile=${4:-200}
@@ -13,6 +13,11 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 work=/tmp/generation; mkdir -p "$work"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 df -h /tmp | tail -1; free -g | head -2
+if [ -n "${FLUX_CHECK:-}" ]; then   # Flux 1024 stock and overlay again, weights from a state dict
+    date -u +%T; timeout "$FLUX_CHECK" python3 benchmarks/generation.py --comfyui .realcomfy/ComfyUI --models flux-dev \
+        --resolutions 1024x1024 --steps 4 --warmup-steps 1 --configs stock,overlay \
+        --out "$out/generation-flux-check.json" 2>&1 | grep -v '^USDT\|profiler_st'
+fi
 common=(--comfyui .realcomfy/ComfyUI --models "$model" --steps 4 --warmup-steps 1 --work-dir "$work")
 save=(); [ "$model" = flux-dev ] && save=(--save-checkpoint)
 date -u +%T; timeout "$limit_a" python3 benchmarks/generation.py "${common[@]}" "${save[@]}" \
