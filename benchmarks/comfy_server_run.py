@@ -39,6 +39,8 @@ import uuid
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import results_io  # noqa: E402
 PROBE_NAME = "generation_probe.py"
 NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed and which code ran "
         "(torch._scaled_mm calls), never for image quality.")
@@ -282,9 +284,9 @@ def main(argv=None) -> int:
               "resolution": "x".join(map(str, resolution)), "steps": [low, high], "seed": options.seed,
               "sampler": {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0}, "prompts": []}
 
-    def write():
+    def write():   # this machine's folders as placeholders (results_io: REPO, TMP, HOME)
         options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(json.dumps(report, indent=1) + "\n")
+        options.out.write_text(results_io.dumps(results_io.scrub(report)) + "\n")
 
     python = options.python or make_venv(comfyui)
     report["install"] = install_overlay(comfyui, python)

@@ -53,6 +53,7 @@ import traceback
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))   # results_io, also when imported from elsewhere
 
 CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile")
 WEIGHTS = ("bf16", "fp8_e4m3fn")
@@ -166,7 +167,6 @@ def environment(device: str, comfyui: dict) -> dict:
     import torch
     import fused_dit
     if device == "cuda":
-        sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
         import results_io
         env = results_io.environment()
         env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1)
@@ -629,9 +629,11 @@ def combine(reports: list[dict]) -> dict:
 
 
 def write_report(report: dict, out: Path) -> None:
+    """The JSON with this machine's folders as placeholders (results_io: REPO, TMP, HOME), replaced atomically."""
+    import results_io
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(out.suffix + ".partial")
-    partial.write_text(json.dumps(report, indent=1) + "\n")
+    partial.write_text(results_io.dumps(results_io.scrub(report)) + "\n")
     partial.replace(out)
 
 
