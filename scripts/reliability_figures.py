@@ -63,7 +63,8 @@ def run_suite(product: Path, settings: dict, workdir: Path) -> dict:
                           capture_output=True, text=True)
     wall = time.monotonic() - start
     if not junit.exists():
-        raise SystemExit(f"pytest wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"pytest wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
     sections = {name: {"tried": 0, "passed": 0, "failed": 0, "skipped": 0, "failures": [], "skips": []}
                 for name in SECTIONS.values()}
     for case in ET.parse(junit).getroot().iter("testcase"):

@@ -13,8 +13,11 @@ Shared helpers live in reltools.py; scripts/reliability_figures.py runs the sect
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -22,12 +25,7 @@ for folder in (str(REPO), str(REPO / "tests"), str(HERE)):
     if folder not in sys.path:
         sys.path.insert(0, folder)
 
-
-import os
-
-import pytest
-
-import reltools  # noqa: F401  (captures the real os.fsync for forked runs before any test turns it off)
+import reltools  # noqa: E402,F401  (captures the real os.fsync for forked runs before any test turns it off)
 
 
 @pytest.fixture(autouse=True)

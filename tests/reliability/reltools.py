@@ -352,8 +352,8 @@ def removal_problems(inst: Install) -> list[str]:
             found.append(f"{' '.join(command)}: {out}")
     files, dirs = snapshot(inst.root)
     if files != inst.base_files:
-        found.append("files differ from the untouched tree: "
-                     f"{sorted(k for k in set(files) | set(inst.base_files) if files.get(k) != inst.base_files.get(k))[:8]}")
+        differing = sorted(k for k in set(files) | set(inst.base_files) if files.get(k) != inst.base_files.get(k))
+        found.append(f"files differ from the untouched tree: {differing[:8]}")
     if dirs != inst.base_dirs:
         found.append(f"folders left: {sorted(dirs - inst.base_dirs)[:8]}, missing: {sorted(inst.base_dirs - dirs)[:8]}")
     if strays(inst.root):

@@ -38,8 +38,8 @@ def test_revert_on_a_copied_install_restores_the_copy_and_leaves_the_original(tm
     assert snapshot(copy)[0] == inst.base_files, "the copy was not restored"
     assert snapshot(inst.root)[0] == original_files, "revert of the copy changed the original"
     assert state_files(inst) == original_state
-    states = {p["state"] for p in cli("status", "--target", copy, "--patches", inst.catalog, "--json").json()["patches"]}
-    assert states == {"not-applied"}
+    status = cli("status", "--target", copy, "--patches", inst.catalog, "--json").json()
+    assert {p["state"] for p in status["patches"]} == {"not-applied"}
     states = {p["state"] for p in cli(*inst.args("status", "--json")).json()["patches"]}
     assert states == {"applied"}
 

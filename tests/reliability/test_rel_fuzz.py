@@ -44,7 +44,8 @@ KEYS = ["path", "relpath", "root", "backup", "format", "files", "applied", "sha2
         "requires_text", "installing", "pack", "package", "node", "component", "mode", "fuzz", "prune"]
 
 leaves = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64), st.floats(), st.text(max_size=12),
-                   st.sampled_from(HOSTILE), st.builds(list), st.builds(dict), st.lists(st.sampled_from(HOSTILE), max_size=3))
+                   st.sampled_from(HOSTILE), st.builds(list), st.builds(dict),
+                   st.lists(st.sampled_from(HOSTILE), max_size=3))
 
 
 # ------------------------------------------------------------------------------------------ mutations
