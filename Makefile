@@ -7,7 +7,8 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 # Caches and temporary files stay inside the repo too: `make demo` and `make test` write nothing outside it
 # (everything that asks tempfile for a folder, pytest's tmp_path folders included, goes to .cache/tmp, numbered per
-# run so that two runs do not share one; Hypothesis' examples go to .cache/hypothesis: tests/conftest.py).
+# run so that two runs do not share one; Hypothesis' examples go to .cache/hypothesis; tests/conftest.py keeps git in
+# those folders from taking this checkout for their repository).
 export XDG_CACHE_HOME   := $(CURDIR)/.cache
 export PIP_CACHE_DIR    := $(CURDIR)/.cache/pip
 export TRITON_CACHE_DIR := $(CURDIR)/.cache/triton

@@ -8,12 +8,14 @@ Selection lives here, in one place, by path and fixture, so the test files stay 
   The applier itself needs only click, unidiff, packaging and filelock (and the tests pytest and hypothesis).
 
 Hypothesis profiles: "ci" (the default), "dev" (quick), "thorough" (long runs); select one with
-HYPOTHESIS_PROFILE=thorough. Its example database lives in .cache/hypothesis inside the repo.
+HYPOTHESIS_PROFILE=thorough. Its example database lives in .cache/hypothesis inside the repo, and git run in a
+temporary folder inside the repo (`make test` puts them in .cache/tmp) stops its search for a repository there.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,19 @@ NEEDS = {
     "overlays/": ("torch", "triton"),
     "test_torch_patches.py": ("torch",),
 }
+
+
+def keep_git_out_of_this_checkout() -> None:
+    """With the temporary folder inside this repository (the Makefile puts it in .cache/tmp), git run in a test's
+    folder (`git apply`, the fixtures' checkouts) would take this checkout for that folder's repository; a ceiling
+    at the temporary folder stops its search there, as it stops at / under /tmp."""
+    temp = Path(tempfile.gettempdir()).resolve()
+    if temp == REPO or REPO in temp.parents:
+        ceilings = [c for c in os.environ.get("GIT_CEILING_DIRECTORIES", "").split(os.pathsep) if c]
+        os.environ["GIT_CEILING_DIRECTORIES"] = os.pathsep.join([*ceilings, str(temp)])
+
+
+keep_git_out_of_this_checkout()
 
 
 def available(name: str) -> bool:
