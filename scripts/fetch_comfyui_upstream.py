@@ -19,7 +19,10 @@ Which commits are taken (first-parent history of the branch):
 
 Usage:
 
-    python scripts/fetch_comfyui_upstream.py --repo /work/.mirror/Comfy-Org+ComfyUI/repo --cache /work/cache
+    python scripts/fetch_comfyui_upstream.py --repo MIRROR --cache DIR
+
+MIRROR is a ComfyUI git directory (a bare mirror); DIR the cache root that `applier catalog check --cache DIR`
+and the tests (APPLIER_UPSTREAM_CACHE=DIR) read.
 
 A label already in the cache is left alone unless --force.
 """
@@ -34,8 +37,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_CACHE = Path("/work/cache")
-DEFAULT_REPO = Path("/work/.mirror/Comfy-Org+ComfyUI/repo")
 KEPT_FILES = ("nodes.py", "execution.py", "comfyui_version.py", "pyproject.toml")
 VERSION_RE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.MULTILINE)
 
@@ -166,8 +167,8 @@ def extract(git: Git, snap: Snapshot, cache_root: Path, force: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repo", type=Path, default=DEFAULT_REPO, help="a ComfyUI git directory (bare is fine)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="cache root (comfyui/ is created in it)")
+    parser.add_argument("--repo", type=Path, required=True, help="a ComfyUI git directory (bare is fine)")
+    parser.add_argument("--cache", type=Path, required=True, help="cache root (comfyui/ is created in it)")
     parser.add_argument("--branch", default="master")
     parser.add_argument("--force", action="store_true", help="rewrite labels already cached")
     args = parser.parse_args(argv)

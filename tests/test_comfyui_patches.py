@@ -7,6 +7,7 @@ import gc
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,8 @@ from tests.fixtures.comfy_tree import ERAS, STOCK_PIL_LIMIT, build_comfy_tree, e
 
 REPO = Path(__file__).resolve().parent.parent
 PROBES = REPO / "verify" / "probes"
-UPSTREAM_CACHE = Path("/work/cache/comfyui")
+# scripts/fetch_comfyui_upstream.py --cache DIR fills DIR/comfyui; point APPLIER_UPSTREAM_CACHE at DIR to check it.
+UPSTREAM_CACHE = Path(os.environ.get("APPLIER_UPSTREAM_CACHE") or "/nonexistent-upstream-cache") / "comfyui"
 PATCH_IDS = ("comfyui/max-resolution", "comfyui/oom-retry", "comfyui/pil-pixel-limit")
 PATCHED_MAX_RESOLUTION = 40960
 HELPER = "applier_oom_retry.py"
