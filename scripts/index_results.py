@@ -114,6 +114,18 @@ KINDS: dict[str, Kind] = {
         "six real ComfyUI commits (2023-04 to 0.3.64): apply, the real server's width max, revert, git status",
         "python3 scripts/validate_real_comfyui.py --repo MIRROR --python VENV/bin/python --commits ... --out "
         "benchmarks/results/real-comfyui.json", "real-comfyui-2026-11-30.json", CPU),
+    "comfyui-sweep.json": Kind(
+        "apply / status / revert on ComfyUI commits spread over a mirror's history plus every release tag, with "
+        "byte identity after revert: every commit where a patch refuses, and why",
+        "python scripts/sweep_comfyui.py --mirror MIRROR -n N --work DIR", "", CPU),
+    "generation.json": Kind(
+        "whole generations through ComfyUI's own models (seeded random weights): speed, memory and which code ran, "
+        "stock against the overlays and torch.compile",
+        "python benchmarks/generation.py --comfyui .realcomfy/ComfyUI --out benchmarks/results/generation.json", ""),
+    "comfy-server.json": Kind(
+        "the real ComfyUI server with the overlay pack installed: generations queued through its HTTP API, the "
+        "node registered, which code ran",
+        "python benchmarks/comfy_server_run.py", "", H200),
     "real-torch-envs.json": Kind(
         "real torch 2.14.1+cu130 and 2.13.0+cpu venvs: apply, verify, revert, RECORD",
         "python3 scripts/validate_torch_env.py --target VENV214 VENV213 --out benchmarks/results/real-torch-envs.json",
@@ -127,8 +139,9 @@ def header(data) -> dict:
         return {}
     env = data.get("environment") if isinstance(data.get("environment"), dict) else {}
     pick = lambda *keys: next((src[k] for src in (data, env) for k in keys if src.get(k)), None)  # noqa: E731
+    script = pick("script")
     return {"date": pick("date", "generated", "started"), "gpu": pick("gpu"), "command": pick("command"),
-            "what": pick("what", "about", "description")}
+            "script": f"python {script}" if script else None, "what": pick("what", "about", "description", "note")}
 
 
 def rows() -> list[dict]:
@@ -144,7 +157,7 @@ def rows() -> list[dict]:
                 head = {}
         kind = KINDS.get(path.name, Kind("", "", ""))
         found.append({"file": path.name, "what": kind.what or head.get("what"), "date": head.get("date"),
-                      "gpu": head.get("gpu") or kind.gpu, "command": head.get("command") or kind.command,
+                      "gpu": head.get("gpu") or kind.gpu, "command": head.get("command") or kind.command or head.get("script"),
                       "command_from_header": bool(head.get("command")), "was": kind.was})
     return found
 
