@@ -7,6 +7,7 @@ module works with any applier that is installed there (`pipx install ...`), what
 from __future__ import annotations
 
 import json
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -142,7 +143,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    executable = params["applier"]
+    executable = os.path.expanduser(params["applier"])
     if "/" not in executable:
         executable = module.get_bin_path(executable, required=True)
     common = ["--target", params["target"], "--json"]
