@@ -168,11 +168,12 @@ def _file_in_folder(meta_path: Path, where: str, key: str, name: str) -> Path:
     path = folder.joinpath(*parts)
     try:
         inside = path.resolve().is_relative_to(folder.resolve())
-    except OSError:
-        inside = False
+        present = path.is_file()
+    except (OSError, ValueError) as exc:
+        raise CatalogError(f"{meta_path}: {where}{key!r} = {name!r} cannot be read: {exc}") from exc
     if not inside:
         raise CatalogError(f"{meta_path}: {where}{key!r} = {name!r} leads outside {folder}")
-    if not path.is_file():
+    if not present:
         raise CatalogError(f"{meta_path}: {where}{key!r}: diff {name} is missing")
     return path
 

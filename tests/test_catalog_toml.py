@@ -2,6 +2,7 @@
 exception; a --patches folder without any patch is an error, not an empty catalog."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import textwrap
@@ -63,6 +64,7 @@ MALFORMED = {
     "requires unknown patch": ('requires = ["comfyui/nope"]\n' + GOOD_TOML, "not another patch"),
     "requires not an id": ('requires = ["nope"]\n' + GOOD_TOML, "not a patch id"),
     "toml syntax": (GOOD_TOML + "name = \n", "not valid TOML"),
+    "diff name too long": (GOOD_TOML.replace('"x.diff"', '"' + "x" * 5000 + '.diff"'), "diff"),
 }
 
 
@@ -160,7 +162,9 @@ def mutated_catalog(draw):
     return target.relative_to(PATCHES_DIR), data
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# APPLIER_FUZZ_EXAMPLES raises the count for a longer campaign (e.g. 10000); CI runs a few hundred.
+@settings(max_examples=int(os.environ.get("APPLIER_FUZZ_EXAMPLES", "300")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutated_catalog())
 def test_a_mutated_real_catalog_loads_or_raises_only_catalog_error(tmp_path_factory, mutation):
     relpath, data = mutation
