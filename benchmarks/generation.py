@@ -687,11 +687,14 @@ def main(argv=None) -> int:
                              "compiled graphs' calls; on the H200 it was seen to slow later overlay runs)")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
     parser.add_argument("--combine", type=Path, nargs="+", help="merge these reports into --out and exit")
+    parser.add_argument("--note", action="append", default=[], help="with --combine: a sentence for the notes")
     options = parser.parse_args(argv)
 
     if options.combine:
         reports = [json.loads(path.read_text()) for path in options.combine]
-        write_report(combine(reports), options.out)
+        combined = combine(reports)
+        combined["notes"] = options.note
+        write_report(combined, options.out)
         print(f"wrote {options.out}")
         return 0
     if options.comfyui is None:
