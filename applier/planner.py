@@ -119,7 +119,9 @@ def choose_variant(target: Target, patch: Patch, *, fuzz: int = 0,
                    pending: Pending | None = None) -> tuple[Variant, list[FileChange], str]:
     """(variant, its file plans, how it was chosen).
 
-    By version when known; a version no variant claims is refused. When the version is unknown, or the variant
+    By version when known; a version no variant claims is refused, unless it is newer than every variant's range (a
+    release past the catalog): then, as for an unknown version, the one clean dry run decides and the reason says
+    that its range did not include the version. When the version is unknown, or the variant
     that claims it does not fit the file (a release whose text changed between two version bumps, as ComfyUI's
     v0.3.44 and v0.3.47 tags), the one variant whose dry run is clean is taken and the reason says so; none or
     several clean is a refusal, never a guess."""
