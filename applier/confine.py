@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier.errors import ApplierError, StateCorruptError
+from applier.paths import STATE_DIR_NAME
 
 ROOTS = ("comfyui", "site-packages")
 COMPONENT_ROOT = {"comfyui": "comfyui", "torch": "site-packages"}
-STATE_DIR_NAME = ".applier"
 
 
 @dataclass(frozen=True)

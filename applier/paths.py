@@ -6,7 +6,7 @@ from pathlib import Path, PurePosixPath
 
 from applier.errors import UnsafePathError
 
-STATE_DIR_NAME = ".applier"
+STATE_DIR_NAME = ".applier"     # a target's state folder: no diff may write into it
 
 
 def resolve_inside(root: Path, relpath: str, *, patch_id: str = "") -> Path:
@@ -21,7 +21,8 @@ def resolve_inside(root: Path, relpath: str, *, patch_id: str = "") -> Path:
     if any(part == ".." for part in parts):
         raise UnsafePathError(f"{where}path with '..' in diff refused: {relpath}")
     if STATE_DIR_NAME in parts:
-        raise UnsafePathError(f"{where}{relpath} lies inside applier's own state folder {STATE_DIR_NAME}/ - refused")
+        raise UnsafePathError(f"{where}{relpath} lies inside applier's own state folder {STATE_DIR_NAME}/ - "
+                              "refused")
     root_real = Path(os.path.realpath(root))
     candidate = Path(os.path.realpath(root_real.joinpath(*parts)))
     if candidate != root_real and root_real not in candidate.parents:
