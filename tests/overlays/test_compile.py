@@ -14,7 +14,6 @@ import torch._dynamo.testing
 import blocks
 import fused_dit
 from fused_dit import library
-from test_fp8_comfy_conditions import fp8_calls  # noqa: F401  (a fixture)
 
 MAKERS = {"flux": blocks.make_flux_stack, "wan": blocks.make_wan_stack}
 NO_FP8 = ("norm_rope", "adaln", "gate")
@@ -91,7 +90,7 @@ def test_enable_and_disable_around_each_call_do_not_recompile():
 
 
 @pytest.mark.parametrize("model_name", sorted(MAKERS))
-def test_fp8_linears_compile_as_custom_ops_and_run_fp8(model_name, fp8_calls):  # noqa: F811
+def test_fp8_linears_compile_as_custom_ops_and_run_fp8(model_name, fp8_calls):
     model, inputs = MAKERS[model_name](dtype=torch.bfloat16)
     report = fused_dit.enable(model, ops=fused_dit.OP_FAMILIES)
     try:
@@ -105,7 +104,7 @@ def test_fp8_linears_compile_as_custom_ops_and_run_fp8(model_name, fp8_calls):  
     assert torch.equal(compiled, eager)
 
 
-def test_fp8_linears_trace_the_stock_forward_where_autograd_records(fp8_calls):  # noqa: F811
+def test_fp8_linears_trace_the_stock_forward_where_autograd_records(fp8_calls):
     model, inputs = blocks.make_wan_stack(dtype=torch.bfloat16, comfy_state="0.3.64")
     fused_dit.enable(model, ops=("fp8_linear",))
     try:

@@ -4,46 +4,19 @@ torch.inference_mode() as ComfyUI's executor runs every prompt.
 
 The FP8 forward may decline only where autograd records the call. On CPU the FP8 kernels cannot run, so the
 CPU tests let dispatch accept the fp8_linear op and count the calls of the FP8 path, which emulates the GEMM from
-the same codes (fused_dit.ops.fp8_linear.linear_fp8); on an sm_89+ GPU the real torch._scaled_mm calls are counted.
+the same codes (fused_dit.ops.fp8_linear.linear_fp8; the `fp8_calls` fixture, conftest.py); on an sm_89+ GPU the
+real torch._scaled_mm calls are counted.
 """
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import blocks
 import fused_dit
-from fused_dit import dispatch
 from fused_dit.integration import fp8_modules as fm
-from fused_dit.ops import fp8_linear as fl
 
 MAKERS = {"flux": blocks.make_flux_stack, "wan": blocks.make_wan_stack}
-
-
-@pytest.fixture
-def fp8_calls(monkeypatch) -> list[str]:
-    """Dispatch accepts fp8_linear on CPU; every call of the FP8 path is recorded and emulated."""
-    calls: list[str] = []
-    real_choose = dispatch.choose
-
-    def choose(op, *tensors, min_capability=None):
-        if op == fl.OP:
-            return dispatch.Choice("triton", "test: the FP8 GEMM emulated on CPU")
-        return real_choose(op, *tensors, min_capability=min_capability)
-
-    def linear(x, weight, bias, settings=fl.SETTINGS):
-        calls.append("linear")
-        return fl.linear_fp8(x, weight, bias, settings=settings)
-
-    def gelu_linear(h, weight, bias, settings=fl.SETTINGS):
-        calls.append("gelu_linear")
-        return fl.linear_fp8(F.gelu(h, approximate="tanh"), weight, bias, settings=settings)
-
-    monkeypatch.setattr(dispatch, "choose", choose)
-    monkeypatch.setattr(fl, "linear_fp8_triton", linear)
-    monkeypatch.setattr(fl, "gelu_linear_fp8_triton", gelu_linear)
-    return calls
 
 
 def _forward(model, inputs, context):
