@@ -62,6 +62,9 @@ FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
 NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed, memory and which code "
         "ran (FP8 GEMM counts), never for image quality. rel_err_vs_stock compares output latents with the stock "
         "bf16 run of the same model, resolution and seed.")
+# how the weights were loaded: as ComfyUI does (UNETLoader and load_models_gpu inside torch.inference_mode(), so
+# they are inference tensors), or outside it (--load-outside-inference-mode)
+WEIGHTS_LOADED = {False: "in inference_mode (as ComfyUI)", True: "outside inference_mode (not as ComfyUI)"}
 SAMPLER = {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0, "denoise": 1.0}
 
 
@@ -269,6 +272,14 @@ class Session:
         if self.loaded == wanted:
             return self.patcher
         self.unload()
+        if self.options.load_outside_inference_mode:
+            # not what ComfyUI does: weights loaded and moved to the GPU with autograd's bookkeeping (as a script
+            # that builds the model itself would), so code that needs ordinary tensors can be measured
+            import comfy.model_management
+            patcher = self._load(spec, run, wanted)
+            if self.device == "cuda":
+                comfy.model_management.load_models_gpu([patcher])
+            return patcher
         # UNETLoader runs inside the executor's torch.inference_mode(): the weights are inference tensors
         with torch.inference_mode():
             return self._load(spec, run, wanted)
@@ -327,7 +338,8 @@ class Session:
     def run(self, spec: ModelSpec, resolution: tuple, run: RunSpec) -> dict:
         import torch
         record = {"model": spec.key, "resolution": resolution_name(resolution), "weights": run.weights,
-                  "config": run.config, "model_mode": "eval" if run.eval_mode else "train", "run": run.name}
+                  "config": run.config, "model_mode": "eval" if run.eval_mode else "train", "run": run.name,
+                  "weights_loaded": WEIGHTS_LOADED[self.options.load_outside_inference_mode]}
         patched = None
         captured = CapturedLog()
         try:
@@ -605,7 +617,8 @@ def free_memory() -> None:
 
 # ------------------------------------------------------------------------------------------------- reports
 def run_key(run: dict) -> tuple:
-    return run["model"], run["resolution"], run["weights"], run["config"], run.get("model_mode", "train")
+    return (run["model"], run["resolution"], run["weights"], run["config"], run.get("model_mode", "train"),
+            run.get("weights_loaded", WEIGHTS_LOADED[False]))
 
 
 def combine(reports: list[dict]) -> dict:
@@ -620,7 +633,8 @@ def combine(reports: list[dict]) -> dict:
     combined["calls"] = [{"environment": r.get("environment"), "settings": r.get("settings"),
                           "setup": r.get("setup")} for r in reports]
     stock = {(r["model"], r["resolution"]): r.get("s_per_step") for r in combined["runs"]
-             if r["config"] == "stock" and r["weights"] == "bf16" and r.get("model_mode", "train") == "train"}
+             if r["config"] == "stock" and r["weights"] == "bf16" and r.get("model_mode", "train") == "train"
+             and r.get("weights_loaded", WEIGHTS_LOADED[False]) == WEIGHTS_LOADED[False]}
     for run in combined["runs"]:
         reference = stock.get((run["model"], run["resolution"]))
         run["speedup_vs_stock"] = (round(reference / run["s_per_step"], 3)
@@ -681,6 +695,9 @@ def main(argv=None) -> int:
     parser.add_argument("--save-checkpoint", action="store_true",
                         help="write the random weights as safetensors in --work-dir and load them from the file "
                              "(comfy.sd.load_diffusion_model, UNETLoader's call); else from the state dict")
+    parser.add_argument("--load-outside-inference-mode", action="store_true",
+                        help="load the weights and move them to the GPU outside torch.inference_mode() (NOT as "
+                             "ComfyUI does; recorded as weights_loaded in every run)")
     parser.add_argument("--count", choices=("wrapper", "profiler"), default="wrapper",
                         help="how FP8 GEMMs are counted in a separate one-step call: a wrapper around "
                              "torch._scaled_mm (default), or torch.profiler (also counts fused_dit custom ops and "
@@ -729,6 +746,7 @@ def main(argv=None) -> int:
               "settings": {"steps": options.steps, "warmup_steps": options.warmup_steps, "seed": options.seed,
                            "tiny": options.tiny, **SAMPLER, "allocator": options.allocator,
                            "fp8_linear_calls": f"per sampling step, counted by {options.count}",
+                           "weights_loaded": WEIGHTS_LOADED[options.load_outside_inference_mode],
                            "loader": "file" if options.save_checkpoint else "state_dict",
                            "s_per_step": "median of the timed call's steps after its first"},
               "setup": [], "runs": []}
