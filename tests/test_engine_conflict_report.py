@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from applier import diffengine
 from applier.diffengine import parse_patch, plan_file, unified_diff
 from applier.errors import HunkConflict
 
