@@ -623,7 +623,7 @@ def run_key(run: dict) -> tuple:
 
 def combine(reports: list[dict]) -> dict:
     """One report from several calls' reports: later runs replace earlier ones with the same key; speedups are
-    recomputed against the stock run of the same model and resolution."""
+    recomputed against the stock run of the same model, resolution and way of loading the weights."""
     combined = dict(reports[-1])
     runs: dict = {}
     for report in reports:
@@ -632,11 +632,11 @@ def combine(reports: list[dict]) -> dict:
     combined["runs"] = list(runs.values())
     combined["calls"] = [{"environment": r.get("environment"), "settings": r.get("settings"),
                           "setup": r.get("setup")} for r in reports]
-    stock = {(r["model"], r["resolution"]): r.get("s_per_step") for r in combined["runs"]
-             if r["config"] == "stock" and r["weights"] == "bf16" and r.get("model_mode", "train") == "train"
-             and r.get("weights_loaded", WEIGHTS_LOADED[False]) == WEIGHTS_LOADED[False]}
+    loaded = lambda r: r.get("weights_loaded", WEIGHTS_LOADED[False])  # noqa: E731
+    stock = {(r["model"], r["resolution"], loaded(r)): r.get("s_per_step") for r in combined["runs"]
+             if r["config"] == "stock" and r["weights"] == "bf16" and r.get("model_mode", "train") == "train"}
     for run in combined["runs"]:
-        reference = stock.get((run["model"], run["resolution"]))
+        reference = stock.get((run["model"], run["resolution"], loaded(run)))
         run["speedup_vs_stock"] = (round(reference / run["s_per_step"], 3)
                                    if reference and run.get("s_per_step") else None)
     return combined
