@@ -53,12 +53,14 @@ def test_eight_writers_and_status_readers(tmp_path):
     record_figure("concurrency", writes=len(writes), writes_failed=len(bad_writes), reads=len(reads),
                   reads_failed=len(bad_reads), false_drift=len(false_drift))
     assert len(writes) == WRITERS * ROUNDS
-    assert not bad_writes, f"{len(bad_writes)} of {len(writes)} writes failed:\n" + \
-        "\n".join(e.get("output", "")[-1500:] for e in bad_writes[:3])
+    assert not bad_writes, (f"{len(bad_writes)} of {len(writes)} writes failed (exit codes "
+                            f"{[(e['command'], e['code']) for e in bad_writes[:5]]}):\n"
+                            + "\n".join(e.get("output", "")[-1500:] for e in bad_writes[:3]))
     assert not false_drift, f"{len(false_drift)} of {len(reads)} status runs reported drift during a run:\n" + \
         "\n".join(e["output"][-1500:] for e in false_drift[:3])
-    assert not bad_reads, f"{len(bad_reads)} of {len(reads)} status runs failed or were incoherent:\n" + \
-        "\n".join(e["output"][-1500:] for e in bad_reads[:3])
+    assert not bad_reads, (f"{len(bad_reads)} of {len(reads)} status runs failed or were incoherent "
+                           f"(exit codes and patch states: {[(e['code'], e.get('states')) for e in bad_reads[:5]]}):\n"
+                           + "\n".join(e["output"][-1500:] for e in bad_reads[:3]))
     problems = consistency_problems(inst, {("original", "absent"), ("patched", "absent")})
     assert not problems, "\n".join(problems)
     problems = removal_problems(inst)
