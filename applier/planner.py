@@ -256,10 +256,10 @@ def _applied_in_files(target: Target, patch: Patch, required_id: str, pending: P
     return all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
 
 
-def clear_record_command(patch_id: str) -> str:
-    """The command that drops a recorded patch whose files an update replaced: revert restores nothing that is
-    still upstream's own text, and forgets the record (the same advice from `apply` and `status`)."""
-    return f"applier revert --only {patch_id}"
+def clear_record_command(target: Target, patch_id: str) -> str:
+    """The command that drops the record of a patch whose files an update replaced, leaving the files as the
+    update left them (the same advice from `apply` and `status`)."""
+    return f"applier revert --target {target.root} --only {patch_id} --forget"
 
 
 def reapply_plan(target: Target, patch: Patch, *, fuzz: int = 0) -> PatchPlan:
@@ -275,7 +275,7 @@ def reapply_plan(target: Target, patch: Patch, *, fuzz: int = 0) -> PatchPlan:
         raise NoVariantError(
             f"{patch.id} is recorded as applied but an update replaced its files, and no variant fits "
             f"{patch.component} {version}: {exc.message}",
-            hint=f"`{clear_record_command(patch.id)}` clears the record (the files are upstream's now); "
+            hint=f"`{clear_record_command(target, patch.id)}` clears the record (the files are upstream's now); "
                  f"{NEWER_CATALOG_HINT}") from exc
     all_applied = all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
     return PatchPlan(patch, "already-applied" if all_applied else "apply", how, variant,

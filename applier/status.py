@@ -9,7 +9,8 @@ from applier.confine import Confinement
 from applier.diffengine import FileState
 from applier.errors import ApplierError, NoVariantError
 from applier.fsutil import read_bytes_or_none, sha256_bytes
-from applier.planner import load_file_patches, plan_patch
+from applier.planner import (NEWER_CATALOG_HINT, clear_record_command, load_file_patches, not_applicable_reason,
+                             plan_patch, reapply_plan)
 from applier.record import pristine_hashes
 from applier.state import AppliedPatch, State
 from applier.target import Target
@@ -83,22 +84,20 @@ def stale_reason(target: Target, record: AppliedPatch, patch: Patch | None) -> s
     command that clears the record). None when `apply` can re-apply it, or the drift is a hand edit."""
     if patch is None:
         return stale_advice(target, record.id, "it is not in this catalog any more")
+    if not_applicable_reason(target, patch):
+        return None
     try:
-        plan = plan_patch(target, patch)
+        reapply_plan(target, patch)
     except NoVariantError as exc:
         return stale_advice(target, record.id, exc.message.splitlines()[0])
     except ApplierError:
         return None
-    if plan.action == "not-applicable":
-        return stale_advice(target, record.id, plan.reason)
     return None
 
 
 def stale_advice(target: Target, patch_id: str, reason: str) -> str:
-    return (f"{patch_id} was applied, an update replaced its files, and it cannot be applied again ({reason}); "
-            f"`applier revert --target {target.root} --only {patch_id} --forget` clears the record (the files stay "
-            "as the update left them), and a newer applier "
-            "may carry a variant for this version")
+    return (f"{patch_id} cannot be applied again ({reason}); `{clear_record_command(target, patch_id)}` clears "
+            f"the record, leaving the files as the update left them; {NEWER_CATALOG_HINT}")
 
 
 def file_status(confinement: Confinement, record: AppliedPatch, f, patch: Patch | None, state: State,

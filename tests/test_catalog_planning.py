@@ -208,11 +208,13 @@ def test_reapply_plan_gives_the_command_that_clears_a_lost_patch_no_variant_fits
     catalog = tmp_path / "catalog"
     write_patch(catalog, "comfyui/exec", [("new", ">=0.3.50,<0.4", EXEC_DIFF)])
     (patch,) = load_catalog(catalog)
+    target = detect(comfy, gpu=False)
     with pytest.raises(NoVariantError) as caught:
-        reapply_plan(detect(comfy, gpu=False), patch)
+        reapply_plan(target, patch)
     assert caught.value.exit_code == EXIT_REFUSED
-    assert clear_record_command("comfyui/exec") == "applier revert --only comfyui/exec"
-    assert "applier revert --only comfyui/exec" in caught.value.hint and "newer applier" in caught.value.hint
+    clear = f"applier revert --target {target.root} --only comfyui/exec --forget"
+    assert clear_record_command(target, "comfyui/exec") == clear
+    assert clear in caught.value.hint and "newer applier" in caught.value.hint
     assert "comfyui 0.4.2" in caught.value.message
 
 
