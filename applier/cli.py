@@ -545,7 +545,7 @@ def catalog():
 def catalog_check(cache, patches_dir, as_json):
     """Every variant must apply and revert cleanly on every upstream version it claims, and no other.
 
-    Example: applier catalog check --cache /work/cache
+    Example: applier catalog check --cache DIR
     """
     from dataclasses import asdict
 

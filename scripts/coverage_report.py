@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write docs/coverage.md: which catalog variant applies to which cached upstream release.
 
-    python scripts/fetch_torch_upstream.py            # fill /work/cache/torch (and the ComfyUI cache likewise)
-    PYTHONPATH=. python scripts/coverage_report.py --cache /work/cache
+    python scripts/fetch_torch_upstream.py            # fill DIR/torch (and the ComfyUI cache likewise)
+    PYTHONPATH=. python scripts/coverage_report.py --cache DIR
 
 Exits 1 when the check finds problems (the file is still written, problems listed at its end).
 """
@@ -34,8 +34,8 @@ def render(report: CoverageReport, today: datetime.date) -> str:
         f"Generated {today.isoformat()} by `scripts/coverage_report.py` from the upstream cache; do not edit by hand.",
         "Regenerate after changing a diff or a specifier, or after a new upstream release:",
         "",
-        "    python scripts/fetch_torch_upstream.py --cache /work/cache     # pristine torch/cuda files per release",
-        "    PYTHONPATH=. python scripts/coverage_report.py --cache /work/cache",
+        "    python scripts/fetch_torch_upstream.py --cache DIR     # pristine torch/cuda files per release",
+        "    PYTHONPATH=. python scripts/coverage_report.py --cache DIR",
         "",
         "Each cell dry-runs the variant's diff on that release's pristine files with the diff engine (no fuzz)",
         "and reverses it: `clean` = claimed by the variant's specifier, applies, and reverses to identical bytes;",
@@ -70,7 +70,7 @@ def render(report: CoverageReport, today: datetime.date) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", type=Path, default=Path("/work/cache"), help="upstream cache root")
+    parser.add_argument("--cache", type=Path, required=True, help="upstream cache root (DIR)")
     parser.add_argument("--catalog", type=Path, default=PATCHES_DIR, help="catalog folder (default: patches/)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "coverage.md")
     args = parser.parse_args(argv)

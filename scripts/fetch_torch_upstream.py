@@ -10,7 +10,7 @@ across platforms), keep only what the catalog's diffs and version detection need
 
 The cache lives outside the repository (upstream source is never committed). Usage:
 
-    python scripts/fetch_torch_upstream.py                       # every release below, into /work/cache
+    python scripts/fetch_torch_upstream.py --cache DIR           # every release below, into DIR/torch
     python scripts/fetch_torch_upstream.py --cache DIR 2.13.0    # one release, another cache root
 
 A version already in the cache (it has torch/version.py) is skipped unless --force.
@@ -31,7 +31,6 @@ from packaging.version import Version
 
 RELEASES = ("2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0", "2.9.1", "2.10.0", "2.11.0",
             "2.12.0", "2.13.0", "2.14.1", "2.15.0")
-DEFAULT_CACHE = Path("/work/cache")
 # macOS arm64 wheels are the smallest (70-140 MB); the platform tag moved from 11.0 to 14.0 after 2.11.
 LAST_MACOS11_RELEASE = Version("2.11.99")
 KEEP_PATTERNS = ("torch/cuda/*.py", "torch/version.py", "torch-*.dist-info/METADATA", "torch-*.dist-info/RECORD")
@@ -92,7 +91,7 @@ def fetch(version: str, cache_root: Path, force: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs="*", default=list(RELEASES), help="torch releases (default: all)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="cache root (default: %(default)s)")
+    parser.add_argument("--cache", type=Path, required=True, help="cache root (DIR): DIR/torch/<version>/...")
     parser.add_argument("--force", action="store_true", help="download again even when cached")
     args = parser.parse_args(argv)
     (args.cache / "torch").mkdir(parents=True, exist_ok=True)

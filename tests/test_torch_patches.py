@@ -18,6 +18,7 @@ import base64
 import csv
 import hashlib
 import importlib.util
+import os
 import json
 import re
 import shutil
@@ -36,7 +37,8 @@ from applier.errors import HunkConflict
 
 REPO = Path(__file__).resolve().parent.parent
 PROBES = REPO / "verify" / "probes"
-UPSTREAM_CACHE = Path("/work/cache")
+# scripts/fetch_torch_upstream.py --cache DIR fills DIR/torch; point APPLIER_UPSTREAM_CACHE at DIR to check it.
+UPSTREAM_CACHE = Path(os.environ.get("APPLIER_UPSTREAM_CACHE") or "/nonexistent-upstream-cache")
 PROBE_TIMEOUT_S = 180
 # find_spec locates the installed torch without importing it (importing takes seconds and is not needed here).
 TORCH_SITE_PACKAGES = Path(importlib.util.find_spec("torch").origin).parent.parent
