@@ -184,22 +184,23 @@ def compute_statuses(target, python, patches_dir, only: tuple[str, ...] = ()):
     from applier.journal import recover, recover_if_pending
     from applier.lock import target_lock
     from applier.state import StateStore
-    from applier.status import DRIFT, compute_status
+    from applier.status import compute_status, needs_second_look
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
     check_known(catalog, only)
     store = StateStore.for_target(found, catalog)
     recovered = recover_if_pending(store)
+    before = store.fingerprint()
     statuses = compute_status(found, catalog, store.load(), only)
-    if any(s.state in DRIFT for s in statuses) and store.dir.is_dir():
-        # A run in flight (a revert between its file writes and its state) looks like drift to a reader that
-        # takes no lock: look again once it is done, under the lock.
+    if store.dir.is_dir() and (needs_second_look(statuses) or store.fingerprint() != before):
+        # A run in flight (files written, state not yet) looks like drift, or like a patch found in the files but
+        # not recorded, to a reader that takes no lock: look again under the lock, once that run is done.
         try:
-            with target_lock(store.dir):
+            with target_lock(store.dir, reader=True):
                 recovered = recover(store) or recovered
                 statuses = compute_status(found, catalog, store.load(), only)
         except ApplierError as exc:
-            if exc.exit_code not in (4, 8):  # locked or not writable: the first reading stands
+            if exc.exit_code != 8:  # a target we may not write (no lock file possible): the first reading stands
                 raise
     return statuses, found, recovered
 

@@ -312,6 +312,6 @@ def recover_if_pending(store: StateStore) -> str | None:
     if not needs_recovery(store):
         return None
     from applier.lock import target_lock  # local: lock is a shell concern, journal stays importable alone
-    with target_lock(store.dir):
+    with target_lock(store.dir, reader=True):
         return recover(store)
 

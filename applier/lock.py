@@ -11,13 +11,15 @@ from applier.errors import LockedError, StateCorruptError
 from applier.fsutil import io_failure
 
 DEFAULT_TIMEOUT_S = 5.0
+READER_TIMEOUT_S = 30.0     # a read-only command waits out a run in flight rather than fail beside it
 
 
 @contextmanager
-def target_lock(state_dir: Path, timeout: float | None = None):
-    """Hold the target's lock; wait briefly for another run, then fail with LockedError."""
+def target_lock(state_dir: Path, timeout: float | None = None, *, reader: bool = False):
+    """Hold the target's lock; wait briefly for another run (readers longer), then fail with LockedError."""
     if timeout is None:
-        timeout = float(os.environ.get("APPLIER_LOCK_TIMEOUT", DEFAULT_TIMEOUT_S))
+        default = READER_TIMEOUT_S if reader else DEFAULT_TIMEOUT_S
+        timeout = float(os.environ.get("APPLIER_LOCK_TIMEOUT", default))
     state_dir = Path(state_dir)
     if state_dir.exists() and not state_dir.is_dir():
         raise StateCorruptError(f"{state_dir} is not a folder",

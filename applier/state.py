@@ -189,6 +189,15 @@ class StateStore:
             raise StateCorruptError(f"{self.dir} is not a folder",
                                     hint="applier keeps its state in that folder: move the file aside")
 
+    def fingerprint(self) -> tuple:
+        """What changes when a run records anything: the state file's identity and whether a journal is pending."""
+        try:
+            st = self.state_file.stat()
+            state = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            state = None
+        return state, self.journal_file.exists()
+
     def load(self) -> State:
         self.check_folder()
         data = read_json(self.state_file)

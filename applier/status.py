@@ -41,6 +41,13 @@ class PatchStatus:
                 "files": [{"path": f.path, "state": f.state, "note": f.note} for f in self.files]}
 
 
+def needs_second_look(statuses: list[PatchStatus]) -> bool:
+    """Readings a concurrent apply or revert can produce mid-run: drift, a patch in the files but not recorded, a
+    patch half in place. A lockless reader confirms them under the lock before reporting them."""
+    return any(s.state in DRIFT or s.state == "partial" or (s.state == "applied" and not s.recorded)
+               for s in statuses)
+
+
 def compute_status(target: Target, catalog: list[Patch], state: State,
                    only: tuple[str, ...] = ()) -> list[PatchStatus]:
     """The status of every catalog patch and every recorded one (or of those `only` names: ids or components)."""
