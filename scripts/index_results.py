@@ -10,6 +10,7 @@ come from KINDS below: add a line there with each new kind of result.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -126,6 +127,10 @@ KINDS: dict[str, Kind] = {
         "the real ComfyUI server with the overlay pack installed: generations queued through its HTTP API, the "
         "node registered, which code ran",
         "python benchmarks/comfy_server_run.py", "", H200),
+    "reliability-*.json": Kind(
+        "the reliability suite's figures (tests/reliability: failpoints, random SIGKILLs, concurrent writers, "
+        "confinement, bad inputs, fuzzing): tests tried and passed per section",
+        "python scripts/reliability_figures.py", "", CPU),
     "real-torch-envs.json": Kind(
         "real torch 2.14.1+cu130 and 2.13.0+cpu venvs: apply, verify, revert, RECORD",
         "python3 scripts/validate_torch_env.py --target VENV214 VENV213 --out benchmarks/results/real-torch-envs.json",
@@ -155,7 +160,7 @@ def rows() -> list[dict]:
                 head = header(json.loads(path.read_text()))
             except json.JSONDecodeError:
                 head = {}
-        kind = KINDS.get(path.name, Kind("", "", ""))
+        kind = next((k for pattern, k in KINDS.items() if fnmatch.fnmatch(path.name, pattern)), Kind("", "", ""))
         found.append({"file": path.name, "what": kind.what or head.get("what"), "date": head.get("date"),
                       "gpu": head.get("gpu") or kind.gpu, "command": head.get("command") or kind.command or head.get("script"),
                       "command_from_header": bool(head.get("command")), "was": kind.was})
