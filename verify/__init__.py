@@ -188,5 +188,3 @@ def results_to_json(results: list[CheckResult], target: Target | None = None) ->
         "checks": [r.to_json() for r in results],
     }
 
-
-report_json = results_to_json
