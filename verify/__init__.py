@@ -187,4 +187,3 @@ def results_to_json(results: list[CheckResult], target: Target | None = None) ->
         "summary": summarize(results),
         "checks": [r.to_json() for r in results],
     }
-
