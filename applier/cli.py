@@ -588,6 +588,10 @@ def catalog_refresh(patch_id, upstream, edited, relpath, versions, variant_name,
     --path torch/cuda/streams.py --versions ">=2.16,<2.17" --name 2.16
     """
     from applier.authoring import add_variant
+    from applier.resources import RESOURCE_ORIGIN
+    if patches_dir is None and RESOURCE_ORIGIN == "installed":
+        raise RefusedError("catalog refresh writes into the catalog, and this applier's is the copy inside its "
+                           "installed package", hint="run it from a checkout, or pass --patches DIR")
     catalog = {p.id: p for p in load_catalog(patches_dir)}
     if patch_id not in catalog:
         raise RefusedError(f"no patch {patch_id!r} in the catalog", hint=f"known: {', '.join(sorted(catalog))}")

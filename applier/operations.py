@@ -52,7 +52,8 @@ def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None =
     with target_lock(store.dir):
         recovered = journal.recover(store)
         state = store.load()
-        plans = plan_apply(target, patches, fuzz=fuzz, explicit=explicit)
+        plans = plan_apply(target, patches, fuzz=fuzz, explicit=explicit,
+                           recorded={pid: rec.variant for pid, rec in state.applied.items()})
         result = ApplyResult(plans, dry_run, recovered)
         result.warnings += hardlink_warnings(plans)
         result.stale = stale_records(target, store, plans, state)

@@ -184,9 +184,16 @@ def choose_by_dry_run(target: Target, patch: Patch, fuzz: int, pending: Pending 
 
 
 def plan_patch(target: Target, patch: Patch, *, fuzz: int = 0, explicit: bool = False,
-               pending: Pending | None = None, planned: dict[str, PatchPlan] | None = None) -> PatchPlan:
+               pending: Pending | None = None, planned: dict[str, PatchPlan] | None = None,
+               recorded: str | None = None) -> PatchPlan:
     """The plan for one patch. A patch that cannot fit this target is "not-applicable" when it came from the
-    default selection, and a refusal when the user asked for it by name (explicit)."""
+    default selection, and a refusal when the user asked for it by name (explicit). `recorded`: the variant the
+    state says was applied; when its hunks are all in place the patch is already applied, whatever else would
+    also fit (on a versionless tree two eras' diffs can share one post-image)."""
+    if recorded is not None:
+        still = recorded_plan(target, patch, recorded, fuzz, pending)
+        if still is not None:
+            return still
     reason = not_applicable_reason(target, patch)
     version = target.component_version(patch.component)
     if reason is None:
@@ -208,14 +215,31 @@ def plan_patch(target: Target, patch: Patch, *, fuzz: int = 0, explicit: bool = 
     return PatchPlan(patch, action, how, variant, version, changes)
 
 
-def plan_apply(target: Target, patches: list[Patch], *, fuzz: int = 0, explicit: bool = False) -> list[PatchPlan]:
+def recorded_plan(target: Target, patch: Patch, variant_name: str, fuzz: int,
+                  pending: Pending | None) -> PatchPlan | None:
+    """An "already-applied" plan when the recorded variant's hunks are all in place; None otherwise."""
+    try:
+        variant = patch.variant(variant_name)
+        changes = plan_variant(target, patch, variant, fuzz=fuzz, pending=pending)
+    except ApplierError:
+        return None
+    if not all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks):
+        return None
+    return PatchPlan(patch, "already-applied", f"variant {variant.name} is applied, as recorded", variant,
+                     target.component_version(patch.component), changes)
+
+
+def plan_apply(target: Target, patches: list[Patch], *, fuzz: int = 0, explicit: bool = False,
+               recorded: dict[str, str] | None = None) -> list[PatchPlan]:
     """Plan every selected patch in catalog order, each against what the ones before it will have written
-    (max-resolution and pil-pixel-limit both edit nodes.py). Raises on the first refusal: all-or-nothing."""
+    (max-resolution and pil-pixel-limit both edit nodes.py). Raises on the first refusal: all-or-nothing.
+    `recorded`: {patch id: variant} from the state."""
     pending: Pending = {}
     plans = []
     planned: dict[str, PatchPlan] = {}
     for patch in patches:
-        plan = plan_patch(target, patch, fuzz=fuzz, explicit=explicit, pending=pending, planned=planned)
+        plan = plan_patch(target, patch, fuzz=fuzz, explicit=explicit, pending=pending, planned=planned,
+                          recorded=(recorded or {}).get(patch.id))
         for change in plan.changes:
             pending[change.path] = change.plan.new
         plans.append(plan)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from applier.cli import cli
 from applier.detect import detect
+from fixtures.comfy_tree import build_comfy_tree
 from shelltools import MAXRES_DIFF, REPO, cli_json, make_catalog, make_comfy, run_cli, tree_bytes, write_patch
 
 
@@ -262,3 +263,15 @@ def test_output_closed_early_is_not_a_traceback(setup):
                           shell=True, capture_output=True, text=True, env=env)
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
 
+
+
+def test_a_second_apply_on_a_versionless_tree_is_already_applied(tmp_path):
+    # 2024-08: no version file; once patched, two eras' max-resolution diffs share the post-image (40960): the
+    # recorded variant decides, not a dry run that finds both clean.
+    comfy = build_comfy_tree(tmp_path / "t", era="2024-08", layout="plain")
+    run_cli("apply", "--target", str(comfy), check=True)
+    once = tree_bytes(comfy)
+    code, out = cli_json("apply", "--target", str(comfy))
+    assert code == 0, out
+    assert {p["action"] for p in out["patches"]} <= {"already-applied", "not-applicable"}
+    assert tree_bytes(comfy) == once
