@@ -127,6 +127,11 @@ KINDS: dict[str, Kind] = {
         "the real ComfyUI server with the overlay pack installed: generations queued through its HTTP API, the "
         "node registered, which code ran",
         "python benchmarks/comfy_server_run.py", "", H200),
+    "conflict-report.json": Kind(
+        "the diff engine's conflict report (best near-match) on 100 kB files and 150-line hunks, before and after "
+        "the linear search: seconds per case (pytest durations on a loaded 2-core machine: upper bounds)",
+        ".venv/bin/python -m pytest -q -p no:cacheprovider tests/test_engine_conflict_report.py --durations=10",
+        "", CPU),
     "reliability-*.json": Kind(
         "the reliability suite's figures (tests/reliability: failpoints, random SIGKILLs, concurrent writers, "
         "confinement, bad inputs, fuzzing): tests tried and passed per section",
