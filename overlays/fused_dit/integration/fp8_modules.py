@@ -25,7 +25,7 @@ for that call (slow, logged).
 
 Under torch.compile the module forwards are one custom op each (`fp8_linear_module`, `fp8_ffn_module`), whose
 implementation is the eager forward of this module: Dynamo sees one opaque call taking the input and the module's
-slot number (`slot_of`), decides the autograd test at trace time (it guards grad mode and requires_grad), and never
+slot tensor (`slot_of`), decides the autograd test at trace time (it guards grad mode and requires_grad), and never
 traces the plans, the dispatch or the launches.
 """
 from __future__ import annotations
@@ -350,19 +350,23 @@ _modules_by_slot: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _next_slot = [0]
 
 
-def slot_of(module: torch.nn.Module) -> int:
-    """The module's number for the custom ops (assigned at install, kept for the module's life): traced code
-    passes it as a constant, the op's implementation finds the module by it."""
+def slot_of(module: torch.nn.Module) -> torch.Tensor:
+    """The module's number for the custom ops, as a 0-dim int64 CPU tensor (assigned at install, kept for the
+    module's life). Traced code passes it as a graph input, not a constant, so the blocks of a model share one
+    compiled graph (an int would be specialised: one graph per block, past Dynamo's recompile limit); the op's
+    implementation finds the module by it."""
     slot = module.__dict__.get(SLOT_ATTR)
-    if slot is None:
-        slot = module.__dict__[SLOT_ATTR] = _next_slot[0]
+    # a deep copy of a module brings its original's slot along: it gets its own
+    if slot is None or _modules_by_slot.get(int(slot)) is not module:
+        number = _next_slot[0]
         _next_slot[0] += 1
-        _modules_by_slot[slot] = module
+        slot = module.__dict__[SLOT_ATTR] = torch.tensor(number, dtype=torch.int64)
+        _modules_by_slot[number] = module
     return slot
 
 
-def _module_at(slot: int) -> torch.nn.Module:
-    module = _modules_by_slot.get(slot)
+def _module_at(slot: torch.Tensor) -> torch.nn.Module:
+    module = _modules_by_slot.get(int(slot))
     if module is None:
         raise RuntimeError(f"fused_dit: no live module has FP8 slot {slot} (the compiled graph outlived its model)")
     return module
@@ -388,12 +392,12 @@ def _traced_ffn_forward(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward
     return ffn_op(x, ffn._fused_dit_slot, ffn[2].weight.shape[0])
 
 
-def _linear_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+def _linear_impl(x: torch.Tensor, slot: torch.Tensor, out_features: int) -> torch.Tensor:
     module = _module_at(slot)
     return fp8_linear_forward(module, x, stock_forward_of(module))
 
 
-def _ffn_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+def _ffn_impl(x: torch.Tensor, slot: torch.Tensor, out_features: int) -> torch.Tensor:
     ffn = _module_at(slot)
     return ffn_forward_fp8(ffn, x, stock_forward_of(ffn))
 
@@ -408,11 +412,11 @@ _LINEAR = library.register("fp8_linear_module", _linear_impl, _linear_fake)
 _FFN = library.register("fp8_ffn_module", _ffn_impl, _linear_fake)
 
 
-def _linear_clamping_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+def _linear_clamping_impl(x: torch.Tensor, slot: torch.Tensor, out_features: int) -> torch.Tensor:
     return _linear_impl(x, slot, out_features)
 
 
-def _ffn_clamping_impl(x: torch.Tensor, slot: int, out_features: int) -> torch.Tensor:
+def _ffn_clamping_impl(x: torch.Tensor, slot: torch.Tensor, out_features: int) -> torch.Tensor:
     return _ffn_impl(x, slot, out_features)
 
 
