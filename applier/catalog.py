@@ -119,6 +119,11 @@ class Patch:
         """The version is newer than every variant's range (a release the catalog has not caught up with)."""
         return all(v.is_below(version) for v in self.variants)
 
+    def is_past_some_variant(self, version: str) -> bool:
+        """The version is newer than some variant's range: past the catalog, or in a gap between two eras'
+        ranges (releases whose files nobody has checked yet). Older than every range is neither."""
+        return any(v.is_below(version) for v in self.variants)
+
 
 def public_version(version: str) -> Version:
     """'2.13.0+cu130' -> Version('2.13.0'): local labels never decide which variant fits."""

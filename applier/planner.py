@@ -134,15 +134,18 @@ def choose_variant(target: Target, patch: Patch, *, fuzz: int = 0,
                              f"{', '.join(v.name for v in fitting)} (a catalog error)")
     if not fitting:
         claimed = "; ".join(f"{v.name}: {v.versions}" for v in patch.variants)
-        if patch.is_past_every_variant(version):
-            # A release newer than the catalog: its text often still matches the newest era, and a clean dry run
-            # is the same evidence selection uses for versionless trees. Said so in the reason.
+        if patch.is_past_some_variant(version):
+            # A release newer than the catalog (or in a gap between two eras' ranges): its text often still
+            # matches a known era, and a clean dry run is the same evidence selection uses for versionless trees.
+            # Said so in the reason.
+            where = "newer than every variant's range" if patch.is_past_every_variant(version) else \
+                "between the variants' ranges"
             why = f"{patch.component} {version} is outside every variant's range"
             try:
                 return choose_by_dry_run(target, patch, fuzz, pending, why)
             except NoVariantError as exc:
-                raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version}, which is newer "
-                                     f"than every variant's range ({claimed}), and none applies cleanly",
+                raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version}, which is {where} "
+                                     f"({claimed}), and none applies cleanly",
                                      hint=f"{exc.hint}; {NEWER_CATALOG_HINT}" if exc.hint else NEWER_CATALOG_HINT
                                      ) from exc
         raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version} (variants: {claimed})",

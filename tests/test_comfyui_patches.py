@@ -130,7 +130,7 @@ def test_each_era_selects_the_variant_written_for_it(tmp_path, comfy_patches, er
         variant, how, target = select(tree, patch)
         assert variant.name == ERAS[era].variants[patch_id], how
         version = target.comfyui_version
-        by_dry_run = version is None or patch.is_past_every_variant(version)
+        by_dry_run = version is None or (not patch.variants_for(version) and patch.is_past_some_variant(version))
         assert ("dry run" in how or "applies cleanly" in how) == by_dry_run, how
         if version is not None and by_dry_run:
             assert f"comfyui {version} is outside every variant's range" in how
@@ -386,13 +386,19 @@ def test_the_helper_is_shipped_once_and_each_variant_holds_only_its_call_line(co
         assert variant.read_diff() == b"".join(p.read_bytes() for p in (*variant.shared, variant.diff_path))
 
 
-def test_a_release_between_the_ranges_is_not_applicable_with_the_reason(tmp_path, comfy_patches):
+def test_a_release_between_the_ranges_is_served_by_a_clean_dry_run_or_not_applicable(tmp_path, comfy_patches):
+    """0.3.76-0.14.x: no variant's range covers them (nobody has read their files yet). A clean dry run decides, as
+    for a release past the catalog, and says so; a text no variant fits is not applicable, with the reason."""
     from applier.planner import plan_patch
     tree = build_comfy_tree(tmp_path / "t", era="0.38", layout="plain")
     (tree / "comfyui_version.py").write_text('__version__ = "0.5.0"\n')
-    target = detect(tree, gpu=False)
-    plan = plan_patch(target, comfy_patches["comfyui/oom-retry"])
-    assert plan.action == "not-applicable" and "no variant for comfyui 0.5.0" in plan.reason
+    oom = comfy_patches["comfyui/oom-retry"]
+    plan = plan_patch(detect(tree, gpu=False), oom)
+    assert plan.action == "apply" and plan.variant.name == ERAS["0.38"].variants[oom.id]
+    assert "comfyui 0.5.0 is outside every variant's range" in plan.reason and "dry run" in plan.reason
+    (tree / "execution.py").write_text("def execute(node):\n    return node()\n")
+    plan = plan_patch(detect(tree, gpu=False), oom)
+    assert plan.action == "not-applicable" and "between the variants' ranges" in plan.reason
 
 
 def test_pil_pixel_limit_is_refused_on_a_tree_without_max_resolution(tmp_path, comfy_patches):
