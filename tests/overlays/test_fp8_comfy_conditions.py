@@ -44,6 +44,38 @@ def test_fp8_runs_in_every_state_comfyui_leaves_a_model_in(model_name, comfy_sta
     assert _relative_error(out, stock) <= 0.1
 
 
+@pytest.mark.parametrize("model_name", sorted(MAKERS))
+def test_fp8_runs_on_weights_loaded_under_inference_mode(model_name, fp8_calls):
+    # ComfyUI loads and moves the weights inside torch.inference_mode(): they are inference tensors, which keep no
+    # version counter (reading it raised "Inference tensors do not track version counter" in every real run)
+    with torch.inference_mode():
+        model, inputs = MAKERS[model_name](dtype=torch.bfloat16, comfy_state="0.3.64")
+    assert all(p.is_inference() for p in model.parameters())
+    stock = _forward(model, inputs, torch.inference_mode)
+    report = fused_dit.enable(model, ops=("fp8_linear",))
+    try:
+        out = _forward(model, inputs, torch.inference_mode)
+        calls = len(fp8_calls)
+        again = _forward(model, inputs, torch.inference_mode)   # the codes are reused within one enable
+    finally:
+        fused_dit.disable(model)
+    assert calls == report["fp8_linears"] > 0 and len(fp8_calls) == 2 * calls
+    assert torch.equal(out, again) and _relative_error(out, stock) <= 0.1
+
+
+def test_an_inference_weight_edited_in_place_gets_new_codes_at_the_next_enable(fp8_calls):
+    # ModelPatcher patches LoRA weights in place (copy_) before sampling; an inference tensor cannot say so
+    with torch.inference_mode():
+        module = torch.nn.Linear(32, 16).bfloat16()
+        x = torch.randn(3, 32).bfloat16()
+        fm.new_enable_epoch()
+        first = fm.fp8_linear_forward(module, x, module.forward)
+        module.weight.copy_(module.weight * 2)
+        fm.new_enable_epoch()
+        second = fm.fp8_linear_forward(module, x, module.forward)
+    assert not torch.equal(first, second)
+
+
 def test_training_mode_is_not_a_reason_to_decline(fp8_calls):
     # the rule before issue 13.1 declined here ("module in training mode"), so FP8 never ran in ComfyUI 0.3.64
     module = torch.nn.Linear(32, 16).bfloat16().train()

@@ -20,7 +20,8 @@ import sys
 import torch
 
 from .fp8_modules import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward, is_gelu_tanh_ffn,
-                          is_linear, restore_stored_weight, slot_of, stock_forward_of, store_fp8_only)
+                          is_linear, new_enable_epoch, restore_stored_weight, slot_of, stock_forward_of,
+                          store_fp8_only)
 
 log = logging.getLogger("fused_dit")
 
@@ -164,6 +165,7 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
     if fp8_weights not in FP8_WEIGHT_STORAGE:
         raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHT_STORAGE)}")
     supported_blocks(model)
+    new_enable_epoch()
     installers = _block_installers()
     report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
     for module in model.modules():

@@ -88,11 +88,29 @@ def storage_decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | No
     return None
 
 
+_ENABLE_EPOCH = [0]
+
+
+def new_enable_epoch() -> None:
+    """Called by every `enable`: weights that keep no version counter may have been edited in place since."""
+    _ENABLE_EPOCH[0] += 1
+
+
+def _version_of(tensor: torch.Tensor):
+    """The tensor's in-place edit counter. Inference tensors keep none (reading `_version` raises), and ComfyUI
+    loads and moves weights under torch.inference_mode(), so all its weights are inference tensors: for them the
+    enable epoch stands in. ModelPatcher patches weights (LoRA, in place or not) before sampling, never during a
+    call, so FP8 codes made since the last enable are still the weight's own."""
+    if tensor.is_inference():
+        return ("inference", _ENABLE_EPOCH[0])
+    return tensor._version
+
+
 def _tensor_key(tensor: torch.Tensor | None) -> tuple:
     """What identifies a parameter's current contents: identity, storage, device, in-place edits, dtype."""
     if tensor is None:
         return ()
-    return (id(tensor), tensor.data_ptr(), tensor.device, tensor._version, tensor.dtype)
+    return (id(tensor), tensor.data_ptr(), tensor.device, _version_of(tensor), tensor.dtype)
 
 
 @dataclass(frozen=True)
@@ -274,9 +292,7 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
         functions = attrs.get("bias_function")
         if functions is None:
             functions = getattr(cls, "bias_function", None)
-    key = ((id(weight), weight.data_ptr(), weight.device, weight._version, weight.dtype) if weight is not None
-           else (),
-           (id(bias), bias.data_ptr(), bias.device, bias._version, bias.dtype) if bias is not None else (),
+    key = (_tensor_key(weight), _tensor_key(bias),
            x.device, x.dtype,
            _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
                                 or (bias is not None and bias.requires_grad)),
