@@ -194,7 +194,7 @@ def gemm(m=16384, k=3072, n=12288) -> dict:
     frobenius = {f"fp8_linear_{'fast' if fast else 'exact'}_accum": float(
         (linear_accum(fast)().float() - reference).norm() / reference.norm()) for fast in (True, False)}
     # GPU time of each call: every call is queued behind a GPU sleep before the first starts (kernels.time_ms), so
-    # the host's time to issue the quantiser's launches is not counted as GPU time (before run22 it was: the
+    # the host's time to issue the quantiser's launches is not counted as GPU time (an earlier version counted it: the
     # events were recorded around each call as it was issued, adding this host's launch latency to the FP8 rows).
     # L2 is flushed before each call: back to back, the FP8 weight (37 MB) would stay in the 50 MB L2 and the bf16
     # one (75 MB) would not, which a model whose every Linear has its own weight never sees.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 
 import torch
 
@@ -24,12 +25,14 @@ DEVICE, BF16, C = "cuda", torch.bfloat16, 3072
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
-    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
-                        help="an adaln module setting for the overlay's call (repeatable)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an AdalnLaunch field for the overlay's call, e.g. rows_per_program=1 (repeatable)")
     args = parser.parse_args()
+    fields = {}
     for setting in args.settings:
         name, value = setting.split("=", 1)
-        setattr(adaln, name, ast.literal_eval(value))   # e.g. ROWS_PER_PROGRAM=1
+        fields[name] = ast.literal_eval(value)
+    launch = dataclasses.replace(adaln.LAUNCH, **fields)
     try:
         from comfy_kitchen.registry import registry
         kitchen = registry.get_implementation("adaln", backend="cuda")
@@ -40,7 +43,7 @@ def main() -> None:
         x = torch.randn(1, L, C, device=DEVICE, dtype=BF16)
         e = torch.randn(1, 1, 6, C, device=DEVICE, dtype=BF16)
         shift, scale = e[:, :, 0], e[:, :, 1]
-        calls.append(lambda x=x, shift=shift, scale=scale: adaln.adaln(x, shift, scale))
+        calls.append(lambda x=x, shift=shift, scale=scale: adaln.adaln(x, shift, scale, launch=launch))
         if kitchen is not None:
             calls.append(lambda x=x, shift=shift, scale=scale: kitchen(x=x, scale=scale, shift=shift, eps=1e-6))
     for call in calls:   # compile and warm up outside the profiled range
