@@ -251,6 +251,7 @@ def read_journal(store: StateStore, journal) -> tuple[list[tuple[Path, dict]], l
             root, relpath = legacy_relative(entry["path"], confinement)
         out.append((confinement.resolve(root, relpath, what=where), entry))
     prune = []
+    need(isinstance(journal.get("prune", []), list), "'prune' is not a list")
     for item in journal.get("prune", []):
         need(isinstance(item, dict) and isinstance(item.get("root"), str), "a prune entry is not {root, relpath}")
         prune.append(confinement.resolve_dir(item["root"], item.get("relpath"), what=where))

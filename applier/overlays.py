@@ -221,8 +221,8 @@ def uninstall(target: Target, *, catalog: list | None = None, force: bool = Fals
         if displaced:
             from applier.operations import save_displaced
             saved = save_displaced(store, target, displaced)
-        meta = {"package": manifest.get("package") or store.confinement.overlay.package,
-                "node": manifest.get("node") or store.confinement.overlay.node}
+        # the names the store's confinement took (the manifest's, when they are plain names; else the pack's)
+        meta = {"package": store.confinement.overlay.package, "node": store.confinement.overlay.node}
         tops = install_tops(target, meta) if meta["package"] and meta["node"] else []
         journal.execute(store, ops, store.load(), f"uninstall overlay pack {manifest.get('pack')}",
                         manifest_after=None, prune=tuple(tops))
