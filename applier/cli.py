@@ -191,14 +191,14 @@ def compute_statuses(target, python, patches_dir, only: tuple[str, ...] = ()):
     store = StateStore.for_target(found, catalog)
     recovered = recover_if_pending(store)
     before = store.fingerprint()
-    statuses = compute_status(found, catalog, store.load(), only)
+    statuses = compute_status(found, catalog, store.load(), only, store.confinement)
     if store.dir.is_dir() and (needs_second_look(statuses) or store.fingerprint() != before):
         # A run in flight (files written, state not yet) looks like drift, or like a patch found in the files but
         # not recorded, to a reader that takes no lock: look again under the lock, once that run is done.
         try:
             with target_lock(store.dir, reader=True):
                 recovered = recover(store) or recovered
-                statuses = compute_status(found, catalog, store.load(), only)
+                statuses = compute_status(found, catalog, store.load(), only, store.confinement)
         except ApplierError as exc:
             if exc.exit_code != 8:  # a target we may not write (no lock file possible): the first reading stands
                 raise

@@ -49,10 +49,12 @@ def needs_second_look(statuses: list[PatchStatus]) -> bool:
 
 
 def compute_status(target: Target, catalog: list[Patch], state: State,
-                   only: tuple[str, ...] = ()) -> list[PatchStatus]:
-    """The status of every catalog patch and every recorded one (or of those `only` names: ids or components)."""
+                   only: tuple[str, ...] = (), confinement: Confinement | None = None) -> list[PatchStatus]:
+    """The status of every catalog patch and every recorded one (or of those `only` names: ids or components).
+    `confinement`: the one the state was loaded with (built from the catalog when not given)."""
     by_id = {p.id: p for p in catalog}
-    confinement = Confinement.for_target(target, catalog)
+    if confinement is None:
+        confinement = Confinement.for_target(target, catalog)
     pristine = pristine_hashes(target.site_packages)
     wanted = (lambda pid: not only or pid in only or pid.split("/")[0] in only)  # noqa: E731
     out = []
