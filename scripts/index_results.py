@@ -127,6 +127,9 @@ KINDS: dict[str, Kind] = {
         "the real ComfyUI server with the overlay pack installed: generations queued through its HTTP API, the "
         "node registered, which code ran",
         "python benchmarks/comfy_server_run.py", "", H200),
+    "demo-disk.json": Kind(
+        "disk used by `make test` and `make demo` inside a fresh clone (du of .venv, .cache and sandbox)",
+        "git clone REPO CLONE && cd CLONE && .ci/run && make demo && du -sh .venv .cache sandbox", "", CPU),
     "conflict-report.json": Kind(
         "the diff engine's conflict report (best near-match) on 100 kB files and 150-line hunks, before and after "
         "the linear search: seconds per case (pytest durations on a loaded 2-core machine: upper bounds)",
