@@ -5,7 +5,8 @@ The project's own tests run the overlays against fixtures written to follow Comf
 (tests/overlays/blocks.py). This script imports the real modules from a ComfyUI checkout instead
 (comfy.ldm.flux.layers.DoubleStreamBlock / SingleStreamBlock with `pe` from the real EmbedND,
 comfy.ldm.wan.model.WanAttentionBlock with freqs from the real WanModel.rope_encode), builds small blocks with
-seeded random weights, and for every op family:
+seeded random weights, left in training mode as ComfyUI 0.3.64 leaves Flux and Wan, runs every forward under
+torch.inference_mode() as ComfyUI's executor does, and for every op family:
 
   1. runs the block stock (inputs cloned per run: ComfyUI's Flux blocks add into `txt` / `x` in place),
   2. `fused_dit.enable(block, ops=...)` and runs it again under TRITON_INTERPRET=1, so the Triton kernels really
@@ -234,7 +235,7 @@ def clone_inputs(inputs: dict) -> dict:
 
 def run_block(block, inputs: dict):
     import torch
-    with torch.no_grad():
+    with torch.inference_mode():
         out = block(**clone_inputs(inputs))
     return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
 
@@ -292,13 +293,13 @@ def flux_cases(seed: int) -> list[dict]:
     cases = []
     for flipped in (False, True):
         block = layers.DoubleStreamBlock(hidden, heads, mlp_ratio=4.0, qkv_bias=True, flipped_img_txt=flipped,
-                                         operations=ops).eval()
+                                         operations=ops)
         seeded_weights(to_run(block), seed + 10 + flipped)
         ids = torch.cat((img_ids, txt_ids), 1) if flipped else torch.cat((txt_ids, img_ids), 1)
         cases.append({"name": f"flux_double{'_flipped' if flipped else ''}", "block": block,
                       "inputs": {"img": img, "txt": txt, "vec": vec, "pe": embed(ids)},
                       "shapes": {"img": list(img.shape), "txt": list(txt.shape), "pe": list(embed(ids).shape)}})
-    single = layers.SingleStreamBlock(hidden, heads, mlp_ratio=4.0, operations=ops).eval()
+    single = layers.SingleStreamBlock(hidden, heads, mlp_ratio=4.0, operations=ops)
     seeded_weights(to_run(single), seed + 20)
     x = torch.cat((txt, img), 1)
     pe = embed(torch.cat((txt_ids, img_ids), 1))
@@ -351,7 +352,7 @@ def wan_cases(seed: int) -> list[dict]:
             ("wan_i2v", "i2v_cross_attn", False,
              {"x": x, "e": e, "freqs": freqs, "context": context_i2v, "context_img_len": image_len})):
         block = wan.WanAttentionBlock(cross, dim, ffn_dim, heads, cross_attn_norm=cross_norm,
-                                      operation_settings=settings).eval()
+                                      operation_settings=settings)
         seeded_weights(to_run(block), seed + 30 + len(cases))
         cases.append({"name": name, "block": block, "inputs": inputs,
                       "shapes": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}})
@@ -369,14 +370,14 @@ def model_cases(seed: int) -> list[dict]:
     generator = torch.Generator().manual_seed(seed + 3)
     flux = Flux(operations=ops, in_channels=4, out_channels=4, vec_in_dim=32, context_in_dim=64, hidden_size=256,
                 mlp_ratio=4.0, num_heads=4, depth=1, depth_single_blocks=2, axes_dim=[16, 24, 24], theta=10000,
-                patch_size=2, qkv_bias=True, guidance_embed=False).eval()
+                patch_size=2, qkv_bias=True, guidance_embed=False)
     seeded_weights(to_run(flux), seed + 40)
     flux_inputs = {"x": torch.randn(1, 4, 8, 12, generator=generator), "timestep": torch.tensor([0.7]),
                    "context": torch.randn(1, 8, 64, generator=generator),
                    "y": torch.randn(1, 32, generator=generator)}
     flux_inputs = cast_inputs(flux_inputs)
     wan = WanModel(model_type="t2v", patch_size=(1, 2, 2), text_len=8, in_dim=4, dim=256, ffn_dim=512, freq_dim=64,
-                   text_dim=64, out_dim=4, num_heads=4, num_layers=2, operations=ops).eval()
+                   text_dim=64, out_dim=4, num_heads=4, num_layers=2, operations=ops)
     seeded_weights(to_run(wan), seed + 50)
     # WanModel builds patch_embedding with dtype=torch.float32 and runs it on x.float(), whatever the model dtype
     wan.patch_embedding.float()
@@ -490,7 +491,7 @@ def time_case(block, inputs: dict, log: DispatchLog) -> dict:
             fused_dit.enable(overlay_block, ops=ops)
             samples = {"stock": [], "overlay": []}
             variants = {"stock": block, "overlay": overlay_block}
-            with torch.no_grad():
+            with torch.inference_mode():
                 for iteration in range(RUN["warmup"] + RUN["iterations"]):
                     order = ("stock", "overlay") if iteration % 2 == 0 else ("overlay", "stock")
                     events = []
@@ -626,11 +627,11 @@ def validate_node(seed: int, log: DispatchLog) -> dict:
         def apply_model(self, *args, **kwargs):
             return self.diffusion_model(*args, **kwargs)
 
-    base = TinyBaseModel().eval()
+    base = TinyBaseModel()
     inputs = double["inputs"]
     patcher = comfy.model_patcher.ModelPatcher(base, load_device=run_device(),
                                                offload_device=run_device())
-    with torch.no_grad():
+    with torch.inference_mode():
         stock = base.apply_model(**clone_inputs(inputs)).clone()
     forget_said_decisions()
     log.take()
@@ -646,12 +647,12 @@ def validate_node(seed: int, log: DispatchLog) -> dict:
         result["wrappers_on_original"] = len(patcher.get_all_wrappers(extension.WrappersMP.APPLY_MODEL))
         result["wrapper_key"] = WRAPPER_KEY
         executor = extension.WrapperExecutor.new_class_executor(base.apply_model, base, wrappers)
-        with torch.no_grad():
+        with torch.inference_mode():
             overlay = executor.execute(**clone_inputs(inputs)).clone()
         result["backends"], result["log"] = backends_from(log.take())
         result["vs_stock"] = compare(overlay, stock)
         result["instance_forwards_after_call"] = instance_forwards(base)
-        with torch.no_grad():
+        with torch.inference_mode():
             result["stock_after_call"] = compare(base.apply_model(**clone_inputs(inputs)), stock)
         result["pass"] = (result["wrappers_on_clone"] == 1 and result["wrappers_on_original"] == 0
                           and result["vs_stock"]["rel_frobenius"] <= relative_tolerance()
