@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier.errors import ApplierError, StateCorruptError
+from applier.fsutil import subfolders
 from applier.paths import STATE_DIR_NAME
 
 ROOTS = ("comfyui", "site-packages")
@@ -128,10 +129,7 @@ class Confinement:
             base = self.roots.get(root)
             if base is None or prefix is None:
                 continue
-            top = base.joinpath(*PurePosixPath(prefix).parts)
-            if top.is_dir() and not top.is_symlink():
-                folders.add(top)
-                folders.update(p for p in top.rglob("*") if p.is_dir() and not p.is_symlink())
+            folders.update(subfolders(base.joinpath(*PurePosixPath(prefix).parts)))
         return sorted(folders)
 
     def relative(self, path: Path) -> tuple[str, str]:

@@ -130,6 +130,15 @@ def remove_stale_bytecode(path: Path) -> list[Path]:
     return removed
 
 
+def subfolders(top: Path) -> list[Path]:
+    """top and every folder below it, symlinks not followed. A folder another process removes meanwhile (a
+    concurrent run tidying .applier/) is skipped, never an error: os.walk ignores what it cannot list."""
+    top = Path(top)
+    if not top.is_dir() or top.is_symlink():
+        return []
+    return [Path(folder) for folder, _, _ in os.walk(top)]
+
+
 def check_writable(path: Path) -> None:
     """Raise IOFailure now (before any change) when path's folder cannot take a new file or path cannot be read."""
     path = Path(path)

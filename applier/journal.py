@@ -23,7 +23,7 @@ from applier.confine import legacy_relative
 from applier.errors import StateCorruptError
 from applier.failpoints import failpoint
 from applier.fsutil import (TEMP_SUFFIX, atomic_write, check_writable, io_failure, read_bytes_or_none, remove_file,
-                            remove_stale_bytecode, sha256_bytes, sha256_file)
+                            remove_stale_bytecode, sha256_bytes, sha256_file, subfolders)
 from applier.state import SHA256, State, StateStore, dump_json, read_json
 
 JOURNAL_FORMAT = 2
@@ -156,12 +156,7 @@ def clear(store: StateStore) -> None:
 def prune_empty(top: Path) -> None:
     """Remove every folder at or below top that holds nothing (a __pycache__ holding only bytecode counts as
     nothing), deepest first; never a folder above top, never through a symlink."""
-    top = Path(top)
-    if not top.is_dir() or top.is_symlink():
-        return
-    folders = sorted((p for p in top.rglob("*") if p.is_dir() and not p.is_symlink()),
-                     key=lambda p: len(p.parts), reverse=True)
-    for folder in [*folders, top]:
+    for folder in sorted(subfolders(top), key=lambda p: len(p.parts), reverse=True):
         try:
             if folder.name == "__pycache__" and all(p.suffix == ".pyc" for p in folder.iterdir()):
                 for p in folder.iterdir():
@@ -273,10 +268,7 @@ def read_blob(store: StateStore, name: str) -> bytes | None:
 def sweep_temp_files(store: StateStore) -> int:
     """Remove `.<name>.<random>.applier-tmp` files a killed write left, in .applier/ and in every folder a catalog
     patch or the overlay pack writes to. Caller holds the target lock (a live run's temp file is never touched)."""
-    folders = set(store.confinement.write_folders())
-    if store.dir.is_dir():
-        folders.update(p for p in store.dir.rglob("*") if p.is_dir() and not p.is_symlink())
-        folders.add(store.dir)
+    folders = set(store.confinement.write_folders()) | set(subfolders(store.dir))
     removed = 0
     for folder in folders:
         try:
@@ -294,9 +286,7 @@ def needs_recovery(store: StateStore) -> bool:
     """A journal is pending, or a killed write left a temp file: a read-only command must recover first."""
     if store.journal_file.exists() or data_dir(store).exists():
         return True
-    if store.dir.is_dir() and next(store.dir.rglob(f".*{TEMP_SUFFIX}"), None) is not None:
-        return True
-    return any(has_temp_files(folder) for folder in store.confinement.write_folders())
+    return any(has_temp_files(folder) for folder in [*subfolders(store.dir), *store.confinement.write_folders()])
 
 
 def has_temp_files(folder: Path) -> bool:
