@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""Where one sampling step's GPU time goes (GEMM, FP8 GEMM, attention, fused_dit kernels, other), and the ceiling
+that overlays which leave GEMMs and attention alone can reach.
+
+It reuses benchmarks/generation.py by import: the same random-weight Flux-dev (and Wan 2.1 T2V 14B) at full size,
+loaded by ComfyUI's own loader inside torch.inference_mode() and left in training mode as ComfyUI 0.3.64 leaves it,
+the same configs (stock, overlay, overlay_fp8, built with the nodes' calls) and the same comfy.sample.sample call
+(euler, cfg 1.0: one model forward per step).
+
+Per model, resolution and config, two passes (the profiler was seen to slow later runs on the H200, so every
+config is timed before any is profiled):
+1. timing: a warm-up call, then a call of --steps steps closed by a CUDA synchronise in the sampler's callback;
+   s_per_step is the median of its steps after the first, without the profiler;
+2. profile: a call of 3 steps under torch.profiler (CPU + CUDA activities) whose schedule records only the third
+   step (the profiler's step() is called from the sampler's callback, after a synchronise): the device time of every
+   kernel of that step is summed by category (categorise()), with the step's wall time under the profiler and the
+   idle gap (that wall minus the summed kernel time: launch gaps and host work, inflated by the profiler).
+
+The ceilings, per model and resolution (stock's figures; "free" means taking zero time):
+    ceiling_if_all_non_gemm_non_attention_work_were_free = stock s_per_step / (stock gemm + fp8 gemm + attention
+        kernel time): every other kernel AND every idle gap gone; an upper bound for any overlay that leaves GEMMs
+        and attention as they are.
+    ceiling_if_other_kernels_were_free_idle_kept = stock s_per_step / (stock s_per_step - stock "other" kernel time):
+        the same, but the host/launch gaps of the unprofiled step stay.
+    overlay_share_left = (overlay's "other" + fused_dit kernel time) / stock's "other" kernel time: what of the
+        non-GEMM, non-attention work the overlay config still spends.
+The weights are random: the figures are for speed only, never image quality.
+
+Examples:
+    python benchmarks/step_profile.py --comfyui DIR --tiny --out /tmp/step-profile-tiny.json     # CPU smoke test
+    python benchmarks/step_profile.py --comfyui DIR --models flux-dev,wan2.1-t2v-14b \\
+        --out benchmarks/results/step-profile.json
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+CATEGORIES = ("gemm", "fp8_gemm", "attention", "fused_dit", "other")
+CONFIGS = ("stock", "overlay", "overlay_fp8")
+TOP = 15
+PROFILED_STEPS = 3          # the schedule: step 1 waits (sampler setup), step 2 warms the profiler, step 3 is kept
+NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed only, never image quality. "
+        "Kernel times come from one sampling step under torch.profiler (CUDA activity); s_per_step is measured "
+        "apart, without the profiler.")
+DEFINITIONS = {
+    "kernel_ms": "device time of the step's kernels, summed per category (categorise() in the script)",
+    "gemm": "bf16/fp32 GEMM kernels (cuBLAS nvjet/cublas, CUTLASS, sm90 xmma/wgmma gemm names), not FP8",
+    "fp8_gemm": "kernels launched under aten::_scaled_mm, or GEMM names with an FP8 mark (nvjet *_qq*, e4m3, fp8)",
+    "attention": "flash / fmha / cuDNN SDPA / memory-efficient attention kernels",
+    "fused_dit": "the overlay's own Triton kernels (the @triton.jit names of overlays/fused_dit/ops/*.py)",
+    "other": "everything else: elementwise, norms, RoPE, copies, casts, reductions",
+    "profiled_wall_ms": "the profiled step's wall time (synchronised at both ends), under the profiler",
+    "idle_ms": "profiled_wall_ms minus the summed kernel time: launch gaps and host work (inflated by the profiler)",
+    "s_per_step": "median of an unprofiled call's steps after its first, each closed by a CUDA synchronise",
+    "ceiling_if_all_non_gemm_non_attention_work_were_free":
+        "stock s_per_step / (stock gemm + fp8_gemm + attention kernel time): all other kernels and all idle gaps "
+        "gone; the upper bound of overlays that leave GEMMs and attention untouched",
+    "ceiling_if_other_kernels_were_free_idle_kept":
+        "stock s_per_step / (stock s_per_step - stock other kernel time): the other kernels gone, the unprofiled "
+        "step's idle gaps kept",
+    "overlay_share_left": "(config's other + fused_dit kernel time) / stock's other kernel time",
+    "speedup_vs_stock": "stock s_per_step / config's s_per_step",
+}
+
+# ---------------------------------------------------------------------------------------------- categorising
+_FP8_NAME = re.compile(r"scaled_mm|e4m3|e5m2|fp8|float8|nvjet_\w*?_qq", re.IGNORECASE)
+_ATTENTION_NAME = re.compile(r"flash|fmha|sdpa|attention|attn", re.IGNORECASE)
+_GEMM_NAME = re.compile(r"gemm|cublas|cutlass|nvjet|xmma|wgmma|_sgemm|_hgemm|splitkreduce|gemv|matmul",
+                        re.IGNORECASE)
+_FP8_OPS = ("aten::_scaled_mm",)
+_TRITON_JIT = re.compile(r"@triton\.jit[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+(\w+)")
+
+
+def fused_dit_kernel_names(ops_dir: Path = REPO_ROOT / "overlays" / "fused_dit" / "ops") -> frozenset:
+    """The names of the functions decorated @triton.jit in overlays/fused_dit/ops/*.py (a launched Triton kernel
+    shows in the profiler under its function's name; helpers are inlined and never show)."""
+    names = set()
+    for path in sorted(ops_dir.glob("*.py")):
+        names.update(_TRITON_JIT.findall(path.read_text()))
+    return frozenset(names)
+
+
+def categorise(kernel: str, ops: tuple = (), fused_names: frozenset = frozenset()) -> str:
+    """The category of one kernel: its name, and the CPU ops that launched it (innermost first).
+
+    Order matters: our Triton kernels by exact name; FP8 GEMMs (launched under aten::_scaled_mm, or named so) before
+    GEMMs; attention before GEMMs (fmha_cutlass*, cuDNN's sdpa ... wgmma names also read as GEMMs)."""
+    if kernel in fused_names:
+        return "fused_dit"
+    gemm_like = bool(_GEMM_NAME.search(kernel))
+    # an FP8 marker alone is not enough: casts to and from float8 are elementwise kernels ("other")
+    if any(op in _FP8_OPS for op in ops) or (gemm_like and _FP8_NAME.search(kernel)):
+        return "fp8_gemm"
+    if _ATTENTION_NAME.search(kernel):
+        return "attention"
+    if gemm_like:
+        return "gemm"
+    return "other"
+
+
+def summarise(kernels, fused_names: frozenset, top: int = TOP) -> dict:
+    """kernels: (name, device_us, ops) triples, ops the launching CPU ops innermost first (may be empty).
+
+    Returns per category the summed milliseconds, the launch count, the top `top` kernel names by time, and for
+    "other" also the top launching ops (the innermost aten op) by time."""
+    per_category = {c: {"ms": 0.0, "launches": 0, "kernels": {}, "ops": {}} for c in CATEGORIES}
+    for name, device_us, ops in kernels:
+        category = per_category[categorise(name, tuple(ops), fused_names)]
+        category["ms"] += device_us / 1e3
+        category["launches"] += 1
+        entry = category["kernels"].setdefault(name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += device_us / 1e3
+        op = next((o for o in ops if o.startswith("aten::")), ops[0] if ops else None)
+        if op is not None:
+            op_entry = category["ops"].setdefault(op, [0, 0.0])
+            op_entry[0] += 1
+            op_entry[1] += device_us / 1e3
+
+    def ranked(table):
+        rows = sorted(table.items(), key=lambda kv: -kv[1][1])[:top]
+        return [{"name": n[:200], "count": c, "ms": round(ms, 3)} for n, (c, ms) in rows]
+
+    result = {}
+    for name, category in per_category.items():
+        result[name] = {"ms": round(category["ms"], 3), "launches": category["launches"],
+                        "distinct_kernels": len(category["kernels"]), "top_kernels": ranked(category["kernels"])}
+        if name == "other":
+            result[name]["top_launching_ops"] = ranked(category["ops"])
+    return result
+
+
+def ceilings(stock: dict, configs: dict) -> dict:
+    """The derived figures of one model and resolution from each config's record (see DEFINITIONS)."""
+    out = {}
+    wall = stock.get("s_per_step")
+    kernel = stock.get("kernel_ms")
+    if not wall or not kernel:
+        return out
+    wall_ms = wall * 1e3
+    kept = kernel["gemm"] + kernel["fp8_gemm"] + kernel["attention"]
+    out["stock_s_per_step"] = wall
+    out["stock_gemm_attention_ms"] = round(kept, 3)
+    out["stock_other_ms"] = kernel["other"]
+    out["stock_idle_ms_unprofiled"] = round(wall_ms - sum(kernel.values()), 3)
+    out["ceiling_if_all_non_gemm_non_attention_work_were_free"] = round(wall_ms / kept, 3) if kept else None
+    left = wall_ms - kernel["other"]
+    out["ceiling_if_other_kernels_were_free_idle_kept"] = round(wall_ms / left, 3) if left > 0 else None
+    for name, record in configs.items():
+        if name == "stock" or not record.get("kernel_ms"):
+            continue
+        spent = record["kernel_ms"]["other"] + record["kernel_ms"]["fused_dit"]
+        out[name] = {"speedup_vs_stock": round(wall / record["s_per_step"], 3) if record.get("s_per_step") else None,
+                     "other_plus_fused_dit_ms": round(spent, 3),
+                     "overlay_share_left": round(spent / kernel["other"], 3) if kernel["other"] else None,
+                     "gemm_attention_ms": round(record["kernel_ms"]["gemm"] + record["kernel_ms"]["fp8_gemm"]
+                                                + record["kernel_ms"]["attention"], 3)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- profiling
+def kernel_events(profiler, device: str) -> list:
+    """(kernel name, device us, launching CPU ops innermost first) for every device kernel the profiler kept.
+
+    On the CPU (the --tiny smoke test) there are no device kernels: the list is empty (every category 0)."""
+    import torch
+    events = profiler.events()
+    if device != "cuda":
+        return []
+    by_id = {}
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CPU and event.linked_correlation_id == 0:
+            by_id.setdefault(event.id, event)
+    kernels = []
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        ops = []
+        parent = by_id.get(event.linked_correlation_id)
+        while parent is not None and len(ops) < 12:
+            ops.append(parent.name)
+            parent = parent.cpu_parent
+        kernels.append((event.name, event.time_range.end - event.time_range.start, tuple(ops)))
+    return kernels
+
+
+def profile_step(generation, patched, inputs, seed: int, device: str) -> tuple:
+    """One sampling step under torch.profiler: the third of a 3-step call (callback-driven schedule)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    latent, noise, positive = inputs
+    marks: list[float] = []
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=1, repeat=1)) as profiler:
+        def callback(*_):
+            generation.synchronize(device)
+            marks.append(time.perf_counter())
+            profiler.step()
+        generation.sample(patched, noise, latent, positive, PROFILED_STEPS, seed, callback=callback)
+        generation.synchronize(device)
+    if len(marks) != PROFILED_STEPS:
+        raise RuntimeError(f"the sampler called back {len(marks)} times for {PROFILED_STEPS} steps")
+    wall_ms = (marks[2] - marks[1]) * 1e3
+    cpu_ops = sum(1 for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CPU)
+    return wall_ms, kernel_events(profiler, device), cpu_ops
+
+
+def time_steps(generation, patched, inputs, steps: int, warmup: int, seed: int, device: str) -> dict:
+    latent, noise, positive = inputs
+    started = time.perf_counter()
+    generation.sample(patched, noise, latent, positive, warmup, seed)
+    generation.synchronize(device)
+    first_call_s = time.perf_counter() - started
+    marks: list[float] = []
+    started = time.perf_counter()
+    generation.sample(patched, noise, latent, positive, steps, seed,
+                      callback=lambda *_: (generation.synchronize(device), marks.append(time.perf_counter())))
+    steps_s = [b - a for a, b in zip([started] + marks[:-1], marks)]
+    later = steps_s[1:] or steps_s
+    return {"first_call_s": round(first_call_s, 3), "step_times_s": [round(s, 4) for s in steps_s],
+            "s_per_step": round(statistics.median(later), 4)}
+
+
+def run_pass(generation, session, spec, resolution, config: str, fused_names, options, device, profiled: bool):
+    """One config's timing (profiled False) or profile (True) pass; errors are recorded, not raised."""
+    import torch
+    record = {}
+    patched = None
+    run = generation.parse_run_spec(config)
+    try:
+        base = session.load(spec, run)
+        patched, details = generation.build_config(run.config, base)
+        record["node_inputs"] = details.get("node_inputs")
+        record["training_mode"] = base.model.diffusion_model.training
+        inputs = generation.inputs_for(spec, resolution, options.tiny, options.seed)
+        with torch.inference_mode():
+            if not profiled:
+                record.update(time_steps(generation, patched, inputs, options.steps, options.warmup_steps,
+                                         options.seed, device))
+            else:
+                latent, noise, positive = inputs
+                generation.sample(patched, noise, latent, positive, 1, options.seed)   # warm-up of this build
+                generation.synchronize(device)
+                wall_ms, kernels, cpu_ops = profile_step(generation, patched, inputs, options.seed, device)
+                table = summarise(kernels, fused_names)
+                total = sum(c["ms"] for c in table.values())
+                record.update({"profiled_wall_ms": round(wall_ms, 3), "kernel_ms_total": round(total, 3),
+                               "idle_ms": round(wall_ms - total, 3),
+                               "kernel_launches": sum(c["launches"] for c in table.values()),
+                               "cpu_events": cpu_ops,
+                               "kernel_ms": {c: table[c]["ms"] for c in CATEGORIES}, "categories": table})
+    except Exception as error:   # one config's failure must not lose the others
+        record["error"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc()[-4000:]
+        print(f"  {config}: {record['error']}", flush=True)
+    finally:
+        if patched is not None:
+            generation.release_config(patched, session.patcher)
+        del patched
+        generation.free_memory()
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--comfyui", type=Path, required=True, help="a ComfyUI checkout (its comfy/ is imported)")
+    parser.add_argument("--models", default="flux-dev", help="comma list of flux-dev, wan2.1-t2v-14b")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
+    parser.add_argument("--resolutions", default="", help="comma list to keep, e.g. 1024x1024,480x832x33")
+    parser.add_argument("--steps", type=int, default=3, help="steps of the unprofiled timed call (default 3)")
+    parser.add_argument("--warmup-steps", type=int, default=1, help="steps of the warm-up call (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="shrunk models on the CPU: a smoke test of the path")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--allocator", choices=("comfy", "native"), default="comfy")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
+    options = parser.parse_args(argv)
+
+    import generation
+    options.models = [m for m in options.models.split(",") if m]
+    unknown = [m for m in options.models if m not in generation.MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(generation.MODELS)}")
+    options.configs = [c for c in options.configs.split(",") if c]
+    bad = [c for c in options.configs if c not in CONFIGS]
+    if bad:
+        parser.error(f"unknown configs {bad}; known: {', '.join(CONFIGS)}")
+    if "stock" not in options.configs:
+        options.configs.insert(0, "stock")   # the ceilings are stock's
+    if options.steps < 2:
+        parser.error("--steps must be at least 2 (the first timed step is left out of s_per_step)")
+    wanted_resolutions = {r for r in options.resolutions.split(",") if r}
+    device = options.device
+    if device == "auto":
+        device = "cpu" if options.tiny or not Path("/dev/nvidia0").exists() else "cuda"
+
+    comfyui = generation.import_comfyui(options.comfyui.resolve(), device, options.allocator)
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but torch sees no CUDA device")
+    environment = generation.environment(device, comfyui)
+    if device != "cuda":
+        import results_io
+        environment["command"] = results_io.command_line()
+    fused_names = fused_dit_kernel_names()
+    # generation.Session reads these attributes of its options: weights from state dicts, loaded as ComfyUI does
+    options.load_outside_inference_mode = False
+    options.save_checkpoint = False
+    options.work_dir = None
+    session = generation.Session(options, device)
+    report = {"benchmark": "step-profile", "script": "benchmarks/step_profile.py", "note": NOTE,
+              "environment": environment,
+              "settings": {"steps": options.steps, "warmup_steps": options.warmup_steps, "seed": options.seed,
+                           "tiny": options.tiny, **generation.SAMPLER, "allocator": options.allocator,
+                           "profiled_step": f"step 3 of a {PROFILED_STEPS}-step call, after a 1-step warm-up call",
+                           "weights_loaded": generation.WEIGHTS_LOADED[False], "model_mode": "train",
+                           "fused_dit_kernel_names": sorted(fused_names),
+                           "activities": ["CPU", "CUDA"] if device == "cuda" else ["CPU"]},
+              "definitions": DEFINITIONS, "setup": [], "results": []}
+    for model_key in options.models:
+        spec = generation.MODELS[model_key]
+        resolutions = spec.tiny_resolutions if options.tiny else spec.resolutions
+        if wanted_resolutions:
+            resolutions = [r for r in resolutions if generation.resolution_name(r) in wanted_resolutions]
+        for resolution in resolutions:
+            name = generation.resolution_name(resolution)
+            entry = {"model": model_key, "resolution": name, "weights": "bf16", "configs": {}}
+            report["results"].append(entry)
+            for profiled in (False, True):
+                for config in options.configs:
+                    print(f"{model_key} {name} {config} {'profile' if profiled else 'timing'} ...", flush=True)
+                    record = entry["configs"].setdefault(config, {})
+                    result = run_pass(generation, session, spec, resolution, config, fused_names, options, device,
+                                      profiled)
+                    if "error" in result and "error" in record:
+                        result["error"] = record["error"] + "; " + result["error"]
+                    record.update(result)
+                    if profiled and "kernel_ms" in record:
+                        print(f"  wall {record['profiled_wall_ms']} ms profiled, kernels {record['kernel_ms']}, "
+                              f"idle {record['idle_ms']} ms", flush=True)
+                    elif not profiled and "s_per_step" in record:
+                        print(f"  {record['s_per_step']} s/step", flush=True)
+                    report["setup"] = session.setup
+                    generation.write_report(report, options.out)
+            entry["derived"] = ceilings(entry["configs"].get("stock", {}), entry["configs"])
+            print(f"  derived: {entry['derived']}", flush=True)
+            generation.write_report(report, options.out)
+        session.unload()
+    print(f"wrote {options.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
