@@ -9,12 +9,13 @@ The math follows ComfyUI's blocks step by step; each enabled op family replaces 
              writes in place (`txt += ...`, `x += ...`)
 - fp8_linear: the blocks' Linear layers (not the modulation Linears) through ops.fp8_linear
 Calls with `modulation_dims_*` (Kontext-style per-segment modulation) run the stock forward unchanged.
+While torch.compile traces, a family that `compiled.UNDER_COMPILE` leaves to Inductor takes its stock step.
 """
 from __future__ import annotations
 
 import torch
 
-from . import defining_module_global, install_block_overlays
+from . import compiled, defining_module_global, install_block_overlays
 
 DOUBLE = "DoubleStreamBlock"
 SINGLE = "SingleStreamBlock"
@@ -24,14 +25,14 @@ SINGLE_PARAMETERS = ("x", "vec", "pe", "attn_mask", "modulation_dims", "transfor
 
 
 def _modulate(norm: torch.nn.Module, x: torch.Tensor, mod, ops) -> torch.Tensor:
-    if "adaln" in ops and getattr(norm, "weight", None) is None:
+    if compiled.fused("adaln", ops) and getattr(norm, "weight", None) is None:
         from ..ops import adaln
         return adaln.adaln(x, mod.shift, mod.scale, eps=norm.eps)
     return torch.addcmul(mod.shift, norm(x), 1 + mod.scale)
 
 
 def _gated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, ops, in_place: bool) -> torch.Tensor:
-    if "gate" in ops:
+    if compiled.fused("gate", ops):
         from ..ops import gate_add
         return gate_add.gate_add(x, y, gate, rounding=gate_add.FLUX, inplace=in_place)
     if in_place:
@@ -63,7 +64,7 @@ def double_block_forward(block, ops, stock, img, txt, vec, pe, attn_mask=None, m
                                        block.num_heads)
     txt_len, img_len = txt.shape[1], img.shape[1]
     flipped = getattr(block, "flipped_img_txt", False)
-    if "norm_rope" in ops:
+    if compiled.fused("norm_rope", ops):
         from ..ops import rms_rope
         img_start, txt_start = (0, img_len) if flipped else (txt_len, 0)
         img_pe = _pe_slice(pe, img_start, img_start + img_len)
@@ -111,7 +112,7 @@ def single_block_forward(block, ops, stock, x, vec, pe, attn_mask=None, modulati
     qkv, mlp = torch.split(block.linear1(_modulate(block.pre_norm, x, mod, ops)),
                            [3 * block.hidden_size, block.mlp_hidden_dim], dim=-1)
     q, k, v = _split_heads(qkv, block.num_heads)
-    if "norm_rope" in ops:
+    if compiled.fused("norm_rope", ops):
         from ..ops import rms_rope
         q, k = rms_rope.flux_rms_rope(q, k, block.norm.query_norm.scale, block.norm.key_norm.scale, pe)
         q, k = q.to(v), k.to(v)

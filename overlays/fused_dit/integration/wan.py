@@ -7,26 +7,27 @@ Follows ComfyUI's block step by step; each enabled op family replaces one step:
 - gate:      addcmul(x, y, repeat_e(e)) -> gate_add(x, y, gate, WAN rounding)
 - fp8_linear: self/cross-attention and FFN Linears through ops.fp8_linear (GELU fused into the FFN's second GEMM)
 The modulation is expanded with the model's own `repeat_e` (repeat_interleave, not `row // group`).
+While torch.compile traces, a family that `compiled.UNDER_COMPILE` leaves to Inductor takes its stock step.
 """
 from __future__ import annotations
 
 import torch
 
-from . import defining_module_global, install_block_overlays
+from . import compiled, defining_module_global, install_block_overlays
 
 BLOCK = "WanAttentionBlock"
 BLOCK_PARAMETERS = ("x", "e", "freqs", "context", "context_img_len", "transformer_options")
 
 
 def _modulate(block, norm, x, shift, scale, ops):
-    if "adaln" in ops and getattr(norm, "weight", None) is None:
+    if compiled.fused("adaln", ops) and getattr(norm, "weight", None) is None:
         from ..ops import adaln
         return adaln.adaln(x, shift, scale, eps=norm.eps)
     return torch.addcmul(shift, norm(x), 1 + scale)
 
 
 def _gated(x, y, gate, ops):
-    if "gate" in ops:
+    if compiled.fused("gate", ops):
         from ..ops import gate_add
         return gate_add.gate_add(x, y, gate, rounding=gate_add.WAN)
     return torch.addcmul(x, y, gate)
@@ -37,7 +38,7 @@ def _fusable_qk_norm(attn) -> bool:
 
 
 def self_attention(block, attn, x, freqs, transformer_options, ops):
-    if "norm_rope" not in ops or not _fusable_qk_norm(attn):
+    if not compiled.fused("norm_rope", ops) or not _fusable_qk_norm(attn):
         return attn(x, freqs, transformer_options=transformer_options)
     from ..ops import rms_rope
     optimized_attention = defining_module_global(block, BLOCK, "optimized_attention")

@@ -134,11 +134,14 @@ def gate_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, rounding: str
 
 
 def _gate_add_op(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, rounding: str) -> torch.Tensor:
-    return gate_add(x, y, gate, rounding)
+    # the op's output is contiguous, as the kernel allocates it and as the fake says; the eager fallback's addcmul
+    # follows x's layout instead (ComfyUI's Wan x is `flatten(2).transpose(1, 2)` of the patch embedding), and a
+    # fake that disagrees with the real strides breaks the compiled graph (a later `.view` fails)
+    return gate_add(x, y, gate, rounding).contiguous()
 
 
 def _gate_add_fake(x, y, gate, rounding):
-    return x.new_empty(x.shape, dtype=_out_dtype(x, y, gate))
+    return torch.empty(x.shape, dtype=_out_dtype(x, y, gate), device=x.device)
 
 
 def _gate_add_inplace_op(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> None:

@@ -54,8 +54,11 @@ def gelu_quantize_fp8_comfy(h: torch.Tensor, scale_input: torch.Tensor | None = 
     return gelu_quantize_comfy_triton(h, scale_input, launch=launch)
 
 
+# the ops' codes are contiguous, as the kernels allocate them and as the fakes say (the eager references follow
+# h's layout)
 def _gelu_quantize_dynamic_op(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return gelu_quantize_fp8_dynamic(h)
+    codes, scale = gelu_quantize_fp8_dynamic(h)
+    return codes.contiguous(), scale
 
 
 def _gelu_quantize_dynamic_fake(h):
@@ -63,7 +66,7 @@ def _gelu_quantize_dynamic_fake(h):
 
 
 def _gelu_quantize_comfy_op(h: torch.Tensor, scale_input: torch.Tensor | None) -> torch.Tensor:
-    return gelu_quantize_fp8_comfy(h, scale_input)
+    return gelu_quantize_fp8_comfy(h, scale_input).contiguous()
 
 
 def _gelu_quantize_comfy_fake(h, scale_input):

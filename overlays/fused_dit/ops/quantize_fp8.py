@@ -197,8 +197,11 @@ def quantize_fp8_comfy(x: torch.Tensor, scale_input: torch.Tensor | None = None,
     return quantize_comfy_triton(x, scale_input, clamp_input_in_place, launch=launch)
 
 
+# the ops' codes are contiguous, as the kernels allocate them and as the fakes say; the eager references follow
+# x's layout instead, and a fake that disagrees with the real strides breaks a compiled graph
 def _quantize_dynamic_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return quantize_fp8_dynamic(x)
+    codes, scale = quantize_fp8_dynamic(x)
+    return codes.contiguous(), scale
 
 
 def _quantize_dynamic_fake(x):
@@ -206,7 +209,7 @@ def _quantize_dynamic_fake(x):
 
 
 def _quantize_comfy_op(x: torch.Tensor, scale_input: torch.Tensor | None) -> torch.Tensor:
-    return quantize_fp8_comfy(x, scale_input, clamp_input_in_place=False)
+    return quantize_fp8_comfy(x, scale_input, clamp_input_in_place=False).contiguous()
 
 
 def _quantize_comfy_fake(x, scale_input):
@@ -214,7 +217,7 @@ def _quantize_comfy_fake(x, scale_input):
 
 
 def _quantize_comfy_clamping_op(x: torch.Tensor) -> torch.Tensor:
-    return quantize_fp8_comfy(x, None, clamp_input_in_place=True)
+    return quantize_fp8_comfy(x, None, clamp_input_in_place=True).contiguous()
 
 
 def _quantize_comfy_clamping_fake(x):
