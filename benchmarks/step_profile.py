@@ -7,8 +7,8 @@ loaded by ComfyUI's own loader inside torch.inference_mode() and left in trainin
 the same configs (stock, overlay, overlay_fp8, built with the nodes' calls) and the same comfy.sample.sample call
 (euler, cfg 1.0: one model forward per step).
 
-Per model, resolution and config, two passes (the profiler was seen to slow later runs on the H200, so every
-config is timed before any is profiled):
+Per model and config (built once, so FP8 copies are quantised once), two passes over the resolutions (every
+resolution is timed before any is profiled, since the profiler was seen to slow later runs on the H200):
 1. timing: a warm-up call, then a call of --steps steps closed by a CUDA synchronise in the sampler's callback;
    s_per_step is the median of its steps after the first, without the profiler;
 2. profile: a call of 3 steps under torch.profiler (CPU + CUDA activities) whose schedule records only the third
@@ -154,7 +154,8 @@ def ceilings(stock: dict, configs: dict) -> dict:
     out["stock_idle_ms_unprofiled"] = round(wall_ms - sum(kernel.values()), 3)
     out["ceiling_if_all_non_gemm_non_attention_work_were_free"] = round(wall_ms / kept, 3) if kept else None
     left = wall_ms - kernel["other"]
-    out["ceiling_if_other_kernels_were_free_idle_kept"] = round(wall_ms / left, 3) if left > 0 else None
+    measured = sum(kernel.values()) > 0   # no device kernels (the CPU smoke test): no ceiling to state
+    out["ceiling_if_other_kernels_were_free_idle_kept"] = round(wall_ms / left, 3) if measured and left > 0 else None
     for name, record in configs.items():
         if name == "stock" or not record.get("kernel_ms"):
             continue
@@ -168,6 +169,11 @@ def ceilings(stock: dict, configs: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- profiling
+def is_annotation(event) -> bool:
+    """A device-side range the profiler draws (ProfilerStep#N, record_function), not a kernel."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith("ProfilerStep")
+
+
 def kernel_events(profiler, device: str) -> list:
     """(kernel name, device us, launching CPU ops innermost first) for every device kernel the profiler kept.
 
@@ -176,20 +182,26 @@ def kernel_events(profiler, device: str) -> list:
     events = profiler.events()
     if device != "cuda":
         return []
-    by_id = {}
+    # every CPU op lists the kernels it launched (FunctionEvent.kernels, in every torch release since 1.x); the
+    # device events are the complete list: each takes the launching op of a same-named, same-length listed kernel
+    # (a kernel no op claims keeps no ops)
+    launched: dict = {}
     for event in events:
-        if event.device_type == torch.autograd.DeviceType.CPU and event.linked_correlation_id == 0:
-            by_id.setdefault(event.id, event)
-    kernels = []
-    for event in events:
-        if event.device_type != torch.autograd.DeviceType.CUDA:
+        if event.device_type != torch.autograd.DeviceType.CPU or not event.kernels:
             continue
-        ops = []
-        parent = by_id.get(event.linked_correlation_id)
+        ops, parent = [], event
         while parent is not None and len(ops) < 12:
             ops.append(parent.name)
             parent = parent.cpu_parent
-        kernels.append((event.name, event.time_range.end - event.time_range.start, tuple(ops)))
+        for kernel in event.kernels:
+            launched.setdefault((kernel.name, kernel.duration), []).append(tuple(ops))
+    kernels = []
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CUDA or is_annotation(event):
+            continue
+        duration = event.time_range.end - event.time_range.start
+        claims = launched.get((event.name, duration))
+        kernels.append((event.name, duration, claims.pop() if claims else ()))
     return kernels
 
 
@@ -230,44 +242,62 @@ def time_steps(generation, patched, inputs, steps: int, warmup: int, seed: int, 
             "s_per_step": round(statistics.median(later), 4)}
 
 
-def run_pass(generation, session, spec, resolution, config: str, fused_names, options, device, profiled: bool):
-    """One config's timing (profiled False) or profile (True) pass; errors are recorded, not raised."""
+def profile_record(wall_ms: float, kernels: list, cpu_events: int, fused_names: frozenset) -> dict:
+    table = summarise(kernels, fused_names)
+    total = sum(c["ms"] for c in table.values())
+    return {"profiled_wall_ms": round(wall_ms, 3), "kernel_ms_total": round(total, 3),
+            "idle_ms": round(wall_ms - total, 3), "kernel_launches": sum(c["launches"] for c in table.values()),
+            "cpu_events": cpu_events, "kernel_ms": {c: table[c]["ms"] for c in CATEGORIES}, "categories": table}
+
+
+def run_config(generation, session, spec, resolutions, config: str, fused_names, options, device) -> dict:
+    """One config built once (FP8 copies are quantised once), timed at every resolution, then profiled at every
+    resolution, so no timing of this config follows a profile of it. resolution name -> record; an error is
+    recorded in the records it concerns, not raised."""
     import torch
-    record = {}
+    records = {generation.resolution_name(r): {} for r in resolutions}
     patched = None
     run = generation.parse_run_spec(config)
     try:
         base = session.load(spec, run)
         patched, details = generation.build_config(run.config, base)
-        record["node_inputs"] = details.get("node_inputs")
-        record["training_mode"] = base.model.diffusion_model.training
-        inputs = generation.inputs_for(spec, resolution, options.tiny, options.seed)
-        with torch.inference_mode():
-            if not profiled:
-                record.update(time_steps(generation, patched, inputs, options.steps, options.warmup_steps,
-                                         options.seed, device))
-            else:
-                latent, noise, positive = inputs
-                generation.sample(patched, noise, latent, positive, 1, options.seed)   # warm-up of this build
-                generation.synchronize(device)
-                wall_ms, kernels, cpu_ops = profile_step(generation, patched, inputs, options.seed, device)
-                table = summarise(kernels, fused_names)
-                total = sum(c["ms"] for c in table.values())
-                record.update({"profiled_wall_ms": round(wall_ms, 3), "kernel_ms_total": round(total, 3),
-                               "idle_ms": round(wall_ms - total, 3),
-                               "kernel_launches": sum(c["launches"] for c in table.values()),
-                               "cpu_events": cpu_ops,
-                               "kernel_ms": {c: table[c]["ms"] for c in CATEGORIES}, "categories": table})
-    except Exception as error:   # one config's failure must not lose the others
-        record["error"] = f"{type(error).__name__}: {error}"
-        record["traceback"] = traceback.format_exc()[-4000:]
-        print(f"  {config}: {record['error']}", flush=True)
+        for record in records.values():
+            record.update({"node_inputs": details.get("node_inputs"),
+                           "training_mode": base.model.diffusion_model.training})
+        for phase in ("timing", "profile"):
+            for resolution in resolutions:
+                name = generation.resolution_name(resolution)
+                record = records[name]
+                if "error" in record:
+                    continue
+                print(f"{spec.key} {name} {config} {phase} ...", flush=True)
+                try:
+                    inputs = generation.inputs_for(spec, resolution, options.tiny, options.seed)
+                    with torch.inference_mode():
+                        if phase == "timing":
+                            record.update(time_steps(generation, patched, inputs, options.steps,
+                                                     options.warmup_steps, options.seed, device))
+                            print(f"  {record['s_per_step']} s/step", flush=True)
+                        else:
+                            record.update(profile_record(*profile_step(generation, patched, inputs, options.seed,
+                                                                       device), fused_names))
+                            print(f"  wall {record['profiled_wall_ms']} ms profiled, kernels {record['kernel_ms']},"
+                                  f" idle {record['idle_ms']} ms", flush=True)
+                except Exception as error:   # one resolution's failure must not lose the others
+                    record["error"] = f"{phase}: {type(error).__name__}: {error}"
+                    record["traceback"] = traceback.format_exc()[-4000:]
+                    print(f"  {config} {name}: {record['error']}", flush=True)
+    except Exception as error:
+        for record in records.values():
+            record.setdefault("error", f"build: {type(error).__name__}: {error}")
+            record.setdefault("traceback", traceback.format_exc()[-4000:])
+        print(f"  {config}: {type(error).__name__}: {error}", flush=True)
     finally:
         if patched is not None:
             generation.release_config(patched, session.patcher)
         del patched
         generation.free_memory()
-    return record
+    return records
 
 
 def main(argv=None) -> int:
@@ -321,7 +351,9 @@ def main(argv=None) -> int:
               "environment": environment,
               "settings": {"steps": options.steps, "warmup_steps": options.warmup_steps, "seed": options.seed,
                            "tiny": options.tiny, **generation.SAMPLER, "allocator": options.allocator,
-                           "profiled_step": f"step 3 of a {PROFILED_STEPS}-step call, after a 1-step warm-up call",
+                           "profiled_step": f"step 3 of a {PROFILED_STEPS}-step call, after the timing pass of the same build",
+                           "order": "per model: configs in turn, each built once, timed at every resolution, "
+                                    "then profiled at every resolution",
                            "weights_loaded": generation.WEIGHTS_LOADED[False], "model_mode": "train",
                            "fused_dit_kernel_names": sorted(fused_names),
                            "activities": ["CPU", "CUDA"] if device == "cuda" else ["CPU"]},
@@ -331,29 +363,21 @@ def main(argv=None) -> int:
         resolutions = spec.tiny_resolutions if options.tiny else spec.resolutions
         if wanted_resolutions:
             resolutions = [r for r in resolutions if generation.resolution_name(r) in wanted_resolutions]
+        entries = {}
         for resolution in resolutions:
             name = generation.resolution_name(resolution)
-            entry = {"model": model_key, "resolution": name, "weights": "bf16", "configs": {}}
-            report["results"].append(entry)
-            for profiled in (False, True):
-                for config in options.configs:
-                    print(f"{model_key} {name} {config} {'profile' if profiled else 'timing'} ...", flush=True)
-                    record = entry["configs"].setdefault(config, {})
-                    result = run_pass(generation, session, spec, resolution, config, fused_names, options, device,
-                                      profiled)
-                    if "error" in result and "error" in record:
-                        result["error"] = record["error"] + "; " + result["error"]
-                    record.update(result)
-                    if profiled and "kernel_ms" in record:
-                        print(f"  wall {record['profiled_wall_ms']} ms profiled, kernels {record['kernel_ms']}, "
-                              f"idle {record['idle_ms']} ms", flush=True)
-                    elif not profiled and "s_per_step" in record:
-                        print(f"  {record['s_per_step']} s/step", flush=True)
-                    report["setup"] = session.setup
-                    generation.write_report(report, options.out)
-            entry["derived"] = ceilings(entry["configs"].get("stock", {}), entry["configs"])
-            print(f"  derived: {entry['derived']}", flush=True)
+            entries[name] = {"model": model_key, "resolution": name, "weights": "bf16", "configs": {}}
+            report["results"].append(entries[name])
+        for config in options.configs:
+            records = run_config(generation, session, spec, resolutions, config, fused_names, options, device)
+            for name, record in records.items():
+                entries[name]["configs"][config] = record
+            report["setup"] = session.setup
             generation.write_report(report, options.out)
+        for name, entry in entries.items():
+            entry["derived"] = ceilings(entry["configs"].get("stock", {}), entry["configs"])
+            print(f"{model_key} {name} derived: {entry['derived']}", flush=True)
+        generation.write_report(report, options.out)
         session.unload()
     print(f"wrote {options.out}")
     return 0

@@ -108,4 +108,5 @@ def test_ceilings_without_device_kernels_are_not_invented(step_profile):
     empty = {c: 0.0 for c in step_profile.CATEGORIES}
     derived = step_profile.ceilings({"s_per_step": 0.2, "kernel_ms": empty}, {})
     assert derived["ceiling_if_all_non_gemm_non_attention_work_were_free"] is None
+    assert derived["ceiling_if_other_kernels_were_free_idle_kept"] is None
     assert step_profile.ceilings({"error": "failed"}, {}) == {}
