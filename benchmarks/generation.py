@@ -12,11 +12,15 @@ ComfyUI releases do in BaseModel.__init__.
 Configs (the MODEL a workflow hands to KSampler):
     stock            UNETLoader's model as loaded
     overlay          the pack's Fused DiT Ops node (norm_rope, adaln, gate), FP8 off
-    overlay_fp8      the same node with fp8_linear on
+    overlay_fp8      the same node with fp8_linear on (fp8_weights "replace", the default: FP8 codes in the
+                     Linears' place through ComfyUI's object patches)
+    overlay_fp8_alongside  the same with fp8_weights "alongside" (codes beside the bf16 weights)
     comfy_fp8        UNETLoader weight_dtype fp8_e4m3fn (ComfyUI stores FP8, casts per layer)
     comfy_fp8_fast   the same with `--fast fp8_matrix_mult` (comfy.cli_args.args.fast set as the CLI would)
     compile          ComfyUI's TorchCompileModel node (comfy_api.torch_helpers.set_torch_compile_wrapper, inductor)
     overlay_compile  the Fused DiT Ops node, then TorchCompileModel
+    overlay_compile_allops  the same with every fused op kept as a custom op under compile (by default the ops
+                     that Inductor fuses as well itself are left to it: fused_dit.integration.compiled)
 A run spec is CONFIG[@WEIGHTS][:eval], e.g. `overlay_fp8@fp8_e4m3fn` (the node's FP8 on ComfyUI's fp8 weights) or
 `comfy_fp8_fast:eval`.
 
@@ -55,7 +59,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))   # results_io, also when imported from elsewhere
 
-CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile")
+CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
+           "overlay_fp8_alongside", "overlay_compile_allops")
+COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops")
 WEIGHTS = ("bf16", "fp8_e4m3fn")
 # configs that only exist on ComfyUI's fp8 weights
 FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
@@ -384,7 +390,7 @@ class Session:
                 else:
                     record["fp8_linear_calls"] = count_scaled_mm(one_step)
                 record["fp8_linear_calls_counted_by"] = self.options.count
-                if run.config in ("compile", "overlay_compile"):
+                if run.config in COMPILE_CONFIGS:
                     record["dynamo"] = dynamo_counters()
             out = out.float().cpu()
             record["output_finite"] = bool(torch.isfinite(out).all())
@@ -401,9 +407,10 @@ class Session:
             if run.eval_mode and self.patcher is not None:
                 self.patcher.model.train()
             del patched
-            if run.config in ("compile", "overlay_compile"):
+            if run.config in COMPILE_CONFIGS:
                 import torch._dynamo
                 torch._dynamo.reset()
+                set_ops_under_compile(None)
             free_memory()
         return record
 
@@ -448,19 +455,41 @@ def build_config(config: str, base):
         return base, {}
     details = {}
     patched = base
-    if config in ("overlay", "overlay_fp8", "overlay_compile"):
+    if config.startswith("overlay"):
         from comfyui_fused_dit import FusedDiTOps
         node = FusedDiTOps()
         inputs = {name: True for name in ("norm_rope", "adaln", "gate")}
-        inputs["fp8_linear"] = config == "overlay_fp8"
+        inputs["fp8_linear"] = config.startswith("overlay_fp8")
+        if inputs["fp8_linear"]:
+            inputs["fp8_weights"] = "alongside" if config == "overlay_fp8_alongside" else "replace"
+        started = time.perf_counter()
         (patched,) = node.patch(patched, **inputs)
         details["node_inputs"] = inputs
-    if config in ("compile", "overlay_compile"):
+        details["node_s"] = round(time.perf_counter() - started, 2)
+        details["object_patches"] = len(getattr(patched, "object_patches", {}))
+    if config == "overlay_compile_allops":
+        details["ops_under_compile"] = set_ops_under_compile(("norm_rope", "adaln", "gate"))
+    elif config == "overlay_compile":
+        details["ops_under_compile"] = set_ops_under_compile(None)
+    if config in COMPILE_CONFIGS:
         from comfy_api.torch_helpers import set_torch_compile_wrapper
         patched = patched.clone()   # TorchCompileModel.execute: m = model.clone(); set_torch_compile_wrapper(m, ...)
         set_torch_compile_wrapper(model=patched, backend="inductor")
         details["compile"] = {"backend": "inductor", "keys": ["diffusion_model"]}
     return patched, details
+
+
+def set_ops_under_compile(families) -> list[str] | None:
+    """Set which fused ops stay custom ops while Dynamo traces (None: the package's default); returns the set now
+    in force, or None where this fused_dit has no such policy."""
+    try:
+        from fused_dit.integration import compiled
+    except ImportError:
+        return None
+    if not hasattr(compiled, "_DEFAULT_UNDER_COMPILE"):
+        compiled._DEFAULT_UNDER_COMPILE = compiled.UNDER_COMPILE
+    compiled.UNDER_COMPILE = compiled._DEFAULT_UNDER_COMPILE if families is None else frozenset(families)
+    return sorted(compiled.UNDER_COMPILE)
 
 
 def release_config(patched, base) -> None:

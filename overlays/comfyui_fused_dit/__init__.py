@@ -3,15 +3,22 @@
 The node clones the ModelPatcher and adds an APPLY_MODEL wrapper (the hook ComfyUI's own torch.compile helper
 uses) that swaps the overlay forwards into the diffusion model before each model call and restores the stock
 forwards in `finally`, so the original MODEL output, other branches of the graph and other models are untouched.
-FP8 weight copies persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the
-patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
+With FP8 on, `fp8_weights` says where the bf16 weights stay: "replace" (the default) swaps each FP8 Linear for
+FP8 codes through ComfyUI's object patches on the clone (fused_dit.integration.fp8_codes: 1 byte per parameter on
+the GPU instead of 2, restored by ComfyUI when it unloads the clone); "alongside" keeps the bf16 weights and
+caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per parameter more). The cached codes
+persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
 anything else raises a clear error when the node runs.
 
 ComfyUI is imported lazily inside the node so the package imports without it (tests use fakes).
 """
 from __future__ import annotations
 
+import logging
+
 WRAPPER_KEY = "fused_dit"
+FP8_WEIGHTS = ("replace", "alongside")
+log = logging.getLogger("fused_dit")
 # the values of comfy.patcher_extension.WrappersMP.APPLY_MODEL and CallbacksMP.ON_CLEANUP, used when ComfyUI's
 # module is not importable (tests); in ComfyUI the constants are read from the module itself
 _APPLY_MODEL = "apply_model"
@@ -60,14 +67,21 @@ class FusedDiTOps:
             "gate": ("BOOLEAN", {"default": True, "tooltip": "fused gated residual add"}),
             "fp8_linear": ("BOOLEAN", {"default": False,
                                        "tooltip": "FP8 GEMMs for the blocks' Linear layers (sm_89+; lossy)"}),
+        }, "optional": {
+            "fp8_weights": (list(FP8_WEIGHTS), {
+                "default": "replace",
+                "tooltip": "with fp8_linear: 'replace' keeps only FP8 codes of those Linears on the GPU (half "
+                           "their memory); 'alongside' keeps the bf16 weights too (exact bf16 where FP8 declines)"}),
         }}
 
-    def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False):
+    def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False, fp8_weights="replace"):
         import fused_dit
         from fused_dit.integration import supported_blocks
 
         # raises UnsupportedModelError (a ValueError) with the model's class name for anything but Flux / Wan
         supported_blocks(model.model.diffusion_model)
+        if fp8_weights not in FP8_WEIGHTS:
+            raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHTS)}")
         flags = {"norm_rope": norm_rope, "adaln": adaln, "gate": gate, "fp8_linear": fp8_linear}
         ops = tuple(name for name in fused_dit.OP_FAMILIES if flags[name])
         apply_model, on_cleanup = _hook_names()
@@ -75,6 +89,15 @@ class FusedDiTOps:
         patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
         if ops:
             patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(ops))
+        if fp8_linear and fp8_weights == "replace":
+            from fused_dit.integration import fp8_linear_modules
+            from fused_dit.integration.fp8_codes import add_object_patches
+            replaced = add_object_patches(patched, fp8_linear_modules(model.model.diffusion_model))
+            if replaced.reason:
+                log.info("fused_dit: fp8_weights=replace left the bf16 weights (%s)", replaced.reason)
+            else:
+                log.info("fused_dit: %d Linears hold FP8 codes in place of their weights (%.1f GiB less)",
+                         replaced.linears, replaced.bytes_saved / 2 ** 30)
         if fp8_linear and hasattr(patched, "add_callback_with_key"):
             patched.remove_callbacks_with_key(on_cleanup, WRAPPER_KEY)
             patched.add_callback_with_key(on_cleanup, WRAPPER_KEY, _drop_fp8_weights)

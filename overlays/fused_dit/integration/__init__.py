@@ -93,23 +93,32 @@ def forward_matches(block: torch.nn.Module, class_name: str, expected_parameters
     return None
 
 
-def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
-    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock.
-
-    Returns the Linear modules that now run in FP8.
-    """
-    linears: list[torch.nn.Module] = []
+def _fp8_units(block: torch.nn.Module, skip_prefixes: tuple[str, ...]):
+    """(module, is_ffn) for each unit of a block that runs in FP8: GELU(tanh) FFNs as one, other Linears alone;
+    modulation Linears (skip_prefixes) stay stock."""
     handled: set[int] = set()
     for name, module in block.named_modules():
         if any(name == p or name.startswith(p + ".") for p in skip_prefixes) or id(module) in handled:
             continue
         if is_gelu_tanh_ffn(module):
             handled.update({id(module[0]), id(module[2])})
-            slot_of(module)
+            yield module, True
+        elif is_linear(module):
+            yield module, False
+
+
+def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
+    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock.
+
+    Returns the Linear modules that now run in FP8.
+    """
+    linears: list[torch.nn.Module] = []
+    for module, is_ffn in _fp8_units(block, skip_prefixes):
+        slot_of(module)
+        if is_ffn:
             install_forward(module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock), "fp8_ffn")
             linears += [module[0], module[2]]
-        elif is_linear(module):
-            slot_of(module)
+        else:
             install_forward(module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock), "fp8_linear")
             linears.append(module)
     return linears
@@ -121,6 +130,10 @@ def install_block_overlays(block, ops, report, class_name, expected_parameters, 
     reason = forward_matches(block, class_name, expected_parameters)
     if reason:
         return reason
+    if report.get(_COLLECT_ONLY):    # fp8_linear_modules: which Linears, nothing installed
+        for module, is_ffn in _fp8_units(block, linear_skip):
+            report["_fp8_modules"].extend((module[0], module[2]) if is_ffn else (module,))
+        return None
     block_ops = ops - {"fp8_linear"}
     if block_ops:
         install_forward(block, lambda stock, *a, **kw: forward(block, block_ops, stock, *a, **kw),
@@ -151,6 +164,32 @@ def supported_blocks(model: torch.nn.Module) -> int:
     return count
 
 
+_COLLECT_ONLY = "_collect_only"
+
+
+def _each_block(model: torch.nn.Module, ops: frozenset, report: dict) -> None:
+    """Run the installer of every recognised block; blocks left stock are logged and listed in the report."""
+    installers = _block_installers()
+    for module in model.modules():
+        for class_name, installer in installers.items():
+            if any(c.__name__ == class_name for c in type(module).__mro__):
+                reason = installer(module, ops, report)
+                if reason:
+                    report["skipped"].append(f"{type(module).__name__}: {reason}")
+                    log.info("fused_dit: %s left stock (%s)", type(module).__name__, reason)
+                break
+
+
+def fp8_linear_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name in model, module) of every Linear `enable(model, ops=("fp8_linear",))` would run in FP8, in model
+    order, without installing anything; raises UnsupportedModelError like enable."""
+    supported_blocks(model)
+    report = {"blocks": 0, "fp8_linears": 0, "skipped": [], "_fp8_modules": [], _COLLECT_ONLY: True}
+    _each_block(model, frozenset({"fp8_linear"}), report)
+    chosen = {id(m) for m in report["_fp8_modules"]}
+    return [(name, module) for name, module in model.named_modules() if id(module) in chosen]
+
+
 def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongside") -> dict:
     """Install the overlays on every supported block of `model`; returns what was patched and what was skipped.
 
@@ -166,16 +205,8 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
         raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHT_STORAGE)}")
     supported_blocks(model)
     new_enable_epoch()
-    installers = _block_installers()
     report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
-    for module in model.modules():
-        for class_name, installer in installers.items():
-            if any(c.__name__ == class_name for c in type(module).__mro__):
-                reason = installer(module, ops, report)
-                if reason:
-                    report["skipped"].append(f"{type(module).__name__}: {reason}")
-                    log.info("fused_dit: %s left stock (%s)", type(module).__name__, reason)
-                break
+    _each_block(model, ops, report)
     fp8_modules = report.pop("_fp8_modules", [])
     if fp8_weights == "replace":
         freed = [store_fp8_only(module) for module in fp8_modules]

@@ -21,7 +21,9 @@ Weight storage: by default the FP8 codes are held beside the module's bf16 weigh
 the GPU). `store_fp8_only` moves the bf16 weight to host memory once its codes exist, so the GPU holds 1 byte per
 parameter instead of 2 (`fused_dit.enable(model, fp8_weights="replace")`); `restore_stored_weight` moves it back.
 While it is away, a call the FP8 forward declines runs the stock forward with the weight brought back to the GPU
-for that call (slow, logged).
+for that call (slow, logged). In ComfyUI the node swaps whole modules for `fp8_codes.Fp8CodesLinear` instead
+(codes in the weight's place, through ComfyUI's object patches); their e4m3 weights are the overlay's own codes
+(`DYNAMIC_INPUT_ATTR`) and take the same path as codes kept alongside.
 
 Under torch.compile the module forwards are one custom op each (`fp8_linear_module`, `fp8_ffn_module`), whose
 implementation is the eager forward of this module: Dynamo sees one opaque call taking the input and the module's
@@ -45,6 +47,9 @@ from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
 _CACHE_ATTR = "_fused_dit_fp8_weight"
 _PLAN_ATTR = "_fused_dit_fp8_plan"
 _STORED_ATTR = "_fused_dit_fp8_stored"
+# set (True) on modules whose e4m3 weight holds codes of the overlay's own quantisation (fp8_codes.Fp8CodesLinear):
+# their activations get dynamic scales; other e4m3 weights are ComfyUI fp8 checkpoints with its static semantics
+DYNAMIC_INPUT_ATTR = "fused_dit_dynamic_input"
 _grad_enabled = torch.is_grad_enabled
 
 def autograd_needs_stock(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -141,7 +146,12 @@ def fp8_weight_of(module: torch.nn.Module) -> op.Fp8Weight:
     cached = module.__dict__.get(_CACHE_ATTR)
     if cached is not None and (cached.source_key == key or _stored_intact(module) is not None):
         return cached
-    if weight.dtype == FP8_DTYPE:
+    if weight.dtype == FP8_DTYPE and getattr(module, DYNAMIC_INPUT_ATTR, False):
+        # fp8_codes.Fp8CodesLinear: the overlay's own codes, activations quantised as with the weights alongside
+        scale = module.scale_weight.detach().to(weight.device, torch.float32)
+        fresh = op.Fp8Weight(codes=weight.detach(), scale=scale, static_input=False, input_scale=None,
+                             source_key=key)
+    elif weight.dtype == FP8_DTYPE:
         scale_weight = getattr(module, "scale_weight", None)
         scale_input = getattr(module, "scale_input", None)
         fresh = op.Fp8Weight(
@@ -397,14 +407,19 @@ def _traced_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forwa
     # decided while tracing (Dynamo guards grad mode and requires_grad): the custom op has no backward
     if _any_requires_grad(x, (module,)):
         return stock_forward(x)
-    linear = _LINEAR_CLAMPING if module.weight.dtype == FP8_DTYPE else _LINEAR
+    linear = _LINEAR_CLAMPING if _clamps_input(module) else _LINEAR
     return linear(x, module._fused_dit_slot, module.weight.shape[0])
+
+
+def _clamps_input(module: torch.nn.Module) -> bool:
+    """Whether the module's FP8 forward clamps its input in place: ComfyUI's fp8 checkpoints' static semantics."""
+    return module.weight.dtype == FP8_DTYPE and not getattr(module, DYNAMIC_INPUT_ATTR, False)
 
 
 def _traced_ffn_forward(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) -> torch.Tensor:
     if _any_requires_grad(x, (ffn[0], ffn[2])):
         return stock_forward(x)
-    ffn_op = _FFN_CLAMPING if ffn[0].weight.dtype == FP8_DTYPE else _FFN
+    ffn_op = _FFN_CLAMPING if _clamps_input(ffn[0]) else _FFN
     return ffn_op(x, ffn._fused_dit_slot, ffn[2].weight.shape[0])
 
 
