@@ -68,6 +68,7 @@ DEFINITIONS = {
         "stock s_per_step / (stock s_per_step - stock other kernel time): the other kernels gone, the unprofiled "
         "step's idle gaps kept",
     "overlay_share_left": "(config's other + fused_dit kernel time) / stock's other kernel time",
+    "idle_ms_unprofiled": "s_per_step (unprofiled) minus the profiled step's summed kernel time",
     "speedup_vs_stock": "stock s_per_step / config's s_per_step",
 }
 
@@ -160,7 +161,11 @@ def ceilings(stock: dict, configs: dict) -> dict:
         if name == "stock" or not record.get("kernel_ms"):
             continue
         spent = record["kernel_ms"]["other"] + record["kernel_ms"]["fused_dit"]
+        total = sum(record["kernel_ms"].values())
         out[name] = {"speedup_vs_stock": round(wall / record["s_per_step"], 3) if record.get("s_per_step") else None,
+                     "kernel_ms_total": round(total, 3),
+                     "idle_ms_unprofiled": (round(record["s_per_step"] * 1e3 - total, 3)
+                                            if record.get("s_per_step") else None),
                      "other_plus_fused_dit_ms": round(spent, 3),
                      "overlay_share_left": round(spent / kernel["other"], 3) if kernel["other"] else None,
                      "gemm_attention_ms": round(record["kernel_ms"]["gemm"] + record["kernel_ms"]["fp8_gemm"]

@@ -101,6 +101,7 @@ def test_ceilings_follow_their_definitions(step_profile):
     assert derived["stock_idle_ms_unprofiled"] == 10.0                                     # 200 - 190
     assert derived["overlay"]["overlay_share_left"] == 0.5                                 # (9 + 6) / 30
     assert derived["overlay"]["speedup_vs_stock"] == round(0.2 / 0.18, 3)
+    assert derived["overlay"]["idle_ms_unprofiled"] == 5.0                                 # 180 - 175
     assert "stock" not in {k for k, v in derived.items() if isinstance(v, dict)}
 
 
