@@ -659,8 +659,9 @@ def combine(reports: list[dict]) -> dict:
         for run in report["runs"]:
             runs[run_key(run)] = run
     combined["runs"] = list(runs.values())
-    combined["calls"] = [{"environment": r.get("environment"), "settings": r.get("settings"),
-                          "setup": r.get("setup")} for r in reports]
+    # a report that is itself combined brings its own calls along
+    combined["calls"] = [call for r in reports for call in (r.get("calls") or [
+        {"environment": r.get("environment"), "settings": r.get("settings"), "setup": r.get("setup")}])]
     loaded = lambda r: r.get("weights_loaded", WEIGHTS_LOADED[False])  # noqa: E731
     stock = {(r["model"], r["resolution"], loaded(r)): r.get("s_per_step") for r in combined["runs"]
              if r["config"] == "stock" and r["weights"] == "bf16" and r.get("model_mode", "train") == "train"}

@@ -123,6 +123,16 @@ KINDS: dict[str, Kind] = {
         "whole generations through ComfyUI's own models (seeded random weights): speed, memory and which code ran, "
         "stock against the overlays and torch.compile",
         "python benchmarks/generation.py --comfyui .realcomfy/ComfyUI --out benchmarks/results/generation.json", ""),
+    "step-profile.json": Kind(
+        "one sampling step of stock / overlay / overlay_fp8 by kernel category (GEMM, FP8 GEMM, attention, fused_dit, "
+        "other) and idle gap, and the no-FP8 ceiling with GEMMs and attention untouched",
+        "python benchmarks/step_profile.py --comfyui .realcomfy/ComfyUI --models flux-dev,wan2.1-t2v-14b --out "
+        "benchmarks/results/step-profile.json", "", H200),
+    "fp8-codes-comfyui.json": Kind(
+        "the node's fp8_weights=replace through a real ComfyUI 0.3.64 ModelPatcher (tiny models): same bits as "
+        "alongside, memory saved, stock restored bit for bit after every switch, LoRA baked, low-VRAM partial unload",
+        "python scripts/validate_fp8_codes.py --comfyui .realcomfy/ComfyUI --out "
+        "benchmarks/results/fp8-codes-comfyui.json", "", H200),
     "comfy-server.json": Kind(
         "the real ComfyUI server with the overlay pack installed: generations queued through its HTTP API, the "
         "node registered, which code ran",
