@@ -74,8 +74,12 @@ def defining_module_global(block: torch.nn.Module, class_name: str, name: str):
     """A global of the module that defines `class_name` (walked up block's MRO), e.g. ComfyUI's `attention`."""
     for cls in type(block).__mro__:
         if cls.__name__ == class_name:
-            # the class's forward sees its module's globals even when the module is not in sys.modules
-            namespace = getattr(cls.forward, "__globals__", None) or vars(sys.modules[cls.__module__])
+            # the class's forward sees its module's globals even when the module is not in sys.modules. No truth
+            # test of the dict: under torch.compile Dynamo would guard on its length, which changes whenever a
+            # graph break adds resume functions to the module, and every step would recompile
+            namespace = getattr(cls.forward, "__globals__", None)
+            if namespace is None:
+                namespace = vars(sys.modules[cls.__module__])
             return namespace[name]
     raise LookupError(f"{type(block).__name__} has no base class {class_name}")
 
