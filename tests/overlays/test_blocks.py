@@ -5,6 +5,8 @@ FP8 linears decline on CPU (logged), so with `fp8_linear` enabled the result mus
 """
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -99,3 +101,18 @@ def test_block_with_changed_signature_is_left_stock():
     report = fused_dit.enable(block, ops=("adaln",))
     assert report["blocks"] == 0 and "the overlay was written for" in report["skipped"][0]
     assert "forward" not in block.__dict__
+
+
+@pytest.mark.parametrize("model_name", ["flux", "wan"])
+def test_a_deep_copy_of_a_model_that_had_the_overlays_runs_its_own_modules(model_name):
+    # the overlay forward of the last enable is kept for the next one; deepcopy brought it along, still naming the
+    # original's modules, so the copy ran the fp32 original's Linears on its bf16 inputs (validate_real_blocks.py)
+    make = blocks.make_flux_stack if model_name == "flux" else blocks.make_wan_stack
+    model, inputs = make()
+    fused_dit.enable(model, ops=fused_dit.OP_FAMILIES)
+    fused_dit.disable(model)
+    twin = copy.deepcopy(model).to(torch.bfloat16)
+    twin_inputs = {k: v if k in ("pe", "freqs") else v.to(torch.bfloat16) for k, v in inputs.items()}
+    stock = blocks.run(twin, twin_inputs)
+    # on CPU every FP8 Linear declines, so the stock forwards of the copy's own modules must run
+    assert torch.equal(blocks.run(twin, twin_inputs, ops=("fp8_linear",)), stock)

@@ -29,8 +29,10 @@ OP_FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
 # where the FP8 linears' bf16/fp16 weights stay: beside their FP8 codes on the GPU, or in host memory
 FP8_WEIGHT_STORAGE = ("alongside", "replace")
 OVERLAY_MARK = "_fused_dit_overlay"
-# (key, saved forward, the partial): the overlay forward of the last enable, handed out again by the next enable of
-# the same overlay, so torch.compile's guards on `module.forward` hold across ComfyUI's enable/disable per step
+# (key, saved forward, the partial, id of the module): the overlay forward of the last enable, handed out again by
+# the next enable of the same overlay, so torch.compile's guards on `module.forward` hold across ComfyUI's
+# enable/disable per step. The id: a deep copy of the module brings the record along, but its partial's lambdas
+# still name the original module (deepcopy keeps functions as they are)
 _REUSED_FORWARD_ATTR = "_fused_dit_reused_forward"
 
 
@@ -49,11 +51,11 @@ def install_forward(module: torch.nn.Module, overlay_forward, key) -> None:
     saved = module.__dict__.get("forward")
     module.__dict__[SAVED_FORWARD_ATTR] = saved
     reused = module.__dict__.get(_REUSED_FORWARD_ATTR)
-    if reused is not None and reused[0] == key and reused[1] is saved:
+    if reused is not None and reused[0] == key and reused[1] is saved and reused[3] == id(module):
         forward = reused[2]
     else:
         forward = functools.partial(overlay_forward, stock_forward_of(module))
-        module.__dict__[_REUSED_FORWARD_ATTR] = (key, saved, forward)
+        module.__dict__[_REUSED_FORWARD_ATTR] = (key, saved, forward, id(module))
     module.__dict__["forward"] = forward
     module.__dict__[OVERLAY_MARK] = True
 
