@@ -322,7 +322,7 @@ class Session:
                        "model_class": type(self.patcher.model).__name__,
                        "diffusion_model_class": f"{type(diffusion_model).__module__}.{type(diffusion_model).__name__}",
                        "parameters": sum(p.numel() for p in diffusion_model.parameters()),
-                       "weight_dtype": str(next(diffusion_model.parameters()).dtype).replace("torch.", ""),
+                       "weight_dtype": weight_dtype_of(diffusion_model),
                        "training_mode_after_load": diffusion_model.training,
                        "linear_class": linear_class_of(diffusion_model)})
         self.setup.append(record)
@@ -441,6 +441,14 @@ class Session:
         record["speedup_vs_stock"] = round(stock / record["s_per_step"], 3) if stock else None
 
 
+def weight_dtype_of(diffusion_model) -> str:
+    """The dtype most of the model's parameters are stored in (the first parameter can be a small fp32 one)."""
+    counts: dict = {}
+    for parameter in diffusion_model.parameters():
+        counts[parameter.dtype] = counts.get(parameter.dtype, 0) + parameter.numel()
+    return str(max(counts, key=counts.get)).replace("torch.", "")
+
+
 def linear_class_of(diffusion_model) -> str | None:
     import torch
     for module in diffusion_model.modules():
@@ -486,9 +494,7 @@ def set_ops_under_compile(families) -> list[str] | None:
         from fused_dit.integration import compiled
     except ImportError:
         return None
-    if not hasattr(compiled, "_DEFAULT_UNDER_COMPILE"):
-        compiled._DEFAULT_UNDER_COMPILE = compiled.UNDER_COMPILE
-    compiled.UNDER_COMPILE = compiled._DEFAULT_UNDER_COMPILE if families is None else frozenset(families)
+    compiled.UNDER_COMPILE = compiled.DEFAULT_UNDER_COMPILE if families is None else frozenset(families)
     return sorted(compiled.UNDER_COMPILE)
 
 

@@ -23,6 +23,7 @@ JSON says so. Nothing from ComfyUI is copied into this repository.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -30,31 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 
-def emulate_fp8_on_cpu() -> None:
-    """Let the FP8 path run where it cannot (CPU): dispatch accepts fp8_linear and the GEMM is emulated from the
-    codes (fused_dit.ops.fp8_linear.linear_fp8), as tests/overlays/conftest.py's fp8_calls fixture does."""
-    import torch.nn.functional as F
-    from fused_dit import dispatch
-    from fused_dit.ops import fp8_linear as fl
-    real_choose = dispatch.choose
-
-    def counted(function):
-        def call(*args, **kwargs):
-            EMULATED_CALLS[0] += 1
-            return function(*args, **kwargs)
-        return call
-
-    def choose(op, *tensors, min_capability=None):
-        if op == fl.OP:
-            return dispatch.Choice("triton", "validate_fp8_codes: the FP8 GEMM emulated")
-        return real_choose(op, *tensors, min_capability=min_capability)
-    dispatch.choose = choose
-    fl.linear_fp8_triton = counted(lambda x, w, b, settings=fl.SETTINGS: fl.linear_fp8(x, w, b, settings=settings))
-    fl.gelu_linear_fp8_triton = counted(lambda h, w, b, settings=fl.SETTINGS: fl.linear_fp8(
-        F.gelu(h, approximate="tanh"), w, b, settings=settings))
-
-
-EMULATED_CALLS = [0]   # calls of the emulated FP8 path (emulate_fp8_on_cpu)
+EMULATED_CALLS: list[str] = []   # calls of the emulated FP8 path (fused_dit.testing.fp8_emulated)
 
 
 class Checks:
@@ -88,12 +65,12 @@ def validate_model(generation, session, spec, checks: Checks, device: str) -> di
                 calls[0] += 1
                 return real(*a, **k)
             torch._scaled_mm = counted
-            emulated_before = EMULATED_CALLS[0]
+            emulated_before = len(EMULATED_CALLS)
             try:
                 out = generation.sample(model, noise, latent, positive, 2, 0).float().cpu()
             finally:
                 torch._scaled_mm = real
-            calls[0] += EMULATED_CALLS[0] - emulated_before
+            calls[0] += len(EMULATED_CALLS) - emulated_before
         codes = sum(isinstance(m, Fp8CodesLinear) for m in diffusion_model.modules())
         allocated = torch.cuda.memory_allocated() if device == "cuda" else None
         return {"label": label, "out": out, "scaled_mm_calls": calls[0], "codes_modules": codes,
@@ -189,14 +166,15 @@ def main(argv=None) -> int:
     comfyui = generation.import_comfyui(options.comfyui.resolve(), device, "comfy")
     import torch
     emulated = not (device == "cuda" and torch.cuda.get_device_capability() >= (8, 9))
-    if emulated:
-        emulate_fp8_on_cpu()
+    from fused_dit.testing import fp8_emulated
     session_options = argparse.Namespace(tiny=True, seed=0, save_checkpoint=False, work_dir=None,
                                          load_outside_inference_mode=False)
     session = generation.Session(session_options, device)
     checks = Checks()
-    models = [validate_model(generation, session, generation.MODELS[key], checks, device)
-              for key in options.models.split(",") if key]
+    # without an sm_89+ GPU the FP8 GEMM is emulated from the same codes, as the CPU tests do
+    with fp8_emulated(EMULATED_CALLS) if emulated else contextlib.nullcontext():
+        models = [validate_model(generation, session, generation.MODELS[key], checks, device)
+                  for key in options.models.split(",") if key]
     report = {"benchmark": "fp8-codes-comfyui", "script": "scripts/validate_fp8_codes.py",
               "environment": generation.environment(device, comfyui), "fp8_gemm": "emulated" if emulated else "real",
               "note": "Tiny models with seeded random weights: these are lifecycle checks, not speed or quality.",

@@ -8,6 +8,7 @@ wrote shows up as a mismatch instead of passing by luck.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -159,3 +160,36 @@ def assert_close_fp32(actual: torch.Tensor, expected: torch.Tensor, what: str = 
         raise AssertionError(f"{what}: {int(bad.sum())} of {a.numel()} elements outside atol={atol} rtol={rtol}; "
                              f"unwritten (NaN poison left) {unwritten}; max |diff| {max_diff:.3g}")
     return max_diff
+
+
+@contextlib.contextmanager
+def fp8_emulated(calls: list[str]):
+    """While inside: dispatch accepts the fp8_linear op wherever its kernels cannot run (CPU, below sm_89), and the
+    FP8 path's GEMM is emulated from the same codes and scales (`ops.fp8_linear.linear_fp8`); each call is appended
+    to `calls` ("linear", or "gelu_linear" for an FFN's second Linear). For CPU tests and checks of the FP8 module
+    logic; nothing it computes stands for a real FP8 GEMM's bits."""
+    import torch.nn.functional as F
+
+    from . import dispatch
+    from .ops import fp8_linear as fl
+
+    real = dispatch.choose, fl.linear_fp8_triton, fl.gelu_linear_fp8_triton
+
+    def choose(op, *tensors, min_capability=None):
+        if op == fl.OP:
+            return dispatch.Choice("triton", "fp8_emulated: the FP8 GEMM emulated from the codes")
+        return real[0](op, *tensors, min_capability=min_capability)
+
+    def linear(x, weight, bias, settings=fl.SETTINGS):
+        calls.append("linear")
+        return fl.linear_fp8(x, weight, bias, settings=settings)
+
+    def gelu_linear(h, weight, bias, settings=fl.SETTINGS):
+        calls.append("gelu_linear")
+        return fl.linear_fp8(F.gelu(h, approximate="tanh"), weight, bias, settings=settings)
+
+    dispatch.choose, fl.linear_fp8_triton, fl.gelu_linear_fp8_triton = choose, linear, gelu_linear
+    try:
+        yield calls
+    finally:
+        dispatch.choose, fl.linear_fp8_triton, fl.gelu_linear_fp8_triton = real

@@ -43,30 +43,10 @@ def seed() -> int:
 
 
 @pytest.fixture
-def fp8_calls(monkeypatch) -> list[str]:
+def fp8_calls() -> list[str]:
     """Dispatch accepts the fp8_linear op on CPU; every call of the FP8 path is recorded ("linear", or
-    "gelu_linear" for an FFN's second Linear) and emulated from the same codes (linear_fp8 on CPU)."""
-    import torch.nn.functional as F
-    from fused_dit import dispatch
-    from fused_dit.ops import fp8_linear as fl
+    "gelu_linear" for an FFN's second Linear) and emulated from the same codes (fused_dit.testing.fp8_emulated)."""
+    from fused_dit.testing import fp8_emulated
 
-    calls: list[str] = []
-    real_choose = dispatch.choose
-
-    def choose(op, *tensors, min_capability=None):
-        if op == fl.OP:
-            return dispatch.Choice("triton", "test: the FP8 GEMM emulated on CPU")
-        return real_choose(op, *tensors, min_capability=min_capability)
-
-    def linear(x, weight, bias, settings=fl.SETTINGS):
-        calls.append("linear")
-        return fl.linear_fp8(x, weight, bias, settings=settings)
-
-    def gelu_linear(h, weight, bias, settings=fl.SETTINGS):
-        calls.append("gelu_linear")
-        return fl.linear_fp8(F.gelu(h, approximate="tanh"), weight, bias, settings=settings)
-
-    monkeypatch.setattr(dispatch, "choose", choose)
-    monkeypatch.setattr(fl, "linear_fp8_triton", linear)
-    monkeypatch.setattr(fl, "gelu_linear_fp8_triton", gelu_linear)
-    return calls
+    with fp8_emulated([]) as calls:
+        yield calls

@@ -24,7 +24,8 @@ import fused_dit
 from fused_dit import library
 from fused_dit.integration import compiled
 from fused_dit.integration import fp8_modules
-from fused_dit.ops import adaln, gate_add, gelu_quantize_fp8, quantize_fp8, rms_rope
+# every op module imported: each registers its custom ops, which the fake-vs-real check enumerates
+from fused_dit.ops import adaln, gate_add, gelu_quantize_fp8, quantize_fp8, rms_rope  # noqa: F401
 
 MAKERS = {"flux": blocks.make_flux_stack, "wan": blocks.make_wan_stack}
 NO_FP8 = ("norm_rope", "adaln", "gate")

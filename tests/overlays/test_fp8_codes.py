@@ -13,7 +13,6 @@ both the CPU, so where weights live is checked by identity, not by device.
 """
 from __future__ import annotations
 
-import copy
 import uuid
 from types import SimpleNamespace
 
@@ -22,6 +21,7 @@ import torch
 
 import blocks
 import comfyui_fused_dit as node_pack
+from comfy_fakes import FakeModelPatcher
 import fused_dit
 from fused_dit.integration import fp8_codes, fp8_linear_modules
 from fused_dit.integration.fp8_codes import Fp8CodesLinear
@@ -42,9 +42,10 @@ def _set(obj, path, value):
     return previous
 
 
-class LifecyclePatcher:
+class LifecyclePatcher(FakeModelPatcher):
     def __init__(self, diffusion_model, load_device="cpu"):
-        self.model = SimpleNamespace(diffusion_model=diffusion_model, current_uuid=None, loaded_by=None)
+        super().__init__(diffusion_model)
+        self.model.current_uuid = self.model.loaded_by = None
         self.load_device = self.offload_device = torch.device(load_device)
         self.size = sum(p.numel() * p.element_size() for p in diffusion_model.parameters())
         self.patches: dict = {}
@@ -52,29 +53,12 @@ class LifecyclePatcher:
         self.object_patches: dict = {}
         self.object_patches_backup: dict = {}      # shared by clones, as in ComfyUI
         self.backup: dict = {}                     # shared by clones
-        self.wrappers: dict = {}
-        self.callbacks: dict = {}
 
     def clone(self):
-        twin = copy.copy(self)
+        twin = super().clone()                     # the backups stay shared
         twin.patches = {k: list(v) for k, v in self.patches.items()}
         twin.object_patches = dict(self.object_patches)
-        twin.wrappers = {t: {k: list(v) for k, v in d.items()} for t, d in self.wrappers.items()}
-        twin.callbacks = {t: {k: list(v) for k, v in d.items()} for t, d in self.callbacks.items()}
         return twin
-
-    # the node's calls
-    def add_wrapper_with_key(self, wrapper_type, key, wrapper):
-        self.wrappers.setdefault(wrapper_type, {}).setdefault(key, []).append(wrapper)
-
-    def remove_wrappers_with_key(self, wrapper_type, key):
-        self.wrappers.get(wrapper_type, {}).pop(key, None)
-
-    def add_callback_with_key(self, call_type, key, callback):
-        self.callbacks.setdefault(call_type, {}).setdefault(key, []).append(callback)
-
-    def remove_callbacks_with_key(self, call_type, key):
-        self.callbacks.get(call_type, {}).pop(key, None)
 
     def add_object_patch(self, name, obj):
         self.object_patches[name] = obj

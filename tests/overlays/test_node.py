@@ -22,34 +22,9 @@ import torch
 
 import blocks
 import comfyui_fused_dit as node_pack
+from comfy_fakes import FakeModelPatcher
 
 PRESTARTUP = Path(node_pack.__file__).with_name("prestartup_script.py")
-
-
-class FakeModelPatcher:
-    def __init__(self, diffusion_model):
-        self.model = SimpleNamespace(diffusion_model=diffusion_model)
-        self.wrappers: dict = {}
-        self.callbacks: dict = {}
-
-    def clone(self):
-        twin = FakeModelPatcher(self.model.diffusion_model)
-        twin.model = self.model
-        twin.wrappers = {t: {k: list(v) for k, v in d.items()} for t, d in self.wrappers.items()}
-        twin.callbacks = {t: {k: list(v) for k, v in d.items()} for t, d in self.callbacks.items()}
-        return twin
-
-    def add_wrapper_with_key(self, wrapper_type, key, wrapper):
-        self.wrappers.setdefault(wrapper_type, {}).setdefault(key, []).append(wrapper)
-
-    def remove_wrappers_with_key(self, wrapper_type, key):
-        self.wrappers.get(wrapper_type, {}).pop(key, None)
-
-    def add_callback_with_key(self, call_type, key, callback):
-        self.callbacks.setdefault(call_type, {}).setdefault(key, []).append(callback)
-
-    def remove_callbacks_with_key(self, call_type, key):
-        self.callbacks.get(call_type, {}).pop(key, None)
 
 
 class FakeExecutor:

@@ -16,6 +16,8 @@ import functools
 import inspect
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -130,37 +132,48 @@ def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) 
     return linears
 
 
-def install_block_overlays(block, ops, report, class_name, expected_parameters, forward,
-                           linear_skip: tuple[str, ...]) -> str | None:
-    """Swap one recognised block's forward (and its Linears for FP8) in; the reason it was left stock otherwise."""
-    reason = forward_matches(block, class_name, expected_parameters)
-    if reason:
-        return reason
-    if report.get(_COLLECT_ONLY):    # fp8_linear_modules: which Linears, nothing installed
-        for module, is_ffn in _fp8_units(block, linear_skip):
-            report["_fp8_modules"].extend((module[0], module[2]) if is_ffn else (module,))
-        return None
+@dataclass(frozen=True)
+class BlockSpec:
+    """A ComfyUI block class the overlays know (flux.BLOCKS, wan.BLOCKS)."""
+    class_name: str
+    parameters: tuple[str, ...]       # its forward's parameter names, the ones the overlay forward was written for
+    forward: Callable                 # forward(block, ops, stock, *args, **kwargs)
+    linear_skip: tuple[str, ...]      # submodules whose Linears stay stock under fp8_linear (the modulation)
+
+
+def install_block_overlays(block: torch.nn.Module, spec: BlockSpec, ops: frozenset) -> list[torch.nn.Module]:
+    """Swap one recognised block's forward (and its Linears for FP8) in; returns the Linears now in FP8."""
     block_ops = ops - {"fp8_linear"}
     if block_ops:
-        install_forward(block, lambda stock, *a, **kw: forward(block, block_ops, stock, *a, **kw),
+        install_forward(block, lambda stock, *a, **kw: spec.forward(block, block_ops, stock, *a, **kw),
                         ("block", block_ops))
-    if "fp8_linear" in ops:
-        linears = install_fp8_linears(block, linear_skip)
-        report["fp8_linears"] += len(linears)
-        # handed to enable() (which pops it) for fp8_weights="replace"; not part of the returned report
-        report.setdefault("_fp8_modules", []).extend(linears)
-    report["blocks"] += 1
-    return None
+    return install_fp8_linears(block, spec.linear_skip) if "fp8_linear" in ops else []
 
 
-def _block_installers():
+def _block_specs() -> dict[str, BlockSpec]:
     from . import flux, wan
-    return {**flux.INSTALLERS, **wan.INSTALLERS}
+    return {spec.class_name: spec for spec in (*flux.BLOCKS, *wan.BLOCKS)}
+
+
+def _matching_blocks(model: torch.nn.Module, skipped: list[str]):
+    """(block, spec) for every block of a known class whose forward is the one its overlay was written for; the
+    others are logged and listed in `skipped`."""
+    specs = _block_specs()
+    for module in model.modules():
+        for class_name, spec in specs.items():
+            if any(c.__name__ == class_name for c in type(module).__mro__):
+                reason = forward_matches(module, class_name, spec.parameters)
+                if reason:
+                    skipped.append(f"{type(module).__name__}: {reason}")
+                    log.info("fused_dit: %s left stock (%s)", type(module).__name__, reason)
+                else:
+                    yield module, spec
+                break
 
 
 def supported_blocks(model: torch.nn.Module) -> int:
     """How many blocks of `model` the overlays know; raises UnsupportedModelError when none."""
-    names = tuple(_block_installers())
+    names = tuple(_block_specs())
     count = sum(1 for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__))
     if not count:
         raise UnsupportedModelError(
@@ -170,29 +183,13 @@ def supported_blocks(model: torch.nn.Module) -> int:
     return count
 
 
-_COLLECT_ONLY = "_collect_only"
-
-
-def _each_block(model: torch.nn.Module, ops: frozenset, report: dict) -> None:
-    """Run the installer of every recognised block; blocks left stock are logged and listed in the report."""
-    installers = _block_installers()
-    for module in model.modules():
-        for class_name, installer in installers.items():
-            if any(c.__name__ == class_name for c in type(module).__mro__):
-                reason = installer(module, ops, report)
-                if reason:
-                    report["skipped"].append(f"{type(module).__name__}: {reason}")
-                    log.info("fused_dit: %s left stock (%s)", type(module).__name__, reason)
-                break
-
-
 def fp8_linear_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """(name in model, module) of every Linear `enable(model, ops=("fp8_linear",))` would run in FP8, in model
     order, without installing anything; raises UnsupportedModelError like enable."""
     supported_blocks(model)
-    report = {"blocks": 0, "fp8_linears": 0, "skipped": [], "_fp8_modules": [], _COLLECT_ONLY: True}
-    _each_block(model, frozenset({"fp8_linear"}), report)
-    chosen = {id(m) for m in report["_fp8_modules"]}
+    chosen = {id(linear) for block, spec in _matching_blocks(model, [])
+              for unit, is_ffn in _fp8_units(block, spec.linear_skip)
+              for linear in ((unit[0], unit[2]) if is_ffn else (unit,))}
     return [(name, module) for name, module in model.named_modules() if id(module) in chosen]
 
 
@@ -212,8 +209,11 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
     supported_blocks(model)
     new_enable_epoch()
     report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
-    _each_block(model, ops, report)
-    fp8_modules = report.pop("_fp8_modules", [])
+    fp8_modules: list[torch.nn.Module] = []
+    for block, spec in _matching_blocks(model, report["skipped"]):
+        fp8_modules += install_block_overlays(block, spec, ops)
+        report["blocks"] += 1
+    report["fp8_linears"] = len(fp8_modules)
     if fp8_weights == "replace":
         freed = [store_fp8_only(module) for module in fp8_modules]
         report["fp8_weights_stored_in_host_memory"] = sum(1 for b in freed if b)

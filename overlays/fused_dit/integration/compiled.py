@@ -20,7 +20,8 @@ from __future__ import annotations
 from ..library import compiling
 
 FAMILIES = frozenset({"norm_rope", "adaln", "gate"})
-UNDER_COMPILE: frozenset[str] = frozenset({"norm_rope"})
+DEFAULT_UNDER_COMPILE = frozenset({"norm_rope"})
+UNDER_COMPILE: frozenset[str] = DEFAULT_UNDER_COMPILE
 
 
 def fused(family: str, ops) -> bool:

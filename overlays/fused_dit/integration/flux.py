@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import compiled, defining_module_global, install_block_overlays
+from . import BlockSpec, compiled, defining_module_global
 
 DOUBLE = "DoubleStreamBlock"
 SINGLE = "SingleStreamBlock"
@@ -127,14 +127,5 @@ def single_block_forward(block, ops, stock, x, vec, pe, attn_mask=None, modulati
     return x
 
 
-def install_double(block, ops, report):
-    return install_block_overlays(block, ops, report, DOUBLE, DOUBLE_PARAMETERS, double_block_forward,
-                                  ("img_mod", "txt_mod"))
-
-
-def install_single(block, ops, report):
-    return install_block_overlays(block, ops, report, SINGLE, SINGLE_PARAMETERS, single_block_forward,
-                                  ("modulation",))
-
-
-INSTALLERS = {DOUBLE: install_double, SINGLE: install_single}
+BLOCKS = (BlockSpec(DOUBLE, DOUBLE_PARAMETERS, double_block_forward, ("img_mod", "txt_mod")),
+          BlockSpec(SINGLE, SINGLE_PARAMETERS, single_block_forward, ("modulation",)))

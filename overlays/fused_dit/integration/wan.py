@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import compiled, defining_module_global, install_block_overlays
+from . import BlockSpec, compiled, defining_module_global
 
 BLOCK = "WanAttentionBlock"
 BLOCK_PARAMETERS = ("x", "e", "freqs", "context", "context_img_len", "transformer_options")
@@ -68,8 +68,4 @@ def block_forward(block, ops, stock, x, e, freqs, context, context_img_len=257, 
     return _gated(x, y, repeat_e(e[5], x), ops)
 
 
-def install_block(block, ops, report) -> str | None:
-    return install_block_overlays(block, ops, report, BLOCK, BLOCK_PARAMETERS, block_forward, ("modulation",))
-
-
-INSTALLERS = {BLOCK: install_block}
+BLOCKS = (BlockSpec(BLOCK, BLOCK_PARAMETERS, block_forward, ("modulation",)),)
