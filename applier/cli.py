@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -10,17 +11,31 @@ import click
 
 from applier import __version__
 from applier.catalog import COMPONENTS, load_catalog, select_patches
-from applier.errors import EXIT_DRIFT, EXIT_INTERNAL, EXIT_OK, EXIT_VERIFY_FAILED, ApplierError, RefusedError
+from applier.errors import (EXIT_DRIFT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_VERIFY_FAILED,
+                            ApplierError, RefusedError)
 from applier.fsutil import io_failure
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like Ctrl-C (a BaseException, so no `except Exception` swallows it)."""
+
+
+def raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         cli.main(prog_name="applier")
     except BrokenPipeError:
         quiet_broken_pipe()
+
+
+INTERRUPTED_HINT = ("a run cut short is finished or rolled back by the next applier command on this install (its "
+                    "journal says what was in flight)")
 
 
 def quiet_broken_pipe() -> None:
@@ -44,7 +59,9 @@ class ApplierGroup(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:
-            raise
+            emit_error(ctx, "interrupted (Ctrl-C)", INTERRUPTED_HINT, EXIT_INTERRUPTED, "Interrupted")
+        except Terminated:
+            emit_error(ctx, "terminated (SIGTERM)", INTERRUPTED_HINT, EXIT_TERMINATED, "Terminated")
         except BrokenPipeError:
             quiet_broken_pipe()
         except OSError as exc:  # the file system refused something no check foresaw: still a message, exit 8
@@ -85,7 +102,7 @@ def target_options(func):
     func = json_option(func)
     func = click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path),
                         help="Another catalog folder (default: the packaged patches/).")(func)
-    func = click.option("--python", "python", type=click.Path(dir_okay=False, path_type=Path),
+    func = click.option("--python", "python", type=click.Path(path_type=Path),
                         help="The target's interpreter (overrides detection).")(func)
     func = click.option("--target", "-t", required=True, type=click.Path(path_type=Path),
                         help="ComfyUI folder, portable install, or Python env.")(func)
@@ -93,8 +110,39 @@ def target_options(func):
 
 
 def detect_target(target: Path, python: Path | None, *, gpu: bool = True):
-    from applier.detect import detect
-    return detect(target, python=python, gpu=gpu)
+    """The target as detected, with the interpreter --python names, else the one recorded for this install (a
+    conda env, a shared venv: given once with --python, reused by every later command), else the one found by
+    layout."""
+    from applier.detect import detect, with_interpreter
+    from applier.state import read_interpreter
+    found = detect(target, python=python, gpu=gpu)
+    if python is None:
+        recorded = read_interpreter(found.state_dir)
+        if recorded is not None and recorded != found.python:
+            if os.path.lexists(recorded):
+                found = with_interpreter(found, recorded, source="state")
+            else:
+                found.notes.append(f"the interpreter recorded for this install ({recorded}) is gone: pass --python "
+                                   "PATH to record another")
+    return found
+
+
+def remember_interpreter(found, catalog, python: Path | None) -> None:
+    """After a command that wrote with --python: record that interpreter for this install's later commands."""
+    from applier.allowlist import store_for
+    from applier.lock import target_lock
+    if python is None or found.python is None:
+        return
+    store = store_for(found, catalog)
+    with target_lock(store):
+        store.record_interpreter(Path(os.path.abspath(found.python)))
+
+
+def say_interpreter(found) -> None:
+    """Which interpreter a command used, when it was not simply the one in the install's own folder."""
+    if found.python is not None and found.python_source in ("--python", "state"):
+        how = "recorded for this install" if found.python_source == "state" else "--python"
+        click.echo(f"python: {found.python} ({how})")
 
 
 def out_json(data) -> None:
@@ -181,14 +229,14 @@ def list_cmd(target, python, patches_dir, as_json):
 
 
 def compute_statuses(target, python, patches_dir, only: tuple[str, ...] = ()):
+    from applier.allowlist import store_for
     from applier.journal import recover, recover_if_pending
     from applier.lock import target_lock
-    from applier.state import StateStore
     from applier.status import compute_status, needs_second_look
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
     check_known(catalog, only)
-    store = StateStore.for_target(found, catalog)
+    store = store_for(found, catalog)
     recovered = recover_if_pending(store)
     before = store.fingerprint()
     statuses = compute_status(found, catalog, store.load(), only, store.confinement)
@@ -196,7 +244,7 @@ def compute_statuses(target, python, patches_dir, only: tuple[str, ...] = ()):
         # A run in flight (files written, state not yet) looks like drift, or like a patch found in the files but
         # not recorded, to a reader that takes no lock: look again under the lock, once that run is done.
         try:
-            with target_lock(store.dir, reader=True):
+            with target_lock(store, reader=True):
                 recovered = recover(store) or recovered
                 statuses = compute_status(found, catalog, store.load(), only, store.confinement)
         except ApplierError as exc:
@@ -233,9 +281,10 @@ def status(target, python, patches_dir, as_json, only):
     statuses, found, recovered = compute_statuses(target, python, patches_dir, tuple(only))
     drift = [s for s in statuses if s.state in DRIFT]
     if as_json:
-        out_json({"target": str(found.root), "recovered": recovered, "drift": bool(drift),
-                  "patches": [s.to_json() for s in statuses]})
+        out_json({"target": str(found.root), "python": str(found.python) if found.python else None,
+                  "recovered": recovered, "drift": bool(drift), "patches": [s.to_json() for s in statuses]})
     else:
+        say_interpreter(found)
         if recovered:
             click.echo(recovered)
         for s in statuses:
@@ -244,11 +293,30 @@ def status(target, python, patches_dir, as_json, only):
             for f in s.files:
                 if f.state != "applied":
                     click.echo(f"{'':32}   {f.state}: {f.path} {f.note}")
-        if drift:
-            click.echo("drift found: `applier apply` re-applies lost patches; `applier revert --force` restores "
-                       "originals of modified files (saving the current bytes)")
+        for line in drift_advice(found.root, drift):
+            click.echo(line)
     if drift:
         sys.exit(EXIT_DRIFT)
+
+
+def drift_advice(root, drift) -> list[str]:
+    """What works after drift, per patch: lost ones are re-applied; for a hand edit, each way out, worded for what
+    it does to the edit."""
+    lines = []
+    lost = [s.id for s in drift if s.state == "lost"]
+    if lost:
+        lines.append(f"lost ({', '.join(lost)}): `applier apply --target {root}` applies them again")
+    for s in drift:
+        if s.state != "modified":
+            continue
+        base = f"applier revert --target {root} --only {s.id}"
+        lines += [f"modified ({s.id}): the patch is in place and the file was edited since. Choose:",
+                  f"  keep the edit as the patched state:      applier accept --target {root} --only {s.id}",
+                  f"  keep the edit, drop the patch's hunks:   {base}",
+                  f"  keep the file as it is, drop the record: {base} --forget",
+                  f"  back to the original bytes:              {base} --force   (the edit is saved under "
+                  ".applier/displaced/)"]
+    return lines
 
 
 # ------------------------------------------------------------------ apply / revert
@@ -278,13 +346,17 @@ def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
     chosen = select_patches(catalog, tuple(only), tuple(skip))
     explicit = bool(only) and all(o not in COMPONENTS for o in only)
     result = operations.apply(found, chosen, catalog=catalog, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
+    if not dry_run:
+        remember_interpreter(found, catalog, python)
     stale = [{"id": pid, "advice": advice} for pid, advice in result.stale]
     if as_json:
         out_json({"ok": not stale, "dry_run": dry_run, "recovered": result.recovered,
+                  "python": str(found.python) if found.python else None,
                   "warnings": result.warnings, "stale": stale, "patches": [p.to_json() for p in result.plans]})
         if stale:
             sys.exit(EXIT_DRIFT)
         return
+    say_interpreter(found)
     if result.recovered:
         click.echo(result.recovered)
     for plan in result.plans:
@@ -341,10 +413,14 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run, forget):
     catalog = load_catalog(patches_dir)
     check_known(catalog, tuple(only))
     result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run, forget=forget)
+    if not dry_run:
+        remember_interpreter(found, catalog, python)
     if as_json:
         return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
+                         "python": str(found.python) if found.python else None,
                          "displaced": str(result.displaced) if result.displaced else None,
                          "patches": [{"id": r.id, "files": [vars(f) for f in r.files]} for r in result.reports]})
+    say_interpreter(found)
     if result.recovered:
         click.echo(result.recovered)
     if not result.reports:
@@ -360,6 +436,31 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run, forget):
 
 @cli.command()
 @target_options
+@click.option("--only", multiple=True, metavar="ID", required=True, shell_complete=complete_patch_ids,
+              help="The applied patch whose edited files to accept. Repeatable.")
+def accept(target, python, patches_dir, as_json, only):
+    """Take files edited by hand since apply as the patch's new patched state (its hunks must still be there).
+
+    A later revert then reverses only the patch's hunks and keeps the edits. Example:
+    applier accept --target ComfyUI/ --only comfyui/max-resolution
+    """
+    from applier import operations
+    found = detect_target(target, python, gpu=False)
+    catalog = load_catalog(patches_dir)
+    check_known(catalog, tuple(only))
+    reports = operations.accept(found, catalog, tuple(only))
+    if as_json:
+        return out_json({"ok": True, "patches": [{"id": r.id, "files": [vars(f) for f in r.files]}
+                                                 for r in reports]})
+    say_interpreter(found)
+    for report in reports:
+        click.echo(f"{report.id}: accepted")
+        for f in report.files:
+            click.echo(f"    {f.action:16} {f.path}  {f.note}")
+
+
+@cli.command()
+@target_options
 def clean(target, python, patches_dir, as_json):
     """Remove .applier/ from a target where nothing is applied and no overlay is installed (displaced bytes stay).
 
@@ -369,8 +470,11 @@ def clean(target, python, patches_dir, as_json):
     found = detect_target(target, python, gpu=False)
     result = operations.clean(found, load_catalog(patches_dir))
     if as_json:
-        return out_json({"ok": True, "removed": result.removed, "kept": result.kept})
-    click.echo(f"removed {found.state_dir}" if result.removed else f"cleaned {found.state_dir}")
+        return out_json({"ok": True, "removed": result.removed, "existed": result.existed, "kept": result.kept})
+    if not result.existed:
+        click.echo(f"nothing to clean: {found.state_dir} does not exist")
+    else:
+        click.echo(f"removed {found.state_dir}" if result.removed else f"cleaned {found.state_dir}")
     for line in result.kept:
         click.echo(f"kept {line}")
 
@@ -432,13 +536,13 @@ def verify(target, python, patches_dir, as_json, only, kernels, device, real_imp
 
     Exit 0 only when no check FAILs (SKIP is never PASS). Example: applier verify --target ComfyUI/ --real-import
     """
+    from applier.allowlist import store_for
     from applier.journal import recover_if_pending
     from applier.resources import load_verify
-    from applier.state import StateStore
     verify_pkg = load_verify()
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
-    store = StateStore.for_target(found, catalog)
+    store = store_for(found, catalog)
     recover_if_pending(store)   # an interrupted apply/revert is finished before anything is judged
     state = store.load()
     tty = sys.stderr.isatty() and not as_json
@@ -486,9 +590,12 @@ def overlay_install(target, python, patches_dir, as_json):
     """
     from applier import overlays
     found = detect_target(target, python, gpu=False)
-    result = overlays.install(found, catalog=load_catalog(patches_dir))
+    catalog = load_catalog(patches_dir)
+    result = overlays.install(found, catalog=catalog)
+    remember_interpreter(found, catalog, python)
     if as_json:
-        return out_json({"ok": True, **result})
+        return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})
+    say_interpreter(found)
     click.echo(f"installed overlay pack {result['pack']} {result['version']}: {len(result['files'])} files")
     for where in result["roots"]:
         click.echo(f"    {where}")
@@ -506,7 +613,8 @@ def overlay_uninstall(target, python, patches_dir, as_json, force):
     found = detect_target(target, python, gpu=False)
     result = overlays.uninstall(found, catalog=load_catalog(patches_dir), force=force)
     if as_json:
-        return out_json({"ok": True, **result})
+        return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})
+    say_interpreter(found)
     click.echo(f"removed {len(result['removed'])} files" if result["removed"] else "no overlay installed")
 
 
@@ -521,7 +629,8 @@ def overlay_list(target, python, patches_dir, as_json):
     found = detect_target(target, python, gpu=False)
     result = overlays.listing(found, catalog=load_catalog(patches_dir))
     if as_json:
-        return out_json(result)
+        return out_json({"python": str(found.python) if found.python else None, **result})
+    say_interpreter(found)
     if result.get("recovered"):
         click.echo(result["recovered"])
     if not result["installed"]:

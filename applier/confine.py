@@ -1,4 +1,4 @@
-"""Confinement: the only way a path read back from `.applier/` becomes a path on disk.
+"""Confinement: the only way a path read back from `.applier/` becomes a path on disk; pure, given its allow-list.
 
 State, journal and overlay manifest are data an attacker may have written (anyone who can write the tree can write
 them, and a later `sudo applier revert` must not overwrite a file of their choosing). So they never hold absolute
@@ -11,6 +11,9 @@ A name resolves only when its path is relative, has no `..`, stays inside the ro
 lead into `.applier/`, and is one the catalog's patches could touch (or, for overlay files, lies under the overlay
 pack's package or node folder). Anything else is a StateCorruptError (exit 7), raised before any write. Because
 the names are relative, a copied or moved install works on itself.
+
+This module is given what it validates against (the roots, the catalog's paths, the pack's folders): it knows
+neither the catalog nor the overlay pack. `allowlist.py`, above it, computes them.
 """
 from __future__ import annotations
 
@@ -18,8 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from applier.errors import ApplierError, StateCorruptError
-from applier.fsutil import subfolders
+from applier.errors import StateCorruptError
 from applier.paths import STATE_DIR_NAME
 
 ROOTS = ("comfyui", "site-packages")
@@ -47,11 +49,6 @@ class Confinement:
     state_dir: Path
     catalog_paths: dict[str, set[str]] = field(default_factory=dict)
     overlay: OverlayPrefixes = OverlayPrefixes()
-
-    @classmethod
-    def for_target(cls, target, catalog=None, overlay: OverlayPrefixes | None = None) -> "Confinement":
-        return cls({"comfyui": target.comfyui_root, "site-packages": target.site_packages}, target.state_dir,
-                   catalog_paths(catalog or []), overlay if overlay is not None else pack_prefixes())
 
     def root_path(self, root: str) -> Path:
         if root not in ROOTS:
@@ -114,9 +111,8 @@ class Confinement:
         raise StateCorruptError(f"refusing to prune {folder}: not a folder of the overlay pack in this target",
                                 hint="a bug: please report it")
 
-    def write_folders(self) -> list[Path]:
-        """Every folder a catalog patch writes into, and the overlay pack's folders (recursively): where a killed
-        atomic write can have left its temp file."""
+    def catalog_folders(self) -> list[Path]:
+        """Every folder a catalog patch writes into: where a killed atomic write can have left its temp file."""
         folders = set()
         for root, relpaths in self.catalog_paths.items():
             base = self.roots.get(root)
@@ -124,13 +120,17 @@ class Confinement:
                 continue
             for rel in relpaths:
                 folders.add(base.joinpath(*PurePosixPath(rel).parts).parent)
+        return sorted(folders)
+
+    def overlay_tops(self) -> list[Path]:
+        """The overlay pack's install folders in this target (the pack writes anywhere below them)."""
+        tops = []
         for root, prefix in (("site-packages", self.overlay.package),
                              ("comfyui", f"custom_nodes/{self.overlay.node}" if self.overlay.node else None)):
             base = self.roots.get(root)
-            if base is None or prefix is None:
-                continue
-            folders.update(subfolders(base.joinpath(*PurePosixPath(prefix).parts)))
-        return sorted(folders)
+            if base is not None and prefix is not None:
+                tops.append(base.joinpath(*PurePosixPath(prefix).parts))
+        return tops
 
     def relative(self, path: Path) -> tuple[str, str]:
         """(root, relpath) of a path the core is about to write: the inverse of resolve, with the same checks."""
@@ -165,34 +165,6 @@ def check_relpath(relpath, what: str) -> str:
     if STATE_DIR_NAME in parts:
         raise StateCorruptError(f"{what} names a file inside {STATE_DIR_NAME}/: {relpath!r}", hint=REPAIR_HINT)
     return relpath
-
-
-def catalog_paths(catalog) -> dict[str, set[str]]:
-    """{root: every relative path a variant of a catalog patch names}."""
-    from applier.planner import load_file_patches  # local: planner imports the catalog, which imports nothing here
-    out: dict[str, set[str]] = {root: set() for root in ROOTS}
-    for patch in catalog:
-        root = COMPONENT_ROOT.get(patch.component)
-        if root is None:
-            continue
-        for variant in patch.variants:
-            try:
-                out[root].update(fp.path for fp in load_file_patches(patch, variant))
-            except (ApplierError, OSError):
-                continue  # a variant that does not parse names nothing; planning reports it
-    return out
-
-
-def pack_prefixes() -> OverlayPrefixes:
-    """The packaged overlay pack's install folders; none when the pack is absent from this install."""
-    from applier.overlays import read_pack  # local: overlays imports the journal, which imports this module
-    try:
-        meta = read_pack()
-    except (ApplierError, OSError, ValueError):
-        return OverlayPrefixes()
-    package, node = meta.get("package"), meta.get("node")
-    plain = lambda name: isinstance(name, str) and name and "/" not in name and name not in (".", "..")  # noqa: E731
-    return OverlayPrefixes(package if plain(package) else None, node if plain(node) else None)
 
 
 def legacy_relative(path, confinement: Confinement) -> tuple[str, str]:

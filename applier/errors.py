@@ -10,7 +10,13 @@ Exit codes (documented in README.md, stable):
     6  verify: at least one check FAILed
     7  the state folder is corrupt or from an unknown format
     8  I/O: permission denied, disk full, a file that cannot be read or written
-    9  bad target: the folder does not exist or holds nothing applier recognises
+    9  bad target: the folder does not exist or holds nothing applier recognises; --target names a file, or a
+       folder holding several ComfyUI installs; the interpreter given with --python does not exist, is a folder,
+       or is not a usable Python interpreter (it could not start, timed out, printed too much, printed bytes that
+       are not UTF-8, or answered applier's query with JSON of the wrong shape). An interpreter found by layout
+       (venv/) that is not usable is a note, not an error: commands that do not need it still run.
+  130  interrupted by Ctrl-C (SIGINT); 143 terminated by SIGTERM: the next command finishes or rolls back what
+       was in flight, as after a kill
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ EXIT_VERIFY_FAILED = 6
 EXIT_STATE_CORRUPT = 7
 EXIT_IO = 8
 EXIT_BAD_TARGET = 9
+EXIT_INTERRUPTED = 130     # Ctrl-C (SIGINT): the shell's 128 + 2; the next command recovers, as after a kill
+EXIT_TERMINATED = 143      # SIGTERM: 128 + 15
 
 
 class ApplierError(Exception):
@@ -96,3 +104,21 @@ class IOFailure(ApplierError):
 
 class BadTargetError(ApplierError):
     exit_code = EXIT_BAD_TARGET
+
+
+class BadInterpreterError(BadTargetError):
+    """The interpreter given with --python is missing, a folder, or not a usable Python interpreter."""
+
+
+class ChildFailure(ApplierError):
+    """A program applier ran (the target's interpreter, a probe, git, nvidia-smi) could not start, ran past its
+    timeout or printed more than its cap (its process group was killed), or printed bytes that are not UTF-8.
+    `reason` is one of "cannot-start", "timeout", "overflow", "not-utf8". Callers turn it into what it means for
+    them (a probe's FAIL, an unknown GPU, an unusable interpreter); one that escapes is a bad target (exit 9)."""
+
+    exit_code = EXIT_BAD_TARGET
+
+    def __init__(self, message: str, *, reason: str, stderr: bytes = b"", hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.reason = reason
+        self.stderr = stderr

@@ -1,9 +1,14 @@
-"""File operations that never leave a torn file: temp file in the same folder, fsync, os.replace."""
+"""Bytes on disk: bounded reads of regular files only, writes that never leave a torn file (temp file in the same
+folder, fsync, os.replace), and the no-link discipline of applier's own folder (`check_no_links`).
+
+Every read opens without blocking (a FIFO in place of a file would otherwise hang the command), refuses what is not
+a regular file (FIFO, device, socket: /dev/zero would be read until memory runs out) and stops at a size cap."""
 from __future__ import annotations
 
 import errno
 import hashlib
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -12,6 +17,24 @@ from applier.errors import IOFailure
 
 # Temp files are `.<name>.<random>.applier-tmp` beside the file they replace: recovery finds and removes them.
 TEMP_SUFFIX = ".applier-tmp"
+# The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
+# holds one such file.
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+FILE_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+              stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
+
+
+class NotRegularFile(IOFailure):
+    """A path applier must read or write is a FIFO, a device, a socket, or (where links are refused) a link."""
+
+
+class FileTooLarge(IOFailure):
+    """A file is larger than applier ever needs to read."""
+
+
+def kind_of(mode: int) -> str:
+    return FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -20,19 +43,108 @@ def sha256_bytes(data: bytes) -> str:
 
 def sha256_file(path: Path) -> str | None:
     """Hex sha256 of the file, None when it does not exist."""
-    try:
-        return sha256_bytes(Path(path).read_bytes())
-    except FileNotFoundError:
-        return None
+    data = read_bytes_or_none(path)
+    return None if data is None else sha256_bytes(data)
 
 
-def read_bytes_or_none(path: Path) -> bytes | None:
+def read_regular(path: Path, *, limit: int = MAX_READ_BYTES, follow_links: bool = True) -> bytes:
+    """The bytes of a regular file, opened without blocking and read up to `limit`. FileNotFoundError when it does
+    not exist; NotRegularFile for a FIFO, device, socket or folder (and for a link when follow_links is False);
+    FileTooLarge past the limit; other OSErrors as they come."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise NotRegularFile(f"refusing to read {path}: it is a symbolic link",
+                                 hint="applier never follows links in its own folder; move the link aside") from exc
+        if exc.errno == errno.EISDIR:
+            raise NotRegularFile(f"refusing to read {path}: it is a folder", hint=SPECIAL_HINT) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"refusing to read {path}: it is {kind_of(st.st_mode)}, not a regular file",
+                                 hint=SPECIAL_HINT)
+        if st.st_size > limit:
+            raise too_large(path, st.st_size, limit)
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise too_large(path, total, limit)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+SPECIAL_HINT = "nothing was changed; put a regular file in its place (or move it aside) and run the command again"
+
+
+def too_large(path: Path, size: int, limit: int) -> FileTooLarge:
+    return FileTooLarge(f"refusing to read {path}: {size} bytes or more, over applier's limit of {limit} bytes",
+                        hint="nothing was changed; that is not a file applier wrote or patches")
+
+
+def read_bytes_or_none(path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | None:
+    """The bytes of a regular file (links followed: confinement checked where they lead), None when it does not
+    exist; IOFailure (exit 8) when it cannot be read, is special, or is too large."""
+    try:
+        return read_regular(path, limit=limit)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except IOFailure:
+        raise
     except OSError as exc:
         raise io_failure(exc, path, "read") from exc
+
+
+def check_no_links(top: Path, path: Path | None = None) -> None:
+    """Refuse (NotRegularFile) unless `top` is a real folder and every component from top down to `path` (default:
+    top itself) is a real folder or, last, a regular file, or does not exist yet. Nothing is followed: each step
+    is an lstat, so a link planted inside applier's folder can never lead a write or a removal outside it."""
+    top = Path(top)
+    steps = [top]
+    if path is not None:
+        rel = Path(path).relative_to(top)
+        for part in rel.parts:
+            steps.append(steps[-1] / part)
+    for n, step in enumerate(steps):
+        try:
+            st = os.lstat(step)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        last = n == len(steps) - 1
+        if stat.S_ISDIR(st.st_mode) or (last and n and stat.S_ISREG(st.st_mode)):
+            continue
+        raise NotRegularFile(f"{step} is {kind_of(st.st_mode)}: applier refuses to follow links or use special "
+                             f"files inside {top}", hint="nothing was changed; move it aside by hand (a link "
+                                                         "there could lead a write outside the install)")
+
+
+def scan_no_links(top: Path) -> None:
+    """check_no_links for everything below top: every entry a real folder or a regular file (os.walk never
+    follows links; an entry removed meanwhile is skipped)."""
+    check_no_links(top)
+    for folder, dirs, files in os.walk(top):
+        for name in [*dirs, *files]:
+            path = Path(folder) / name
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                raise NotRegularFile(f"{path} is {kind_of(st.st_mode)}: applier refuses to follow links or use "
+                                     f"special files inside {top}",
+                                     hint="nothing was changed; move it aside by hand (a link there could lead a "
+                                          "write outside the install)")
 
 
 def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
@@ -61,6 +173,8 @@ def atomic_write(path: Path, data: bytes, *, like: Path | None = None, mode: int
         st = like.stat()
     except FileNotFoundError:
         st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(f"refusing to replace {like}: it is {kind_of(st.st_mode)}", hint=SPECIAL_HINT)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -128,6 +242,20 @@ def remove_stale_bytecode(path: Path) -> list[Path]:
             except FileNotFoundError:
                 pass
     return removed
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder and everything in it, never through a link: a link in its place is unlinked, links inside
+    are removed as links (shutil.rmtree's fd-based walk), a missing folder is nothing to do."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        remove_file(path)
+        return
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def subfolders(top: Path) -> list[Path]:

@@ -14,7 +14,6 @@ the target's Confinement: a crafted journal cannot make recovery write outside t
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,9 @@ from pathlib import Path
 from applier.confine import legacy_relative
 from applier.errors import StateCorruptError
 from applier.failpoints import failpoint
-from applier.fsutil import (TEMP_SUFFIX, atomic_write, check_writable, io_failure, read_bytes_or_none, remove_file,
+from applier.fsutil import (TEMP_SUFFIX, atomic_write, check_writable, io_failure, read_regular, remove_file,
                             remove_stale_bytecode, sha256_bytes, sha256_file, subfolders)
+from applier.lock import target_lock
 from applier.state import SHA256, State, StateStore, dump_json, read_json
 
 JOURNAL_FORMAT = 2
@@ -58,18 +58,19 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
     prune_names = [confinement.relative_dir(folder) for folder in prune]
     for op in ops:
         check_writable(op.path)
+    store.check_roots()
     payload_dir = data_dir(store)
     entries = []
     try:
-        shutil.rmtree(payload_dir, ignore_errors=True)
-        payload_dir.mkdir(parents=True)
+        store.remove_tree(payload_dir)
+        store.make_folder(payload_dir)
         for n, (op, (root, relpath)) in enumerate(zip(ops, names)):
             entry = {"root": root, "relpath": relpath, "old_sha256": op.old_sha, "new_sha256": op.new_sha,
                      "old_bytes": None, "new_bytes": None}
             for side, data in (("old", op.old), ("new", op.new)):
                 if data is not None:
                     name = f"{n:04d}.{side}"
-                    atomic_write(payload_dir / name, data, mode=0o600)
+                    store.write(payload_dir / name, data, mode=0o600)
                     entry[f"{side}_bytes"] = name
             entries.append(entry)
         journal = {
@@ -86,15 +87,17 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
         if manifest_after is not KEEP:
             journal["manifest_after"] = manifest_after
         failpoint("after-backups")
-        atomic_write(store.journal_file, dump_json(journal), mode=0o644)
+        store.check_roots()
+        store.write(store.journal_file, dump_json(journal), mode=0o644)
     except OSError as exc:
-        shutil.rmtree(payload_dir, ignore_errors=True)
+        store.remove_tree(payload_dir)
         raise io_failure(exc, store.dir, "write the journal in") from exc
     failpoint("after-journal")
 
     done: list[FileOp] = []
     try:
         for op in ops:
+            store.check_roots()   # a moved or deleted install: stop; its journal goes with it and finishes there
             write_target(op.path, op.new)
             done.append(op)
             if len(done) == 1:
@@ -123,10 +126,9 @@ def finish(store: StateStore, journal: dict, prune: list[Path]) -> None:
 
 def write_manifest(store: StateStore, data: dict | None) -> None:
     if data is None:
-        remove_file(store.overlay_manifest)
+        store.remove(store.overlay_manifest)
     else:
-        store.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(store.overlay_manifest, dump_json(data), mode=0o644)
+        store.write(store.overlay_manifest, dump_json(data), mode=0o644)
 
 
 def write_target(path: Path, data: bytes | None) -> None:
@@ -149,8 +151,8 @@ def rollback(done: list[FileOp]) -> None:
 
 
 def clear(store: StateStore) -> None:
-    remove_file(store.journal_file)
-    shutil.rmtree(data_dir(store), ignore_errors=True)
+    store.remove(store.journal_file)
+    store.remove_tree(data_dir(store))
 
 
 def prune_empty(top: Path) -> None:
@@ -177,8 +179,8 @@ def recover(store: StateStore) -> str | None:
     done, in words, or None when nothing was pending. Caller holds the target lock."""
     journal = pending(store)
     if journal is None:
-        if data_dir(store).exists():  # killed before the commit point: no target file was touched
-            shutil.rmtree(data_dir(store), ignore_errors=True)
+        if os.path.lexists(data_dir(store)):  # killed before the commit point: no target file was touched
+            store.remove_tree(data_dir(store))
         swept = sweep_temp_files(store)
         return f"removed {swept} temp file(s) left by an interrupted run" if swept else None
     entries, prune = read_journal(store, journal)
@@ -259,16 +261,18 @@ def is_blob_name(name) -> bool:
 
 
 def read_blob(store: StateStore, name: str) -> bytes | None:
-    path = data_dir(store) / name
-    if Path(os.path.realpath(path)).parent != Path(os.path.realpath(data_dir(store))):
+    """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
+    path = store.guard(data_dir(store) / name)
+    try:
+        return read_regular(path, follow_links=False)
+    except OSError:
         return None
-    return read_bytes_or_none(path)
 
 
 def sweep_temp_files(store: StateStore) -> int:
     """Remove `.<name>.<random>.applier-tmp` files a killed write left, in .applier/ and in every folder a catalog
     patch or the overlay pack writes to. Caller holds the target lock (a live run's temp file is never touched)."""
-    folders = set(store.confinement.write_folders()) | set(subfolders(store.dir))
+    folders = set(write_folders(store)) | set(subfolders(store.dir))
     removed = 0
     for folder in folders:
         try:
@@ -282,11 +286,19 @@ def sweep_temp_files(store: StateStore) -> int:
     return removed
 
 
+def write_folders(store: StateStore) -> list[Path]:
+    """Every folder a catalog patch writes into, and every folder below the overlay pack's install folders."""
+    folders = set(store.confinement.catalog_folders())
+    for top in store.confinement.overlay_tops():
+        folders.update(subfolders(top))
+    return sorted(folders)
+
+
 def needs_recovery(store: StateStore) -> bool:
     """A journal is pending, or a killed write left a temp file: a read-only command must recover first."""
-    if store.journal_file.exists() or data_dir(store).exists():
+    if os.path.lexists(store.journal_file) or os.path.lexists(data_dir(store)):
         return True
-    return any(has_temp_files(folder) for folder in [*subfolders(store.dir), *store.confinement.write_folders()])
+    return any(has_temp_files(folder) for folder in [*subfolders(store.dir), *write_folders(store)])
 
 
 def has_temp_files(folder: Path) -> bool:
@@ -302,7 +314,6 @@ def recover_if_pending(store: StateStore) -> str | None:
     store.check_folder()
     if not needs_recovery(store):
         return None
-    from applier.lock import target_lock  # local: lock is a shell concern, journal stays importable alone
-    with target_lock(store.dir, reader=True):
+    with target_lock(store, reader=True):
         return recover(store)
 

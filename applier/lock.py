@@ -3,33 +3,33 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from applier.errors import LockedError, StateCorruptError
+from applier.errors import LockedError
 from applier.fsutil import io_failure
+from applier.state import StateStore
 
 DEFAULT_TIMEOUT_S = 5.0
 READER_TIMEOUT_S = 30.0     # a read-only command waits out a run in flight rather than fail beside it
 
 
 @contextmanager
-def target_lock(state_dir: Path, timeout: float | None = None, *, reader: bool = False):
-    """Hold the target's lock; wait briefly for another run (readers longer), then fail with LockedError."""
+def target_lock(store: StateStore, timeout: float | None = None, *, reader: bool = False):
+    """Hold the target's lock; wait briefly for another run (readers longer), then fail with LockedError. The
+    state folder is checked first (no link, no special file: exit 7) and created inside the install, never above
+    it: a deleted install is not recreated."""
     if timeout is None:
         default = READER_TIMEOUT_S if reader else DEFAULT_TIMEOUT_S
         timeout = float(os.environ.get("APPLIER_LOCK_TIMEOUT", default))
-    state_dir = Path(state_dir)
-    if state_dir.exists() and not state_dir.is_dir():
-        raise StateCorruptError(f"{state_dir} is not a folder",
-                                hint="applier keeps its state in that folder: move the file aside")
-    lock_path = state_dir / "lock"
-    if lock_path.is_dir() or lock_path.is_symlink():
-        raise StateCorruptError(f"{lock_path} is not a plain file",
-                                hint="applier's lock file must be a plain file: move it aside")
+    state_dir = store.dir
+    store.check_roots()
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        store.ensure()
+    except OSError as exc:
+        raise io_failure(exc, state_dir, "create the state folder") from exc
+    lock_path = store.guard(store.lock_file)
+    try:
         lock = FileLock(str(lock_path))
         lock.acquire(timeout=timeout)
     except Timeout as exc:

@@ -2,22 +2,21 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from applier import __version__, diffengine, journal
+from applier.allowlist import store_for
 from applier.catalog import Patch
 from applier.diffengine import HunkState
 from applier.errors import DriftError, HunkConflict, RefusedError
-from applier.fsutil import atomic_write, io_failure, read_bytes_or_none, remove_file, sha256_bytes, sha256_file
+from applier.fsutil import io_failure, read_bytes_or_none, remove_file, sha256_bytes, sha256_file
 from applier.journal import FileOp, prune_empty
 from applier.lock import target_lock
-from applier.planner import PatchPlan, load_file_patches, plan_apply
+from applier.planner import PatchPlan, load_file_patches, plan_apply, stale_advice
 from applier.record import pristine_hashes
-from applier.status import stale_advice
-from applier.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, exclude_from_git
+from applier.state import AppliedFile, AppliedPatch, State, StateStore, backup_name
 from applier.target import Target
 
 
@@ -43,13 +42,13 @@ def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None =
     """Apply every selected patch or none. Already-applied patches are reported and left alone.
 
     `catalog` (default: patches) is every patch the state may name: it bounds what the state can point at."""
-    store = StateStore.for_target(target, catalog if catalog is not None else patches)
+    store = store_for(target, catalog if catalog is not None else patches)
     store.check_folder()
     if dry_run and not store.dir.exists():
         result = ApplyResult(plan_apply(target, patches, fuzz=fuzz, explicit=explicit), dry_run=True)
         result.stale = stale_records(target, store, result.plans, State())
         return result
-    with target_lock(store.dir):
+    with target_lock(store):
         recovered = journal.recover(store)
         state = store.load()
         plans = plan_apply(target, patches, fuzz=fuzz, explicit=explicit,
@@ -73,7 +72,6 @@ def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None =
             raise io_failure(exc, store.backups, "write backups into") from exc
         journal.execute(store, ops, new_state,
                         f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
-        exclude_from_git(target.root)
         return result
 
 
@@ -84,8 +82,7 @@ def record_plan(store: StateStore, plan: PatchPlan, seq: int, fuzz: int, written
         backup = None
         if change.plan.old is not None:
             backup_path = store.backup_path(plan.patch.id, plan.patch.component, change.relpath)
-            backup_path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(backup_path, change.plan.old, mode=0o644)
+            store.write(backup_path, change.plan.old, mode=0o644)
             written.append(backup_path)
             backup = backup_name(plan.patch.id, plan.patch.component, change.relpath)
         files.append(AppliedFile(
@@ -177,14 +174,14 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
     """Restore the exact original bytes of every selected applied patch (latest first). With forget, drop the
     records and leave the files as they are (for patches an update replaced and no variant can reach any more);
     their backups move to .applier/displaced/."""
-    store = StateStore.for_target(target, catalog)
+    store = store_for(target, catalog)
     store.check_folder()
     if not store.state_file.exists() and not journal.needs_recovery(store):
         if only:
             raise RefusedError(f"nothing recorded as applied in {target.root}: cannot revert {', '.join(only)}",
                                hint="`applier status` lists what is applied")
         return RevertResult([])
-    with target_lock(store.dir):
+    with target_lock(store):
         recovered = journal.recover(store)
         state = store.load()
         by_id = {p.id: p for p in catalog}
@@ -218,7 +215,7 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
         if dry_run:
             return result
         if displaced:
-            result.displaced = save_displaced(store, target, displaced)
+            result.displaced = store.save_displaced(displaced)
         ops = [FileOp(path, originals[path], pending[path]) for path in pending if originals[path] != pending[path]]
         chosen_ids = {rec.id for rec in chosen}
         new_state = State({k: v for k, v in state.applied.items() if k not in chosen_ids})
@@ -237,14 +234,15 @@ def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: Sta
     an overlay manifest)."""
     for report in reports:
         if all(f.action in RESTORED for f in report.files):
-            shutil.rmtree(store.backups / report.id, ignore_errors=True)
+            store.remove_tree(store.backups / report.id)
         elif all(f.action == "forgotten" for f in report.files) and (store.backups / report.id).is_dir():
             dest = store.displaced / time.strftime("%Y%m%d-%H%M%S") / "backups" / report.id
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(store.backups / report.id, dest)
+            store.make_folder(dest.parent)
+            os.replace(store.guard(store.backups / report.id), store.guard(dest))
+    store.guard(store.backups)
     prune_empty(store.backups)
     if not state.applied:
-        remove_file(store.state_file)
+        store.remove(store.state_file)
 
 
 def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None,
@@ -253,6 +251,14 @@ def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: b
     current_sha = digest(current)
     backup = store.read_backup(rec, f)
     backup_ok = f.sha256_before is None or (backup is not None and sha256_bytes(backup) == f.sha256_before)
+    if f.accepted and current is not None and current_sha != f.sha256_before:
+        # The file holds edits the user accepted as the patched state: restoring the backup would lose them.
+        found, reversed_bytes = reverse_in_place(rec, f, current, patch)
+        if found == "reversed":
+            return "reversed-diff", reversed_bytes, "reversed only the patch's hunks; the edits you accepted are kept"
+        return forced_restore(store, rec, f, backup if backup_ok else None, force,
+                              "holds edits accepted with `applier accept`, and the patch's hunks cannot be "
+                              "reversed alone")
     if current_sha == f.sha256_after and backup_ok:
         if f.sha256_before is None:
             return "deleted", None, "created by the patch"
@@ -270,12 +276,20 @@ def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: b
         return "lost", current, "the patch is no longer in the file (an update or an edit removed it)"
     if rec.component == "torch" and f.relpath in pristine and current_sha == pristine[f.relpath]:
         return "lost", current, "an update replaced the file (matches RECORD); nothing to restore"
+    return forced_restore(store, rec, f, backup if backup_ok else None, force,
+                          f"changed since {rec.id} was applied and its patched region is not intact")
+
+
+def forced_restore(store: StateStore, rec: AppliedPatch, f: AppliedFile, backup: bytes | None, force: bool,
+                   why: str) -> tuple[str, bytes | None, str]:
+    """A file only --force may restore: refused without it (exit 5), refused with it when no intact backup
+    exists; else the backup's bytes, the current ones being saved under displaced/ by the caller."""
     path = store.path_of(rec, f)
     if not force:
-        raise DriftError(f"{path} changed since {rec.id} was applied and its patched region is not intact",
+        raise DriftError(f"{path} {why}",
                          hint="`applier status` shows the drift; `applier revert --force` restores the original "
                               "bytes after saving the current ones under .applier/displaced/")
-    if not backup_ok:
+    if backup is None and f.sha256_before is not None:
         raise DriftError(f"{path}: no intact backup to restore even with --force",
                          hint=f"the backup {f.backup} is missing or damaged; restore the file by reinstalling")
     return "forced", backup, "current bytes saved under .applier/displaced/, original restored"
@@ -304,18 +318,65 @@ def reverse_in_place(rec: AppliedPatch, f: AppliedFile, current: bytes | None,
     return "reversed", plan.new
 
 
-def save_displaced(store: StateStore, target: Target, displaced: list[tuple[Path, bytes]]) -> Path:
-    """Save bytes a forced operation is about to replace under .applier/displaced/<time>/<root>/<relpath>."""
-    folder = store.displaced / time.strftime("%Y%m%d-%H%M%S")
-    for path, data in displaced:
-        root, relpath = store.confinement.relative(path)
-        dest = folder / root / relpath
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(dest, data, mode=0o644)
-        except OSError as exc:
-            raise io_failure(exc, dest, "save the displaced bytes to") from exc
-    return folder
+# ---------------------------------------------------------------- accept
+
+@dataclass
+class AcceptReport:
+    id: str
+    files: list[FileRevert]
+
+
+def accept(target: Target, catalog: list[Patch], only: tuple[str, ...]) -> list[AcceptReport]:
+    """Take the current bytes of each file of the named applied patches, edited by hand since apply, as their new
+    patched state. Only where the patch's hunks are all still in the file (status "modified"); the record's
+    sha256_after becomes the file's hash and the file is marked accepted, so that a later revert reverses only
+    the patch's hunks and keeps the edits (or, with --force, saves them under displaced/ first)."""
+    if not only:
+        raise RefusedError("accept needs the patches to accept: --only ID (repeatable)",
+                           hint="`applier status` lists the modified ones")
+    store = store_for(target, catalog)
+    store.check_folder()
+    with target_lock(store):
+        journal.recover(store)
+        state = store.load()
+        by_id = {p.id: p for p in catalog}
+        unknown = [name for name in only if name not in state.applied]
+        if unknown:
+            raise RefusedError(f"not recorded as applied: {', '.join(unknown)}",
+                               hint="`applier status` lists what is applied; `applier apply --only ID` applies it")
+        new_state = State(dict(state.applied))
+        reports = []
+        for patch_id in only:
+            rec = state.applied[patch_id]
+            files = []
+            new_files = []
+            for f in rec.files:
+                path = store.path_of(rec, f)
+                current = read_bytes_or_none(path)
+                if current is None or digest(current) == f.sha256_after:
+                    files.append(FileRevert(str(path), "unchanged", "holds the recorded patched bytes"))
+                    new_files.append(f)
+                    continue
+                writer = state.last_writer(rec.component, f.relpath)
+                if writer is not None and writer.id != rec.id:
+                    raise RefusedError(f"{path}: {writer.id} was applied on top of {rec.id}",
+                                       hint=f"accept {writer.id} instead: it wrote the file last")
+                found, _ = reverse_in_place(rec, f, current, by_id.get(rec.id))
+                if found != "reversed":
+                    raise RefusedError(f"{path}: the hunks of {rec.id} are not all in the file, so it is not a "
+                                       "patched file that could be accepted",
+                                       hint=f"`applier revert --target {target.root} --only {rec.id} --forget` drops "
+                                            "the record and leaves the file as it is")
+                new_files.append(AppliedFile(f.relpath, f.sha256_before, digest(current), f.backup, f.mode,
+                                             accepted=True))
+                files.append(FileRevert(str(path), "accepted", "its current bytes are now the patched state"))
+            new_state.applied[patch_id] = AppliedPatch(
+                id=rec.id, variant=rec.variant, component=rec.component, files=new_files,
+                component_version=rec.component_version, applied_at=rec.applied_at,
+                applier_version=rec.applier_version, seq=rec.seq, fuzz=rec.fuzz)
+            reports.append(AcceptReport(patch_id, files))
+        journal.execute(store, [], new_state, f"accept the edited files of {', '.join(only)} in {target.root}")
+        return reports
 
 
 # ---------------------------------------------------------------- clean
@@ -324,16 +385,17 @@ def save_displaced(store: StateStore, target: Target, displaced: list[tuple[Path
 class CleanResult:
     removed: bool                 # .applier/ is gone
     kept: list[str]               # what stays, and why
+    existed: bool = True          # there was a .applier/ to clean
 
 
 def clean(target: Target, catalog: list[Patch]) -> CleanResult:
     """Remove `.applier/` from a target where nothing is applied and no overlay is installed. Bytes a forced
     revert saved (displaced/) are never removed: the folder then keeps only them."""
-    store = StateStore.for_target(target, catalog)
+    store = store_for(target, catalog)
     store.check_folder()
-    if not store.dir.exists():
-        return CleanResult(True, [])
-    with target_lock(store.dir):
+    if not os.path.lexists(store.dir):
+        return CleanResult(False, [], existed=False)
+    with target_lock(store):
         journal.recover(store)
         state = store.load()
         if state.applied:
@@ -342,12 +404,12 @@ def clean(target: Target, catalog: list[Patch]) -> CleanResult:
         if store.overlay_manifest.exists():
             raise RefusedError(f"an overlay pack is installed in {target.root}",
                                hint=f"`applier overlay uninstall --target {target.root}` first")
-        for name in ("state.json", "journal.json"):
-            remove_file(store.dir / name)
+        for name in ("state.json", "journal.json", "python.json"):
+            store.remove(store.dir / name)
         for folder in ("backups", "journal-data"):
-            shutil.rmtree(store.dir / folder, ignore_errors=True)
+            store.remove_tree(store.dir / folder)
         if store.displaced.exists():
             return CleanResult(False, [f"{store.displaced}: bytes a forced revert or uninstall saved; remove them "
                                        "by hand once you no longer need them"])
-    shutil.rmtree(store.dir, ignore_errors=True)
-    return CleanResult(not store.dir.exists(), [])
+    store.remove_tree(store.dir)
+    return CleanResult(not os.path.lexists(store.dir), [])

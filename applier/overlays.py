@@ -4,39 +4,23 @@ those. Install and uninstall are one journal transaction each: files, manifest a
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
 from applier import journal
-from applier.confine import REPAIR_HINT, Confinement, OverlayPrefixes, pack_prefixes
+from applier.allowlist import store_for
+from applier.catalog import load_catalog
+from applier.confine import REPAIR_HINT, OverlayPrefixes
 from applier.errors import DriftError, RefusedError, StateCorruptError
 from applier.fsutil import read_bytes_or_none, sha256_bytes, sha256_file
 from applier.journal import FileOp
 from applier.lock import target_lock
+from applier.pack import pack_prefixes, read_pack
 from applier.resources import OVERLAYS_DIR
 from applier.state import SHA256, StateStore, read_json
 from applier.target import Target
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
-
-
-def read_pack(pack_dir: Path = OVERLAYS_DIR) -> dict:
-    meta_path = pack_dir / "pack.toml"
-    try:
-        meta = tomllib.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise RefusedError(f"cannot read the overlay pack's {meta_path}: {exc}",
-                           hint="this applier install lacks its overlay pack") from exc
-    for key in ("name", "version", "package", "node"):
-        if not isinstance(meta.get(key), str) or not meta[key]:
-            raise RefusedError(f"{meta_path} lacks {key!r} (a string)")
-    return meta
 
 
 def pack_files(folder: Path) -> list[Path]:
@@ -67,7 +51,7 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
     meta = read_pack(pack_dir)
     store = overlay_store(target, catalog, meta)
     store.check_folder()
-    with target_lock(store.dir):
+    with target_lock(store):
         journal.recover(store)
         ours = manifest_hashes(store)
         wanted = planned_files(target, pack_dir, meta)
@@ -106,12 +90,11 @@ def overlay_store(target: Target, catalog: list | None, meta: dict | None = None
     then at most name files of one package folder inside the target, and uninstall still removes only files whose
     bytes match the sha256 it records."""
     if catalog is None:
-        from applier.catalog import load_catalog
         catalog = load_catalog()
     if meta is None:
         meta = manifest_pack(target.state_dir)
     prefixes = OverlayPrefixes(meta["package"], meta["node"]) if meta else pack_prefixes()
-    return StateStore(target.state_dir, Confinement.for_target(target, catalog, prefixes))
+    return store_for(target, catalog, prefixes)
 
 
 def manifest_pack(state_dir: Path) -> dict | None:
@@ -201,7 +184,7 @@ def uninstall(target: Target, *, catalog: list | None = None, force: bool = Fals
     store.check_folder()
     if not store.overlay_manifest.exists() and not journal.needs_recovery(store):
         return {"removed": [], "displaced": None}
-    with target_lock(store.dir):
+    with target_lock(store):
         journal.recover(store)
         manifest = read_manifest(store)
         if manifest is None:
@@ -217,10 +200,7 @@ def uninstall(target: Target, *, catalog: list | None = None, force: bool = Fals
                                      hint="`--force` saves it under .applier/displaced/ and removes it")
                 displaced.append((path, current))
             ops.append(FileOp(path, current, None))
-        saved = None
-        if displaced:
-            from applier.operations import save_displaced
-            saved = save_displaced(store, target, displaced)
+        saved = store.save_displaced(displaced) if displaced else None
         # the names the store's confinement took (the manifest's, when they are plain names; else the pack's)
         meta = {"package": store.confinement.overlay.package, "node": store.confinement.overlay.node}
         tops = install_tops(target, meta) if meta["package"] and meta["node"] else []

@@ -307,3 +307,8 @@ def reapply_plan(target: Target, patch: Patch, *, fuzz: int = 0) -> PatchPlan:
     all_applied = all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
     return PatchPlan(patch, "already-applied" if all_applied else "apply", how, variant,
                      target.component_version(patch.component), changes)
+
+
+def stale_advice(target: Target, patch_id: str, reason: str) -> str:
+    return (f"{patch_id} cannot be applied again ({reason}); `{clear_record_command(target, patch_id)}` clears "
+            f"the record, leaving the files as the update left them; {NEWER_CATALOG_HINT}")

@@ -1,4 +1,5 @@
-"""The state folder `<target>/.applier/`: plain JSON and plain files a person can read and repair.
+"""The state folder `<target>/.applier/`: plain JSON and plain files a person can read and repair; every write into
+it goes through StateStore, which refuses links and special files anywhere inside it.
 
     .applier/state.json          what is applied: patch, variant, files (relative to their component root) with
                                  sha256 before/after, versions; format 2, validated on every read (confine.py)
@@ -6,21 +7,28 @@
     .applier/journal.json        only while an apply/revert is in flight: what is being done, in words and data
     .applier/displaced/<time>/...  bytes a forced revert moved aside (nothing the user wrote is lost)
     .applier/overlays.json       files installed by `applier overlay install` (the manifest)
+    .applier/python.json         the interpreter the install was last worked on with (`--python`), reused
+    .applier/.gitignore          `*`: git (plain clone, worktree, submodule) leaves the folder out of `git status`
+                                 without applier ever writing into `.git`
     .applier/lock                the lock file of the target
+
+The folder is applier's own: a symbolic link, FIFO, device or socket anywhere inside it (or `.applier` itself being
+a link) is a refusal, exit 7, before anything is written, so no link can lead a write or a removal outside the
+install and two installs can never share one state.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
-import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from applier.confine import COMPONENT_ROOT, Confinement, check_relpath
-from applier.errors import StateCorruptError
-from applier.fsutil import atomic_write
+from applier.errors import BadTargetError, IOFailure, StateCorruptError
+from applier.fsutil import (NotRegularFile, atomic_write, check_no_links, io_failure, read_regular, remove_file,
+                            remove_tree, scan_no_links)
 
 STATE_FORMAT = 2
 READABLE_FORMATS = (1, 2)      # format 1 (applier 0.1) also kept an absolute "path" per file: it is ignored
@@ -35,6 +43,7 @@ class AppliedFile:
     sha256_after: str | None        # None: the patch deleted the file
     backup: str | None = None       # relative to the state folder; None for created files
     mode: int | None = None
+    accepted: bool = False          # sha256_after is a hand-edited file `applier accept` took as the patched state
 
 
 @dataclass
@@ -87,7 +96,8 @@ def applied_file(data, patch_id: str, component: str, where: str) -> AppliedFile
         need(backup == backup_name(patch_id, component, relpath), f"{where}: {relpath}: unexpected backup {backup!r}")
     mode = field_of(data, "mode", (int, type(None)), where, default=None)
     need(mode is None or 0 <= mode <= 0o7777, f"{where}: {relpath}: bad mode")
-    return AppliedFile(relpath, before, after, backup, mode)
+    accepted = field_of(data, "accepted", bool, where, default=False)
+    return AppliedFile(relpath, before, after, backup, mode, accepted)
 
 
 def backup_name(patch_id: str, component: str, relpath: str) -> str:
@@ -150,15 +160,14 @@ class State:
 
 
 class StateStore:
-    """`.applier/` of one target. Every read is validated against the target's Confinement."""
+    """`.applier/` of one target. Every read is validated against the target's Confinement; every write and removal
+    inside it walks from the folder down without following links; the install's roots are held by identity."""
 
-    def __init__(self, state_dir: Path, confinement: Confinement):
+    def __init__(self, state_dir: Path, confinement: Confinement, *, install_root: Path | None = None):
         self.dir = Path(state_dir)
         self.confinement = confinement
-
-    @classmethod
-    def for_target(cls, target, catalog) -> "StateStore":
-        return cls(target.state_dir, Confinement.for_target(target, catalog))
+        self.install_root = Path(install_root) if install_root is not None else self.dir.parent
+        self.identities = {path: identity(path) for path in self.held_roots()}
 
     @property
     def state_file(self) -> Path:
@@ -181,22 +190,110 @@ class StateStore:
         return self.dir / "overlays.json"
 
     @property
+    def interpreter_file(self) -> Path:
+        return self.dir / "python.json"
+
+    @property
     def lock_file(self) -> Path:
         return self.dir / "lock"
 
+    # -------------------------------------------------------------- the folder's own discipline
+
     def check_folder(self) -> None:
-        if self.dir.exists() and not self.dir.is_dir():
+        """Refuse (exit 7) when `.applier` is not a real folder or holds a link or a special file anywhere."""
+        try:
+            st = os.lstat(self.dir)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise io_failure(exc, self.dir, "read") from exc
+        if os.path.islink(self.dir):
+            raise StateCorruptError(f"{self.dir} is a symbolic link: applier's state, lock and backups would land "
+                                    f"where it points ({os.readlink(self.dir)})",
+                                    hint="nothing was changed; replace the link by a real folder (move the "
+                                         "folder it points to in its place if it holds this install's state)")
+        if not os.path.isdir(self.dir) or st is None:
             raise StateCorruptError(f"{self.dir} is not a folder",
                                     hint="applier keeps its state in that folder: move the file aside")
+        try:
+            scan_no_links(self.dir)
+        except NotRegularFile as exc:
+            raise StateCorruptError(exc.message, hint=exc.hint) from exc
+
+    def guard(self, path: Path) -> Path:
+        """path, once every component from the state folder down to it is a real folder (or, last, a regular file,
+        or not there yet); StateCorruptError otherwise. Called right before each write or removal."""
+        path = Path(path)
+        if path != self.dir and self.dir not in path.parents:
+            raise StateCorruptError(f"refusing to write {path}: it is not inside {self.dir}",
+                                    hint="a bug: please report it")
+        try:
+            check_no_links(self.dir, path)
+        except NotRegularFile as exc:
+            raise StateCorruptError(exc.message, hint=exc.hint) from exc
+        return path
+
+    def make_folder(self, folder: Path) -> None:
+        """Create folder (and the ones above it, inside the state folder), one checked step at a time."""
+        folder = self.guard(folder)
+        if not self.dir.exists():
+            self.dir.mkdir()
+            self.write_gitignore()
+        chain = [folder, *folder.parents]
+        for step in reversed(chain[:chain.index(self.dir)]):
+            try:
+                step.mkdir()
+            except FileExistsError:
+                pass
+            self.guard(step)
+
+    def write(self, path: Path, data: bytes, *, mode: int = 0o644) -> None:
+        path = self.guard(path)
+        self.make_folder(path.parent)
+        atomic_write(path, data, mode=mode)
+
+    def remove(self, path: Path) -> None:
+        remove_file(self.guard(path))
+
+    def remove_tree(self, path: Path) -> None:
+        remove_tree(self.guard(path))
+
+    def ensure(self) -> None:
+        """The state folder exists, with its .gitignore."""
+        self.check_folder()
+        self.make_folder(self.dir)
+        if not self.dir.joinpath(".gitignore").exists():
+            self.write_gitignore()
+
+    def write_gitignore(self) -> None:
+        atomic_write(self.guard(self.dir / ".gitignore"), GITIGNORE, mode=0o644)
+
+    # -------------------------------------------------------------- the install's identity
+
+    def held_roots(self) -> list[Path]:
+        roots = [self.install_root, *(p for p in self.confinement.roots.values() if p is not None)]
+        return list(dict.fromkeys(roots))
+
+    def check_roots(self) -> None:
+        """BadTargetError (exit 9) when the install root or a component root is no longer the folder this run
+        started on (renamed, deleted or replaced meanwhile): a run never writes into, or recreates, another tree."""
+        for path, held in self.identities.items():
+            if held is not None and identity(path) != held:
+                raise BadTargetError(f"{path} was moved, deleted or replaced while this command ran",
+                                     hint="nothing more is written; if files were already replaced, the next "
+                                          "applier command on the install (wherever it now is) finishes the run "
+                                          "from its journal")
+
+    # -------------------------------------------------------------- documents
 
     def fingerprint(self) -> tuple:
         """What changes when a run records anything: the state file's identity and whether a journal is pending."""
         try:
-            st = self.state_file.stat()
+            st = os.lstat(self.state_file)
             state = (st.st_ino, st.st_mtime_ns, st.st_size)
         except OSError:
             state = None
-        return state, self.journal_file.exists()
+        return state, os.path.lexists(self.journal_file)
 
     def load(self) -> State:
         self.check_folder()
@@ -206,8 +303,8 @@ class StateStore:
         return State.from_json(data, self.confinement, what=f"state file {self.state_file}")
 
     def save(self, state: State) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.state_file, dump_json(state.to_json()))
+        self.ensure()
+        self.write(self.state_file, dump_json(state.to_json()))
 
     def path_of(self, record: AppliedPatch, f: AppliedFile) -> Path:
         """The file's place in this target (validated: the state may have been crafted)."""
@@ -221,25 +318,82 @@ class StateStore:
         if f.backup is None:
             return None
         path = self.backup_path(record.id, record.component, f.relpath)
-        real = Path(os.path.realpath(path))
-        if Path(os.path.realpath(self.backups)) not in real.parents or not real.is_file():
-            return None
         try:
-            return real.read_bytes()
-        except OSError:
+            return read_regular(self.guard(path), follow_links=False)
+        except (OSError, StateCorruptError):
             return None
+
+    def save_displaced(self, displaced: list[tuple[Path, bytes]]) -> Path:
+        """Save bytes a forced operation is about to replace under displaced/<time>/<root>/<relpath>."""
+        folder = self.displaced / time.strftime("%Y%m%d-%H%M%S")
+        for path, data in displaced:
+            root, relpath = self.confinement.relative(path)
+            dest = folder / root / relpath
+            try:
+                self.write(dest, data)
+            except OSError as exc:
+                raise io_failure(exc, dest, "save the displaced bytes to") from exc
+        return folder
+
+    # -------------------------------------------------------------- the interpreter
+
+    def record_interpreter(self, python: Path) -> None:
+        self.ensure()
+        self.write(self.interpreter_file, dump_json({
+            "python": str(python),
+            "why": "the interpreter `--python` named for this install; applier uses it whenever none is given"}))
+
+
+def read_interpreter(state_dir: Path) -> Path | None:
+    """The interpreter recorded for the install whose state folder this is, validated like any recorded path (an
+    absolute path named like a Python interpreter, read without following a link); None when none is recorded."""
+    state_dir = Path(state_dir)
+    path = state_dir / "python.json"
+    if not os.path.lexists(path):
+        return None
+    try:
+        check_no_links(state_dir, path)
+    except NotRegularFile as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
+    data = read_json(path)
+    if data is None:
+        return None
+    need(isinstance(data, dict) and isinstance(data.get("python"), str), f"{path}: no 'python' string")
+    value = data["python"]
+    need(len(value) < 4096 and "\x00" not in value and os.path.isabs(value), f"{path}: 'python' is not an absolute path")
+    need(INTERPRETER_NAME.fullmatch(Path(value).name) is not None,
+         f"{path}: {Path(value).name!r} is not the name of a Python interpreter")
+    return Path(value)
+
+
+INTERPRETER_NAME = re.compile(r"python[0-9.]*(\.exe)?|pythonw?(\.exe)?|pypy[0-9.]*")
+GITIGNORE = b"# applier's state folder: kept out of git by this file (applier never writes into .git)\n*\n"
+
+
+def identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def dump_json(data) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
 
 
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
+
 def read_json(path: Path):
-    """The parsed JSON of path, None when it does not exist; StateCorruptError when unreadable or not JSON."""
+    """The parsed JSON of path, None when it does not exist; StateCorruptError when it is not a regular file (a
+    link, a FIFO, a device), too large, nested too deeply, unreadable or not JSON."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        raw = read_regular(path, limit=MAX_JSON_BYTES, follow_links=False)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except IOFailure as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
     except OSError as exc:
         raise StateCorruptError(f"cannot read {path}: {exc.strerror}") from exc
     try:
@@ -248,40 +402,6 @@ def read_json(path: Path):
         raise StateCorruptError(
             f"{path} is not valid JSON ({exc})",
             hint=f"inspect or move it aside by hand; original bytes stay in {path.parent / 'backups'}") from exc
-
-
-def exclude_from_git(target_root: Path) -> None:
-    """Keep .applier/ out of `git status` of a git checkout (never touches .gitignore, which is tracked)."""
-    exclude = git_exclude_file(target_root)
-    if exclude is None:
-        return
-    line = "/.applier/"
-    try:
-        existing = exclude.read_text(encoding="utf-8") if exclude.exists() else ""
-    except OSError:
-        return
-    if line in existing.splitlines():
-        return
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    sep = "" if not existing or existing.endswith("\n") else "\n"
-    atomic_write(exclude, (existing + sep + line + "\n").encode("utf-8"))
-
-
-def git_exclude_file(target_root: Path) -> Path | None:
-    """info/exclude of the checkout at target_root. `.git` is a folder in a plain clone and a file ("gitdir: ...")
-    in a worktree or a submodule: git itself says where the file is then."""
-    dot_git = target_root / ".git"
-    if dot_git.is_dir():
-        return dot_git / "info" / "exclude"
-    if not dot_git.is_file() or shutil.which("git") is None:
-        return None
-    try:
-        proc = subprocess.run(["git", "-C", str(target_root), "rev-parse", "--git-path", "info/exclude"],
-                              capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return None
-    path = Path(proc.stdout.strip())
-    return path if path.is_absolute() else target_root / path
-
+    except RecursionError as exc:
+        raise StateCorruptError(f"{path} is nested too deeply to be a file applier wrote",
+                                hint="inspect or move it aside by hand; nothing was changed") from exc

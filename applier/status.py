@@ -5,12 +5,13 @@ from dataclasses import dataclass, field
 
 from applier import diffengine
 from applier.catalog import Patch
+from applier.allowlist import confinement_for
 from applier.confine import Confinement
 from applier.diffengine import FileState
 from applier.errors import ApplierError, NoVariantError
 from applier.fsutil import read_bytes_or_none, sha256_bytes
-from applier.planner import (NEWER_CATALOG_HINT, clear_record_command, load_file_patches, not_applicable_reason,
-                             plan_patch, reapply_plan)
+from applier.planner import (load_file_patches, not_applicable_reason, plan_patch, reapply_plan,
+                             stale_advice)
 from applier.record import pristine_hashes
 from applier.state import AppliedPatch, State
 from applier.target import Target
@@ -54,7 +55,7 @@ def compute_status(target: Target, catalog: list[Patch], state: State,
     `confinement`: the one the state was loaded with (built from the catalog when not given)."""
     by_id = {p.id: p for p in catalog}
     if confinement is None:
-        confinement = Confinement.for_target(target, catalog)
+        confinement = confinement_for(target, catalog)
     pristine = pristine_hashes(target.site_packages)
     wanted = (lambda pid: not only or pid in only or pid.split("/")[0] in only)  # noqa: E731
     out = []
@@ -102,11 +103,6 @@ def stale_reason(target: Target, record: AppliedPatch, patch: Patch | None) -> s
     except ApplierError:
         return None
     return None
-
-
-def stale_advice(target: Target, patch_id: str, reason: str) -> str:
-    return (f"{patch_id} cannot be applied again ({reason}); `{clear_record_command(target, patch_id)}` clears "
-            f"the record, leaving the files as the update left them; {NEWER_CATALOG_HINT}")
 
 
 def file_status(confinement: Confinement, record: AppliedPatch, f, patch: Patch | None, state: State,

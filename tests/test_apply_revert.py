@@ -179,11 +179,14 @@ def test_a_hardlinked_file_is_replaced_not_written_in_place(setup, tmp_path):
     assert b"40960" in (comfy / "nodes.py").read_bytes()
 
 
-def test_state_folder_is_excluded_from_git(tmp_path):
+def test_state_folder_is_kept_out_of_git_without_writing_into_git(tmp_path):
     comfy = make_comfy(tmp_path, git=True)
     catalog = make_catalog(tmp_path)
+    exclude = comfy / ".git" / "info" / "exclude"
+    before = exclude.read_bytes() if exclude.exists() else None
     run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
-    assert "/.applier/" in (comfy / ".git" / "info" / "exclude").read_text().splitlines()
+    assert (exclude.read_bytes() if exclude.exists() else None) == before      # .git is never written
+    assert (comfy / ".applier" / ".gitignore").read_text().splitlines()[-1] == "*"
     porcelain = run_git(comfy, "status", "--porcelain")
     assert ".applier" not in porcelain and "nodes.py" in porcelain
 

@@ -59,8 +59,10 @@ def test_a_second_concurrent_run_waits_then_fails_clearly(tmp_path):
     comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time; from applier.lock import target_lock; from pathlib import Path\n"
-         f"with target_lock(Path({str(comfy / '.applier')!r})):\n"
+         "import sys,time; from applier.lock import target_lock; from applier.state import StateStore\n"
+         "from applier.confine import Confinement; from pathlib import Path\n"
+         f"d = Path({str(comfy / '.applier')!r})\n"
+         "with target_lock(StateStore(d, Confinement({}, d))):\n"
          "    print('held', flush=True); time.sleep(30)"],
         stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:

@@ -239,13 +239,15 @@ def test_no_color_is_honoured(setup):
     assert "\x1b[" not in runner.invoke(cli, args, color=True, env={"NO_COLOR": "1"}).output
 
 
-def test_a_full_revert_leaves_only_the_lock_and_clean_removes_the_folder(setup):
+def test_a_full_revert_leaves_only_the_lock_and_gitignore_and_clean_removes_the_folder(setup):
     comfy, catalog = setup
     run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
     run_cli("revert", "--target", str(comfy), "--patches", str(catalog), check=True)
-    assert sorted(p.name for p in (comfy / ".applier").iterdir()) == ["lock"]
-    run_cli("clean", "--target", str(comfy), "--patches", str(catalog), check=True)
-    assert not (comfy / ".applier").exists()
+    assert sorted(p.name for p in (comfy / ".applier").iterdir()) == [".gitignore", "lock"]
+    proc = run_cli("clean", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert not (comfy / ".applier").exists() and "removed" in proc.stdout
+    proc = run_cli("clean", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert "nothing to clean" in proc.stdout and "removed" not in proc.stdout
 
 
 def test_clean_refuses_while_patches_are_applied(setup):

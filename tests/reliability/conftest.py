@@ -34,3 +34,16 @@ def no_fsync_in_this_process(monkeypatch):
     loss, which no test here simulates (a killed process loses nothing the kernel has), and it costs a second per
     test on a busy disk. Subprocesses, the ones that get killed, keep it."""
     monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+@pytest.fixture
+def plain(tmp_path):
+    """A plain install (a ComfyUI folder without a Python env) with the two-patch test catalog."""
+    return reltools.make_install(tmp_path / "t", layout="plain")
+
+
+@pytest.fixture
+def applied(plain):
+    """`plain` with both test patches applied."""
+    reltools.assert_clean(reltools.cli(*plain.args("apply")), allowed=(0,))
+    return plain

@@ -240,10 +240,10 @@ def sha256(data: bytes) -> str:
 
 
 def state_files(inst: Install) -> dict[str, bytes]:
-    """Every file of .applier/ but the lock."""
+    """Every file of .applier/ but the lock and the folder's .gitignore (applier's own furniture)."""
     folder = inst.root / ".applier"
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != "lock"} if folder.is_dir() else {}
+            if p.is_file() and p.name not in ("lock", ".gitignore")} if folder.is_dir() else {}
 
 
 # ------------------------------------------------------------------------------------------------- expectations

@@ -23,17 +23,6 @@ from shelltools import MAXRES_DIFF, NODES_PY, write_patch
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def plain(tmp_path):
-    return make_install(tmp_path / "t", layout="plain")
-
-
-@pytest.fixture
-def applied(plain):
-    assert_clean(cli(*plain.args("apply")), allowed=(0,))
-    return plain
-
-
 def unchanged(inst, before) -> None:
     assert snapshot(inst.root) == before[0], "the tree changed"
     assert state_files(inst) == before[1], ".applier/ changed"

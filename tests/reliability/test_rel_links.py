@@ -1,0 +1,361 @@
+"""Section 7 (reliability round 2): no link leads a write, read or removal outside the target; no special file
+hangs a command; git metadata is never written; a moved install aborts the run; signals end with their codes; the
+interpreter given once is remembered; a hand edit can be accepted."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from reltools import (PATCHED, REPO, assert_clean, child_env, cli, make_install, run, snapshot, state_files)
+from shelltools import make_catalog, make_comfy, run_git
+
+pytestmark = pytest.mark.slow
+
+VICTIM = b"precious = 1\n"
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A folder outside the target holding another install's nodes.py: nothing may touch it."""
+    folder = tmp_path / "outside"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "nodes.py").write_bytes(VICTIM)
+    (folder / "sub" / "keep.py").write_bytes(VICTIM)
+    return folder
+
+
+def outside_intact(folder: Path) -> None:
+    assert (folder / "nodes.py").read_bytes() == VICTIM, "a file outside the target was written"
+    assert (folder / "sub" / "keep.py").read_bytes() == VICTIM, "a folder outside the target was changed"
+    assert sorted(p.name for p in folder.iterdir()) == ["nodes.py", "sub"], sorted(os.listdir(folder))
+
+
+# ------------------------------------------------------------------------------ links inside .applier/
+
+def test_a_linked_backup_folder_is_refused_before_apply_writes(plain, outside):
+    (plain.root / ".applier" / "backups").mkdir(parents=True)
+    (plain.root / ".applier" / "backups" / "comfyui").symlink_to(outside, target_is_directory=True)
+    out = assert_clean(cli(*plain.args("apply")), allowed=(7,))
+    assert "symbolic link" in out.text
+    outside_intact(outside)
+    assert snapshot(plain.root)[0] == plain.base_files, "the target changed"
+
+
+def test_a_deeper_linked_backup_folder_is_refused_before_revert_removes(applied, outside):
+    backups = applied.root / ".applier" / "backups" / "comfyui"
+    victim_dir = backups / "maxres"
+    import shutil
+    shutil.move(str(victim_dir), str(outside / "moved-backup"))
+    victim_dir.symlink_to(outside / "sub", target_is_directory=True)
+    assert_clean(cli(*applied.args("revert")), allowed=(7,))
+    outside_intact_after_move(outside)
+
+
+def outside_intact_after_move(folder: Path) -> None:
+    assert (folder / "nodes.py").read_bytes() == VICTIM
+    assert (folder / "sub" / "keep.py").read_bytes() == VICTIM, "revert removed a folder outside the target"
+
+
+def test_a_linked_displaced_folder_is_refused_before_a_forced_revert(applied, outside):
+    (applied.comfy / "nodes.py").write_bytes(b"edited by hand\n")
+    (applied.root / ".applier" / "displaced").symlink_to(outside, target_is_directory=True)
+    assert_clean(cli(*applied.args("revert", "--force")), allowed=(7,))
+    outside_intact(outside)
+    assert (applied.comfy / "nodes.py").read_bytes() == b"edited by hand\n"
+
+
+@pytest.mark.parametrize("command", [("apply",), ("status",), ("revert",), ("verify",), ("clean",),
+                                     ("overlay", "list")])
+def test_applier_folder_itself_as_a_link_is_refused_by_every_command(plain, outside, command):
+    (plain.root / ".applier").symlink_to(outside, target_is_directory=True)
+    out = assert_clean(cli(*plain.args(*command)), allowed=(7,))
+    assert ".applier" in out.text and "symbolic link" in out.text
+    outside_intact(outside)
+    assert (plain.root / ".applier").is_symlink()
+
+
+def test_two_installs_can_never_share_one_state(tmp_path):
+    a = make_install(tmp_path / "a", layout="plain")
+    b = make_install(tmp_path / "b", layout="plain")
+    assert_clean(cli(*a.args("apply")), allowed=(0,))
+    (b.root / ".applier").symlink_to(a.root / ".applier", target_is_directory=True)
+    before = state_files(a)
+    for command in (("apply",), ("revert",), ("status",)):
+        assert_clean(cli(*b.args(*command)), allowed=(7,))
+    assert state_files(a) == before
+    assert snapshot(b.root)[0] == b.base_files
+
+
+def test_a_state_file_linked_to_dev_zero_is_refused_not_read(applied):
+    state = applied.root / ".applier" / "state.json"
+    state.unlink()
+    state.symlink_to("/dev/zero")
+    start = time.monotonic()
+    assert_clean(run(*applied.args("status")), allowed=(7,))
+    assert time.monotonic() - start < 60
+
+
+# ------------------------------------------------------------------------------ special files never hang
+
+FIFO_PLACES = ["state.json", "overlays.json", "journal.json", "python.json", "lock"]
+
+
+@pytest.mark.parametrize("name", FIFO_PLACES)
+def test_a_fifo_inside_the_state_folder_ends_with_exit_7(applied, name):
+    path = applied.root / ".applier" / name
+    if path.exists():
+        path.unlink()
+    os.mkfifo(path)
+    for command in (("status",), ("apply",), ("revert",)):
+        out = run(*applied.args(*command), timeout=60)
+        assert_clean(out, allowed=(7,))
+        assert "FIFO" in out.text
+
+
+def test_a_fifo_journal_blob_of_an_interrupted_run_ends_with_exit_7(applied):
+    out = run(*applied.args("revert"), env={"APPLIER_FAILPOINT": "after-journal"})
+    assert out.code == 77
+    blobs = sorted((applied.root / ".applier" / "journal-data").iterdir())
+    blobs[-1].unlink()
+    os.mkfifo(blobs[-1])
+    assert_clean(run(*applied.args("status"), timeout=60), allowed=(7,))
+
+
+def test_a_fifo_in_place_of_nodes_py_ends_with_a_documented_code(plain):
+    (plain.comfy / "nodes.py").unlink()
+    os.mkfifo(plain.comfy / "nodes.py")
+    for command in (("apply",), ("status",), ("verify",)):
+        out = run(*plain.args(*command), timeout=60)
+        assert_clean(out)
+    assert (plain.comfy / "nodes.py").is_fifo()
+
+
+def test_state_nested_a_thousand_levels_deep_is_exit_7(applied):
+    deep = "[" * 1000 + "]" * 1000
+    for name, command in (("state.json", ("status",)), ("overlays.json", ("overlay", "list"))):
+        saved = applied.root / ".applier" / name
+        old = saved.read_bytes() if saved.exists() else None
+        saved.write_text(deep)
+        assert_clean(cli(*applied.args(*command)), allowed=(7,))
+        saved.unlink()
+        if old is not None:
+            saved.write_bytes(old)
+
+
+def test_a_journal_nested_a_thousand_levels_deep_is_exit_7(applied):
+    (applied.root / ".applier" / "journal.json").write_text('{"files": ' + "[" * 1000 + "]" * 1000 + "}")
+    assert_clean(cli(*applied.args("status")), allowed=(7,))
+
+
+# ------------------------------------------------------------------------------ git metadata is never written
+
+def git_install(tmp_path) -> tuple[Path, Path]:
+    comfy = make_comfy(tmp_path / "g", git=True)
+    return comfy, make_catalog(tmp_path)
+
+
+def test_a_gitdir_file_naming_another_repository_is_never_written(tmp_path):
+    comfy, catalog = git_install(tmp_path)
+    other = make_comfy(tmp_path / "other", git=True)
+    exclude = other / ".git" / "info" / "exclude"
+    before = exclude.read_bytes()
+    import shutil
+    shutil.rmtree(comfy / ".git")
+    (comfy / ".git").write_text(f"gitdir: {other / '.git'}\n")
+    assert_clean(cli("apply", "--target", comfy, "--patches", catalog), allowed=(0,))
+    assert exclude.read_bytes() == before, "another repository's exclude file was written"
+
+
+def test_a_linked_git_info_folder_gets_nothing_written(tmp_path, outside):
+    comfy, catalog = git_install(tmp_path)
+    import shutil
+    shutil.rmtree(comfy / ".git" / "info")
+    (comfy / ".git" / "info").symlink_to(outside, target_is_directory=True)
+    assert_clean(cli("apply", "--target", comfy, "--patches", catalog), allowed=(0,))
+    outside_intact(outside)
+
+
+def test_a_linked_exclude_file_is_never_copied_into_the_tree(tmp_path):
+    comfy, catalog = git_install(tmp_path)
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir(mode=0o700)
+    (secret_dir / "token").write_text("s3cret\n")
+    exclude = comfy / ".git" / "info" / "exclude"
+    exclude.unlink()
+    exclude.symlink_to(secret_dir / "token")
+    assert_clean(cli("apply", "--target", comfy, "--patches", catalog), allowed=(0,))
+    assert exclude.is_symlink() and (secret_dir / "token").read_text() == "s3cret\n"
+    found = [p for p in comfy.rglob("*") if p.is_file() and not p.is_symlink() and b"s3cret" in p.read_bytes()]
+    assert not found, found
+
+
+def test_a_worktree_keeps_applier_out_of_git_status_without_touching_the_main_checkout(tmp_path):
+    comfy, catalog = git_install(tmp_path)
+    worktree = tmp_path / "wt"
+    run_git(comfy, "worktree", "add", "-q", "--detach", str(worktree))
+    exclude = comfy / ".git" / "info" / "exclude"
+    before = exclude.read_bytes()
+    assert_clean(cli("apply", "--target", worktree, "--patches", catalog), allowed=(0,))
+    assert exclude.read_bytes() == before, "the main checkout's exclude file was written"
+    porcelain = run_git(worktree, "status", "--porcelain")
+    assert ".applier" not in porcelain and "nodes.py" in porcelain
+
+
+# ------------------------------------------------------------------------------ the target's identity
+
+def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, monkeypatch, tmp_path):
+    from applier import journal
+    moved = tmp_path / "moved"
+    real = journal.failpoint
+
+    def move_at(name):
+        if name == "after-journal":
+            os.rename(plain.root, moved)
+        real(name)
+
+    monkeypatch.setattr(journal, "failpoint", move_at)
+    out = assert_clean(cli(*plain.args("apply")), allowed=(9,))
+    assert "moved" in out.text
+    assert not plain.root.exists(), "a stray tree appeared at the old path"
+    monkeypatch.setattr(journal, "failpoint", real)
+    # the journal travelled with the install: its next command finishes the run there
+    status = assert_clean(cli("status", "--target", moved, "--patches", plain.catalog, "--json"), allowed=(0,))
+    assert {p["state"] for p in status.json()["patches"]} == {"applied"}
+    assert (moved / "nodes.py").read_bytes() == PATCHED["nodes.py"]
+
+
+def test_a_target_deleted_while_apply_runs_is_not_recreated(plain, monkeypatch):
+    import shutil
+    from applier import journal
+    real = journal.failpoint
+
+    def delete_at(name):
+        if name == "after-backups":
+            shutil.rmtree(plain.root)
+        real(name)
+
+    monkeypatch.setattr(journal, "failpoint", delete_at)
+    assert_clean(cli(*plain.args("apply")), allowed=(9,))
+    assert not plain.root.exists(), "the run recreated a deleted install"
+
+
+# ------------------------------------------------------------------------------ signals
+
+def hold_lock(root: Path) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys,time; from applier.lock import target_lock; from applier.state import StateStore\n"
+         "from applier.confine import Confinement; from pathlib import Path\n"
+         f"d = Path({str(root / '.applier')!r})\n"
+         "with target_lock(StateStore(d, Confinement({}, d))):\n"
+         "    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO, env=child_env())
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_end_with_their_documented_codes(plain, signum, code):
+    holder = hold_lock(plain.root)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "applier", *map(str, plain.args("apply"))], cwd=REPO,
+                                env=child_env({"APPLIER_LOCK_TIMEOUT": "60"}), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, err
+        assert "Traceback" not in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert_clean(cli(*plain.args("apply")), allowed=(0,))
+
+
+# ------------------------------------------------------------------------------ the interpreter is remembered
+
+def test_an_interpreter_outside_the_install_is_given_once(tmp_path):
+    comfy = make_comfy(tmp_path / "c")
+    (comfy / "custom_nodes").mkdir()
+    catalog = make_catalog(tmp_path)
+    env = tmp_path / "conda-like-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
+    python = env / "bin" / "python"
+    base = ("--target", comfy, "--patches", catalog)
+    assert_clean(cli("overlay", "install", *base, "--python", python), allowed=(0,))
+    assert_clean(cli("apply", *base, "--python", python), allowed=(0,))
+    listed = assert_clean(cli("overlay", "list", *base, "--json"), allowed=(0,)).json()
+    assert listed["installed"] and listed["modified"] == listed["missing"] == 0
+    assert listed["python"] == str(python)
+    status = assert_clean(cli("status", *base), allowed=(0,))
+    assert f"python: {python} (recorded for this install)" in status.stdout
+    assert_clean(cli("verify", *base), allowed=(0,))
+    assert_clean(cli("overlay", "uninstall", *base), allowed=(0,))
+    assert_clean(cli("revert", *base), allowed=(0,))
+    assert not list((Path(env) / "lib").rglob("fused_dit")), "the overlay package stayed in the env"
+
+
+def test_a_crafted_recorded_interpreter_is_refused(applied):
+    (applied.root / ".applier" / "python.json").write_text(json.dumps({"python": "/bin/rm"}))
+    out = assert_clean(cli(*applied.args("status")), allowed=(7,))
+    assert "not the name of a Python interpreter" in out.text
+
+
+# ------------------------------------------------------------------------------ after a hand edit
+
+def test_status_after_a_hand_edit_offers_what_works_and_accept_keeps_the_edit(applied):
+    nodes = applied.comfy / "nodes.py"
+    edited = nodes.read_bytes() + b"# my own tweak\n"
+    nodes.write_bytes(edited)
+    status = cli(*applied.args("status"))
+    assert status.code == 5
+    for way in ("applier accept", "--forget", "--force", "keep the edit, drop the patch's hunks"):
+        assert way in status.stdout, status.stdout
+    assert_clean(cli(*applied.args("accept", "--only", "comfyui/maxres")), allowed=(0,))
+    states = {p["id"]: p["state"] for p in cli(*applied.args("status", "--json")).json()["patches"]}
+    assert states["comfyui/maxres"] == "applied"
+    assert_clean(cli(*applied.args("revert")), allowed=(0,))
+    after = nodes.read_bytes()
+    assert b"# my own tweak" in after and b"40960" not in after, "revert lost the accepted edit"
+
+
+def test_accept_refuses_a_file_whose_patch_is_gone(applied):
+    (applied.comfy / "nodes.py").write_bytes(b"MAX_RESOLUTION=8\n")
+    out = assert_clean(cli(*applied.args("accept", "--only", "comfyui/maxres")), allowed=(3,))
+    assert "--forget" in out.text
+
+
+def load_prestartup():
+    import importlib.util
+    path = REPO / "overlays" / "comfyui_fused_dit" / "prestartup_script.py"
+    spec = importlib.util.spec_from_file_location("prestartup_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    import unittest.mock
+    with unittest.mock.patch("builtins.print"):    # its module-level call looks at its own (absent) install
+        spec.loader.exec_module(module)
+    return module
+
+
+def test_the_startup_warning_tells_an_edit_from_an_update_and_never_hangs(applied):
+    import io
+    prestartup = load_prestartup()
+    nodes = applied.comfy / "nodes.py"
+    nodes.write_bytes(nodes.read_bytes() + b"# tweak\n")
+    stream = io.StringIO()
+    assert prestartup.warn_if_lost(applied.comfy, stream) == ["comfyui/maxres"]
+    line = stream.getvalue()
+    assert "edited since apply" in line and "applier accept" in line and "lost by an update" not in line
+    nodes.unlink()
+    os.mkfifo(nodes)
+    assert prestartup.warn_if_lost(applied.comfy, io.StringIO()) == ["comfyui/maxres"]   # returns, no hang
+    state = applied.root / ".applier" / "state.json"
+    state.unlink()
+    os.mkfifo(state)
+    assert prestartup.warn_if_lost(applied.comfy, io.StringIO()) == []
