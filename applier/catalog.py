@@ -17,6 +17,10 @@ from packaging.version import InvalidVersion, Version
 from applier.errors import RefusedError
 from applier.resources import PATCHES_DIR
 
+# Where the catalog's format is described: the README inside this install's catalog (a wheel carries it too)
+FORMAT_DOC = (str(PATCHES_DIR / "README.md") if (PATCHES_DIR / "README.md").is_file()
+              else "the catalog format in README.md of applier's patches/ folder")
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -187,7 +191,7 @@ def _unknown_keys(meta_path: Path, where: str, table: dict, allowed: tuple[str, 
     unknown = sorted(set(table) - set(allowed))
     if unknown:
         raise CatalogError(f"{meta_path}: {where}unknown key {unknown[0]!r}",
-                           hint=f"known keys: {', '.join(allowed)} (patches/README.md)")
+                           hint=f"known keys: {', '.join(allowed)} ({FORMAT_DOC})")
 
 
 def _variants(meta_path: Path, meta: dict, shared: tuple[Path, ...]) -> tuple[Variant, ...]:
@@ -298,7 +302,7 @@ def load_catalog(root: Path | None = None) -> list[Patch]:
     root = Path(root) if root is not None else PATCHES_DIR
     if not root.is_dir():
         raise CatalogError(f"catalog folder {root} does not exist",
-                           hint="--patches takes a folder laid out like patches/ (patches/README.md)")
+                           hint=f"--patches takes a folder laid out like the packaged catalog ({FORMAT_DOC})")
     patches = []
     for component in COMPONENTS:
         comp_dir = root / component
@@ -311,7 +315,7 @@ def load_catalog(root: Path | None = None) -> list[Patch]:
         patches += [load_patch(folder, component) for folder in folders]
     if not patches:
         raise CatalogError(f"catalog folder {root} holds no patch",
-                           hint=f"expected {root}/<{'|'.join(COMPONENTS)}>/<name>/patch.toml (patches/README.md)")
+                           hint=f"expected {root}/<{'|'.join(COMPONENTS)}>/<name>/patch.toml ({FORMAT_DOC})")
     by_id = {p.id: p for p in patches}
     for patch in patches:
         for required in patch.requires:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier import diffengine
-from applier.catalog import Patch, Variant
+from applier.catalog import FORMAT_DOC, Patch, Variant
 from applier.diffengine import FilePatch, FilePlan, HunkState
 from applier.errors import ApplierError, HunkConflict, NoVariantError, RefusedError, UnsafePathError
 from applier.fsutil import read_bytes_or_none
@@ -149,7 +149,7 @@ def choose_variant(target: Target, patch: Patch, *, fuzz: int = 0,
                                      hint=f"{exc.hint}; {NEWER_CATALOG_HINT}" if exc.hint else NEWER_CATALOG_HINT
                                      ) from exc
         raise NoVariantError(f"{patch.id} has no variant for {patch.component} {version} (variants: {claimed})",
-                             hint="a maintainer adds one with `applier catalog refresh` (patches/README.md)")
+                             hint=f"a maintainer adds one with `applier catalog refresh` ({FORMAT_DOC})")
     variant = fitting[0]
     try:
         changes = plan_variant(target, patch, variant, fuzz=fuzz, pending=pending)

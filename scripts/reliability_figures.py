@@ -36,6 +36,8 @@ SECTIONS = {
     "test_rel_confinement": "confinement",
     "test_rel_bad_inputs": "bad-inputs",
     "test_rel_fuzz": "fuzz",
+    "test_rel_links": "links-and-special-files",
+    "test_rel_probes": "interpreters-and-probes",
 }
 
 

@@ -8,6 +8,9 @@ Sections, one file each:
     test_rel_bad_inputs.py    every bad-input class ends with a documented exit code, never a traceback
     test_rel_fuzz.py          hypothesis over catalog TOML and state / journal / manifest JSON
                               (APPLIER_FUZZ_EXAMPLES examples per target)
+    test_rel_links.py         links and special files in .applier/ and the tree, git metadata, a moved root,
+                              signals, the remembered interpreter, hand edits (round 2, issue 22)
+    test_rel_probes.py        interpreters, probes and nvidia-smi that misbehave (round 2, issue 22)
 
 Shared helpers live in reltools.py; scripts/reliability_figures.py runs the sections and writes the figures.
 """
