@@ -1,6 +1,9 @@
 """Detection of a target: ComfyUI, its Python env, torch/CUDA/triton, GPU. Reads files; never imports torch.
 
-The target's interpreter is asked once, in isolated mode, for its site-packages (a few ms: no torch import).
+The target's interpreter is asked once, in isolated UTF-8 mode, for its site-packages (a few ms: no torch import);
+that query, git and nvidia-smi run through applier.subproc (a timeout, an output cap, strict UTF-8, the whole
+process group ended). The files detection reads (comfyui_version.py, pyproject.toml, torch/version.py, METADATA)
+are read bounded and only when regular (fsutil.read_regular): a FIFO or /dev/zero is a note, never a hang.
 """
 from __future__ import annotations
 
@@ -9,11 +12,16 @@ import json
 import os
 import re
 import shutil
-import subprocess
+import stat
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from applier.errors import BadTargetError
+from packaging.version import Version
+
+from applier.errors import ApplierError, BadInterpreterError, BadTargetError, ChildFailure
+from applier.fsutil import read_regular
+from applier.subproc import PYTHON_FLAGS, child_env, path_from_child, run_bounded, timeout_from_env
 from applier.target import GPU, Target
 
 if sys.version_info >= (3, 11):
@@ -21,8 +29,20 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+# Seconds; APPLIER_DETECT_TIMEOUT (seconds) lowers every one of them (tests, slow disks' impatient users).
 INTERPRETER_TIMEOUT_S = 20
+GIT_TIMEOUT_S = 5
 NVIDIA_SMI_TIMEOUT_S = 3
+TIMEOUT_ENV = "APPLIER_DETECT_TIMEOUT"
+INTERPRETER_OUTPUT_LIMIT = 256 * 1024      # the answer is a few paths
+TOOL_OUTPUT_LIMIT = 64 * 1024              # git's one line, nvidia-smi's one line per GPU
+SOURCE_FILE_LIMIT = 256 * 1024             # comfyui_version.py, torch/version.py: a few lines
+PYPROJECT_LIMIT = 1024 * 1024
+METADATA_LIMIT = 4 * 1024 * 1024
+MAX_VERSION_CHARS = 64                     # "2.14.1+cu130", "0.3.64": anything longer was not written by a release
+MAX_GPUS = 64
+# At most this many entries of a --target folder are looked at for ComfyUI folders inside it.
+MAX_CHILDREN_LOOKED_AT = 1000
 
 # Asked of the target's interpreter: stdlib only, no site customisation (-I), one JSON line.
 # find_spec locates torch without executing it (a .pth file may put it outside site-packages).
@@ -35,14 +55,33 @@ SITE_QUERY = (
     "'purelib':p.get('purelib'),'platlib':p.get('platlib'),'site':g,"
     "'torch_dir':(t.submodule_search_locations or [None])[0] if t else None}))"
 )
+NOT_USABLE = "this is not a usable Python interpreter"
+PYTHON_HINT = "give the target's interpreter with --python PATH (e.g. ComfyUI/venv/bin/python)"
+
+
+class NotAnInterpreter(Exception):
+    """The program asked for its site-packages gave no usable answer; str() says why, in words."""
+
+
+@dataclass(frozen=True)
+class InterpreterAnswer:
+    version: str
+    prefix: Path
+    purelib: Path | None
+    platlib: Path | None
+    site: tuple[Path, ...]
+    torch_dir: Path | None
 
 
 def detect(target: str | Path, *, python: str | Path | None = None, gpu: bool = True) -> Target:
+    """What is installed at target. `python` (--python) is resolved against the working directory and must be a
+    usable interpreter (BadInterpreterError, exit 9, otherwise); one found by layout that does not answer is a
+    note, and site-packages are then found by layout, so that commands that do not need it (revert) still run."""
     given = Path(target).expanduser()
     if not given.exists():
         raise BadTargetError(f"target {given} does not exist")
     if not given.is_dir():
-        raise BadTargetError(f"target {given} is not a folder")
+        raise BadTargetError(f"target {given} is a file, not a folder", hint=folder_hint(given))
     given = given.resolve()
     notes: list[str] = []
     root, comfy_root = install_root(given)
@@ -52,40 +91,76 @@ def detect(target: str | Path, *, python: str | Path | None = None, gpu: bool = 
     layout = detect_layout(root, comfy_root)
     if layout is None:
         raise BadTargetError(f"{root} holds neither ComfyUI (nodes.py) nor a Python environment",
-                             hint="point --target at the ComfyUI folder, a portable install, or a venv")
+                             hint=neither_hint(root))
     version, source, commit = (None, "unknown", None)
     if comfy_root is not None:
-        version, source, commit = comfyui_version(comfy_root)
-    interp, interp_source = find_interpreter(root, comfy_root, python)
-    python_version = None
-    site_packages = None
-    if interp is not None:
-        info = query_interpreter(interp)
-        if info is None and interp_source == "--python":
-            raise BadTargetError(f"--python {python} is not a Python interpreter that runs here (it did not answer "
-                                 "`-I -c` with its site-packages)",
-                                 hint="give the target's python executable, e.g. ComfyUI/venv/bin/python")
-        if info is None:
-            notes.append(f"{interp} did not answer (not runnable on this machine?); site-packages found by layout")
-            site_packages = static_site_packages(interp)
+        version, source, commit = comfyui_version(comfy_root, notes)
+    if python is not None:
+        interp, interp_source = given_interpreter(python), "--python"
+    else:
+        interp, interp_source = find_interpreter(root, comfy_root, None)
+    found = Target(
+        root=root, layout=layout, comfyui_root=comfy_root, comfyui_version=version,
+        comfyui_version_source=source, comfyui_commit=commit, python=None, python_source="none",
+        python_version=None, site_packages=None, torch_version=None, torch_cuda=None, triton_version=None,
+        notes=notes,
+    )
+    found = with_interpreter(found, interp, source=interp_source, strict=interp_source == "--python")
+    if gpu:
+        found.gpus, found.gpu_problem = probe_gpus()
+        if found.gpu_problem:
+            found.notes.append(found.gpu_problem)
+    return found
+
+
+def with_interpreter(found: Target, python: Path | None, *, source: str, strict: bool = False) -> Target:
+    """`found` with its Python part (interpreter, site-packages, torch, triton) detected for `python`.
+
+    For an interpreter recorded in the state (source "state") or found by layout: one that does not answer is a
+    note and `python_problem`, site-packages are found by layout beside it. strict (--python): such an
+    interpreter is BadInterpreterError (exit 9) instead."""
+    notes = [n for n in found.notes if n not in found.env_notes]
+    python_version = problem = site_packages = None
+    if python is not None:
+        try:
+            answer = ask_interpreter(python)
+        except NotAnInterpreter as why:
+            if strict:
+                raise BadInterpreterError(f"--python {python}: {NOT_USABLE}: {why}", hint=PYTHON_HINT) from None
+            problem = f"{NOT_USABLE}: {why}"
+            notes.append(f"{python} ({source}): {problem}; site-packages found by layout; {PYTHON_HINT}")
+            site_packages = static_site_packages(python)
         else:
-            python_version = info["version"]
-            site_packages = pick_site_packages(info)
-    elif layout == "portable":
-        site_packages = first_existing([root / "python_embeded" / "Lib" / "site-packages"])
-    if interp is None and layout != "python-env":
+            python_version = answer.version
+            site_packages = pick_site_packages(answer)
+    elif found.layout == "portable":
+        site_packages = first_existing([found.root / "python_embeded" / "Lib" / "site-packages"])
+    if python is None and found.layout != "python-env":
         notes.append("no Python environment found (venv/, .venv/, python_embeded/): torch patches are not "
                      "applicable; use --python PATH")
-    torch_version, torch_cuda = torch_versions(site_packages)
+    torch_version, torch_cuda = torch_versions(site_packages, notes)
     if site_packages is not None and torch_version is None:
         notes.append(f"torch is not installed in {site_packages}")
-    return Target(
-        root=root, layout=layout, comfyui_root=comfy_root, comfyui_version=version,
-        comfyui_version_source=source, comfyui_commit=commit, python=interp, python_source=interp_source,
-        python_version=python_version, site_packages=site_packages, torch_version=torch_version,
-        torch_cuda=torch_cuda, triton_version=triton_version(site_packages),
-        gpus=detect_gpus() if gpu else [], notes=notes,
-    )
+    env_notes = [n for n in notes if n not in found.notes or n in found.env_notes]
+    return replace(found, python=python, python_source=source if python is not None else "none",
+                   python_version=python_version, python_problem=problem, site_packages=site_packages,
+                   torch_version=torch_version, torch_cuda=torch_cuda, triton_version=triton_version(site_packages),
+                   notes=notes, env_notes=env_notes)
+
+
+def folder_hint(path: Path) -> str:
+    """--target names a file: name the folder to give instead."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if is_comfyui_folder(folder):
+        return f"give the ComfyUI folder that holds it: --target {folder}"
+    return f"give a folder: the ComfyUI folder, a portable install, or a venv (this file is in {folder})"
+
+
+def neither_hint(root: Path) -> str:
+    inside = comfyui_folders_in(root)
+    if inside:
+        return f"the ComfyUI folder inside it is {inside[0]}: --target {inside[0]}"
+    return "point --target at the ComfyUI folder, a portable install, or a venv"
 
 
 def install_root(given: Path) -> tuple[Path, Path | None]:
@@ -94,7 +169,8 @@ def install_root(given: Path) -> tuple[Path, Path | None]:
     One install has one state, whichever folder --target names: the ComfyUI folder, the folder holding it, a path
     inside it, or a portable install's outer folder all lead to the same root. The root is the portable install's
     outer folder (it holds python_embeded/, whose site-packages torch patches touch), else the ComfyUI folder; a
-    target that is no ComfyUI install (a bare venv or prefix) is its own root."""
+    target that is no ComfyUI install (a bare venv or prefix) is its own root. A folder holding several ComfyUI
+    folders is refused (BadTargetError) rather than one picked."""
     comfy = find_comfyui_root(given)
     if comfy is None:
         comfy = next((folder for folder in given.parents if is_comfyui_folder(folder)), None)
@@ -121,10 +197,36 @@ def refuse_second_state(given: Path, root: Path) -> None:
 
 
 def find_comfyui_root(root: Path) -> Path | None:
-    for candidate in (root, root / "ComfyUI"):
-        if is_comfyui_folder(candidate):
-            return candidate
+    """root itself when it is a ComfyUI folder; else its ComfyUI/ child, unless root holds more than one ComfyUI
+    folder (a copy beside the original, two clones): then which one is meant is the user's call."""
+    if is_comfyui_folder(root):
+        return root
+    inside = comfyui_folders_in(root)
+    if len(inside) > 1:
+        raise BadTargetError(f"{root} holds {len(inside)} ComfyUI folders: {', '.join(str(f) for f in inside)}",
+                             hint="give the one you mean: " + " or ".join(f"--target {f}" for f in inside[:3]))
+    candidate = root / "ComfyUI"
+    if inside == [candidate] or (not inside and is_comfyui_folder(candidate)):   # (a folder we may not list)
+        return candidate
     return None
+
+
+def comfyui_folders_in(root: Path) -> list[Path]:
+    """The ComfyUI folders directly inside root (the first MAX_CHILDREN_LOOKED_AT entries), sorted."""
+    found = []
+    try:
+        with os.scandir(root) as entries:
+            for n, entry in enumerate(entries):
+                if n >= MAX_CHILDREN_LOOKED_AT:
+                    break
+                try:
+                    if entry.is_dir() and is_comfyui_folder(Path(entry.path)):
+                        found.append(Path(entry.path))
+                except OSError:
+                    continue
+    except OSError:
+        return []
+    return sorted(found)
 
 
 def is_comfyui_folder(folder: Path) -> bool:
@@ -163,15 +265,39 @@ def interpreter_in(env: Path) -> Path | None:
     return None
 
 
-def find_interpreter(root: Path, comfy_root: Path | None, python: str | Path | None) -> tuple[Path | None, str]:
+def given_interpreter(python: str | Path) -> Path:
+    """--python as a path: relative to the working directory (`python` and `./python` alike), never looked up on
+    PATH, and no link resolved (a venv's bin/python is a link whose own folder makes it that venv's). It must be an
+    executable regular file: BadInterpreterError (exit 9) saying what was tried otherwise."""
+    given = os.fspath(python)
+    path = Path(os.path.abspath(os.path.expanduser(given)))
+    tried = f"looked for {path}" if str(path) != given else "no such file"
+    if not os.path.lexists(path):
+        raise BadInterpreterError(f"--python {given} does not exist ({tried}; applier never searches PATH)",
+                                  hint="give the interpreter's path, e.g. --python ComfyUI/venv/bin/python or "
+                                       '--python "$(command -v python3)"')
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise BadInterpreterError(f"--python {given}: cannot use {path}: {exc.strerror or exc}",
+                                  hint=PYTHON_HINT) from None
+    if stat.S_ISDIR(st.st_mode):
+        inside = interpreter_in(path) or interpreter_in(path / "venv")
+        raise BadInterpreterError(f"--python {given} is a folder ({path}), not an interpreter",
+                                  hint=f"give the interpreter inside it: --python {inside}" if inside else PYTHON_HINT)
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInterpreterError(f"--python {given} ({path}) is not a regular file", hint=PYTHON_HINT)
+    if not os.access(path, os.X_OK):
+        raise BadInterpreterError(f"--python {given} ({path}) is not executable", hint=PYTHON_HINT)
+    return path
+
+
+def find_interpreter(root: Path, comfy_root: Path | None, python: str | Path | None = None
+                     ) -> tuple[Path | None, str]:
+    """(the interpreter, where it was found): --python when given, else venv/, .venv/, python_embeded/, the
+    prefix itself."""
     if python is not None:
-        path = Path(python).expanduser()
-        if not path.exists():
-            found = shutil.which(str(python))
-            if not found:
-                raise BadTargetError(f"--python {python} does not exist")
-            path = Path(found)
-        return path, "--python"
+        return given_interpreter(python), "--python"
     folders = [root, comfy_root] if comfy_root is not None and comfy_root != root else [root]
     for folder in folders:
         for name in ("venv", ".venv"):
@@ -188,26 +314,78 @@ def find_interpreter(root: Path, comfy_root: Path | None, python: str | Path | N
     return None, "none"
 
 
-def query_interpreter(python: Path) -> dict | None:
+def ask_interpreter(python: Path) -> InterpreterAnswer:
+    """The interpreter's site-packages, asked in isolated UTF-8 mode; NotAnInterpreter saying why otherwise."""
     try:
-        proc = subprocess.run([str(python), "-I", "-c", SITE_QUERY], capture_output=True, text=True,
-                              timeout=INTERPRETER_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if proc.returncode != 0:
-        return None
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
-        return None
+        result = run_bounded([python, *PYTHON_FLAGS, "-c", SITE_QUERY], what="it",
+                             timeout=timeout_from_env(INTERPRETER_TIMEOUT_S, TIMEOUT_ENV),
+                             stdout_limit=INTERPRETER_OUTPUT_LIMIT, stderr_limit=TOOL_OUTPUT_LIMIT, stderr_tail=True,
+                             env=child_env())
+        text = result.text()
+    except ChildFailure as exc:
+        raise NotAnInterpreter(exc.message) from None
+    if result.returncode != 0:
+        how = f"killed by signal {-result.returncode}" if result.returncode < 0 else \
+            f"exited with status {result.returncode}"
+        last = last_line(result.stderr.decode("utf-8", "replace"))
+        raise NotAnInterpreter(f"it {how} when asked for its site-packages" + (f": {last[:200]}" if last else ""))
+    return parse_site_answer(text)
 
 
-def pick_site_packages(info: dict) -> Path | None:
+def parse_site_answer(text: str) -> InterpreterAnswer:
+    """The answer to SITE_QUERY (its last stdout line), checked field by field; NotAnInterpreter otherwise."""
+    line = last_line(text)
+    if not line:
+        raise NotAnInterpreter("it printed nothing when asked for its site-packages")
+    shown = repr(line if len(line) <= 120 else line[:120] + "...")
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        raise NotAnInterpreter(f"its answer is not JSON: {shown}") from None
+    if not isinstance(data, dict):
+        raise NotAnInterpreter(f"its answer is JSON but not an object: {shown}")
+    version = data.get("version")
+    if version is None:
+        raise NotAnInterpreter(f"its answer has no 'version': {shown}")
+    if not isinstance(version, str) or not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", version):
+        raise NotAnInterpreter(f"its 'version' is not a Python version: {version!r:.60}")
+
+    def path(key: str, *, required: bool = False) -> Path | None:
+        value = data.get(key)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value or len(value) > 4096:
+            raise NotAnInterpreter(f"its answer's {key!r} is not a path: {value!r:.60}")
+        try:
+            return path_from_child(value)
+        except ValueError as exc:
+            raise NotAnInterpreter(f"its answer's {key!r} is not a file name ({exc})") from None
+
+    site = data.get("site", [])
+    if not isinstance(site, list) or len(site) > 64 or not all(isinstance(s, str) and s for s in site):
+        raise NotAnInterpreter(f"its answer's 'site' is not a list of paths: {site!r:.60}")
+    site_paths = []
+    for entry in site:
+        try:
+            site_paths.append(path_from_child(entry))
+        except ValueError as exc:
+            raise NotAnInterpreter(f"its answer's 'site' holds something that is not a file name ({exc})") from None
+    return InterpreterAnswer(version, path("prefix", required=True), path("purelib"), path("platlib"),
+                             tuple(site_paths), path("torch_dir"))
+
+
+def last_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def pick_site_packages(answer: InterpreterAnswer) -> Path | None:
     """The folder that holds torch (where torch patches apply); else the env's own site-packages."""
-    if info.get("torch_dir"):
-        return Path(info["torch_dir"]).parent
-    candidates = [info.get("purelib"), info.get("platlib"), *info.get("site", [])]
-    paths = [Path(c) for c in candidates if c]
+    if answer.torch_dir is not None:
+        return answer.torch_dir.parent
+    paths = [p for p in (answer.purelib, answer.platlib, *answer.site) if p is not None]
     for path in paths:
         if (path / "torch").is_dir():
             return path
@@ -226,11 +404,29 @@ def first_existing(paths) -> Path | None:
     return None
 
 
-def literal_assignments(path: Path, names: tuple[str, ...]) -> dict[str, object]:
-    """Top-level `NAME = <literal>` (or annotated) assignments of a Python file, read with ast, never imported."""
+def read_detection_file(path: Path, limit: int, notes: list[str] | None) -> bytes | None:
+    """A file detection reads, bounded and only when regular; None (and a note saying why, unless it is simply
+    absent) otherwise."""
     try:
-        tree = ast.parse(path.read_bytes())
-    except (OSError, SyntaxError, ValueError):
+        return read_regular(path, limit=limit)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ApplierError) as exc:
+        if notes is not None:
+            why = exc.message if isinstance(exc, ApplierError) else f"cannot read {path}: {exc.strerror or exc}"
+            notes.append(f"{why}: ignored by detection")
+        return None
+
+
+def literal_assignments(path: Path, names: tuple[str, ...], notes: list[str] | None = None,
+                        limit: int = SOURCE_FILE_LIMIT) -> dict[str, object]:
+    """Top-level `NAME = <literal>` (or annotated) assignments of a Python file, read with ast, never imported."""
+    data = read_detection_file(path, limit, notes)
+    if data is None:
+        return {}
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     found = {}
     for node in tree.body:
@@ -244,72 +440,108 @@ def literal_assignments(path: Path, names: tuple[str, ...]) -> dict[str, object]
             if isinstance(t, ast.Name) and t.id in names:
                 try:
                     found[t.id] = ast.literal_eval(value)
-                except ValueError:
+                except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                     pass
     return found
 
 
-def comfyui_version(comfy_root: Path) -> tuple[str | None, str, str | None]:
+def recognised_version(value: object) -> str | None:
+    """value when it reads as a release version (PEP 440, at most MAX_VERSION_CHARS), else None."""
+    if not isinstance(value, str) or not value or len(value) > MAX_VERSION_CHARS:
+        return None
+    try:
+        Version(value)
+    except ValueError:   # InvalidVersion, and a number past int's digit limit
+        return None
+    return value
+
+
+def unrecognised(value: object, where: str) -> str:
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = f"{shown[:40]}... ({len(value) if isinstance(value, str) else len(shown)} characters)"
+    return f"{where} says {shown}, which is not a version applier recognises: ignored"
+
+
+def comfyui_version(comfy_root: Path, notes: list[str] | None = None) -> tuple[str | None, str, str | None]:
     """(version, where it came from, git commit)."""
     commit = git_output(comfy_root, "rev-parse", "--short", "HEAD") if (comfy_root / ".git").exists() else None
-    version = literal_assignments(comfy_root / "comfyui_version.py", ("__version__",)).get("__version__")
-    if isinstance(version, str):
+    raw = literal_assignments(comfy_root / "comfyui_version.py", ("__version__",), notes).get("__version__")
+    version = recognised_version(raw)
+    if version is not None:
         return version, "comfyui_version.py", commit
-    try:
-        project = tomllib.loads((comfy_root / "pyproject.toml").read_text(encoding="utf-8"))
-        version = project.get("project", {}).get("version")
-        if isinstance(version, str):
+    if raw is not None and notes is not None:
+        notes.append(unrecognised(raw, "comfyui_version.py"))
+    data = read_detection_file(comfy_root / "pyproject.toml", PYPROJECT_LIMIT, notes)
+    if data is not None:
+        try:
+            project = tomllib.loads(data.decode("utf-8"))
+            raw = project.get("project", {}).get("version")
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, AttributeError):
+            raw = None
+        version = recognised_version(raw)
+        if version is not None:
             return version, "pyproject.toml", commit
-    except (OSError, tomllib.TOMLDecodeError):
-        pass
+        if raw is not None and notes is not None:
+            notes.append(unrecognised(raw, "pyproject.toml"))
     if commit:
         tag = git_output(comfy_root, "describe", "--tags", "--exact-match", "HEAD")
-        if tag and re.fullmatch(r"v?\d+(\.\d+)*", tag):
+        if tag and re.fullmatch(r"v?\d+(\.\d+)*", tag) and recognised_version(tag.lstrip("v")):
             return tag.lstrip("v"), "git tag", commit
         return None, "git commit", commit
     return None, "unknown", None
 
 
 def git_output(folder: Path, *args: str) -> str | None:
-    if shutil.which("git") is None:
+    """git's one-line answer, None for anything else (no git, not a repository, a hang, garbage)."""
+    git = shutil.which("git")
+    if git is None:
         return None
     try:
-        proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
+        result = run_bounded([git, "-C", folder, *args], what="git", timeout=timeout_from_env(GIT_TIMEOUT_S,
+                                                                                             TIMEOUT_ENV),
+                             stdout_limit=TOOL_OUTPUT_LIMIT, stderr_limit=TOOL_OUTPUT_LIMIT, stderr_tail=True,
+                             env=child_env({"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}))
+        text = result.text().strip()
+    except ChildFailure:
         return None
-    if proc.returncode != 0:
+    if result.returncode != 0 or not text or len(text) > 200 or "\n" in text:
         return None
-    return proc.stdout.strip() or None
+    return text
 
 
-def torch_versions(site_packages: Path | None) -> tuple[str | None, str | None]:
+def torch_versions(site_packages: Path | None, notes: list[str] | None = None) -> tuple[str | None, str | None]:
     """(__version__ with its local label, CUDA version) from torch/version.py; METADATA when it is absent."""
     if site_packages is None:
         return None, None
-    found = literal_assignments(site_packages / "torch" / "version.py", ("__version__", "cuda"))
-    version = found.get("__version__")
+    found = literal_assignments(site_packages / "torch" / "version.py", ("__version__", "cuda"), notes)
+    raw = found.get("__version__")
+    version = recognised_version(raw)
+    if raw is not None and version is None and notes is not None:
+        notes.append(unrecognised(raw, "torch/version.py"))
     cuda = found.get("cuda")
-    if not isinstance(version, str):
-        version = dist_version(site_packages, "torch")
-    return version, cuda if isinstance(cuda, str) else None
+    if version is None:
+        version = dist_version(site_packages, "torch", notes)
+    cuda_ok = isinstance(cuda, str) and re.fullmatch(r"\d{1,3}(\.\d{1,3}){0,2}", cuda)
+    return version, cuda if cuda_ok else None
 
 
-def dist_version(site_packages: Path, name: str) -> str | None:
+def dist_version(site_packages: Path, name: str, notes: list[str] | None = None) -> str | None:
     prefix = name.replace("-", "_").lower() + "-"
     try:
-        entries = list(site_packages.iterdir())
+        entries = sorted(entry for entry in os.listdir(site_packages)
+                         if entry.lower().startswith(prefix) and entry.endswith(".dist-info"))
     except OSError:
         return None
-    for entry in sorted(entries):
-        if entry.name.lower().startswith(prefix) and entry.name.endswith(".dist-info"):
-            try:
-                for line in (entry / "METADATA").read_text(encoding="utf-8", errors="replace").splitlines():
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-                    if not line.strip():
-                        break
-            except OSError:
-                continue
+    for entry in entries:
+        data = read_detection_file(site_packages / entry / "METADATA", METADATA_LIMIT, notes)
+        if data is None:
+            continue
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return recognised_version(line.split(":", 1)[1].strip())
+            if not line.strip():
+                break
     return None
 
 
@@ -319,20 +551,36 @@ def triton_version(site_packages: Path | None) -> str | None:
     return dist_version(site_packages, "triton") or dist_version(site_packages, "triton-windows")
 
 
-def detect_gpus() -> list[GPU]:
-    """GPUs from nvidia-smi when present (short timeout); an empty list otherwise."""
+def probe_gpus() -> tuple[list[GPU], str | None]:
+    """(GPUs from nvidia-smi, None) when present; ([], None) without one (or with APPLIER_NO_GPU_PROBE=1);
+    ([], "GPU unknown: why") when it hangs, floods, prints bytes that are not UTF-8 or fails."""
     smi = shutil.which("nvidia-smi")
     if smi is None or os.environ.get("APPLIER_NO_GPU_PROBE") == "1":
-        return []
+        return [], None
     try:
-        proc = subprocess.run([smi, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError):
-        return []
+        result = run_bounded([smi, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+                             what="nvidia-smi", timeout=timeout_from_env(NVIDIA_SMI_TIMEOUT_S, TIMEOUT_ENV),
+                             stdout_limit=TOOL_OUTPUT_LIMIT, stderr_limit=TOOL_OUTPUT_LIMIT, stderr_tail=True,
+                             env=child_env())
+        text = result.text()
+    except ChildFailure as exc:
+        return [], f"GPU unknown: {exc.message}"
+    if result.returncode != 0:
+        last = last_line(result.stderr.decode("utf-8", "replace")) or last_line(text)
+        return [], f"GPU unknown: nvidia-smi exited with status {result.returncode}" + (
+            f": {last[:200]}" if last else "")
     gpus = []
-    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+    for line in text.splitlines()[:MAX_GPUS]:
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2 and parts[0]:
-            memory = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
-            gpus.append(GPU(parts[0], parts[1] or None, memory))
-    return gpus
+        if len(parts) >= 2 and parts[0] and len(parts[0]) <= 200:
+            capability = parts[1] if re.fullmatch(r"\d{1,2}\.\d{1,2}", parts[1]) else None
+            memory = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() and len(parts[2]) < 10 else None
+            gpus.append(GPU(parts[0], capability, memory))
+    if not gpus and text.strip():
+        return [], f"GPU unknown: nvidia-smi printed no GPU line applier reads: {last_line(text)[:80]!r}"
+    return gpus, None
+
+
+def detect_gpus() -> list[GPU]:
+    """GPUs from nvidia-smi when present (short timeout); an empty list otherwise."""
+    return probe_gpus()[0]

@@ -21,7 +21,7 @@ class Target:
     comfyui_version_source: str         # "comfyui_version.py" | "pyproject.toml" | "git tag" | "git commit" | "unknown"
     comfyui_commit: str | None
     python: Path | None                 # the target's interpreter (None: no Python env found)
-    python_source: str                  # "--python" | "venv" | ".venv" | "python_embeded" | "none"
+    python_source: str                  # "--python" | "venv" | ".venv" | "python_embeded" | "prefix" | "state" | "none"
     python_version: str | None
     site_packages: Path | None          # where torch lives (or would live)
     torch_version: str | None           # with its local label: "2.13.0+cpu"
@@ -29,6 +29,14 @@ class Target:
     triton_version: str | None
     gpus: list[GPU] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # why something is missing, in words
+    python_problem: str | None = None   # why `python` is not usable ("this is not a usable Python interpreter: ...")
+    gpu_problem: str | None = None      # "GPU unknown: ..." when nvidia-smi hung, flooded or printed garbage
+    env_notes: list[str] = field(default_factory=list, repr=False)   # the notes about the Python env (replaced
+    #                                                                  when detect.with_interpreter picks another)
+
+    @property
+    def python_usable(self) -> bool:
+        return self.python is not None and self.python_problem is None
 
     @property
     def state_dir(self) -> Path:
@@ -51,6 +59,7 @@ class Target:
 
     def to_json(self) -> dict:
         data = asdict(self)
+        data.pop("env_notes")
         for key, value in list(data.items()):
             if isinstance(value, Path):
                 data[key] = str(value)

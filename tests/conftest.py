@@ -102,6 +102,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow(reason="; ".join(reasons)))
 
 
+@pytest.fixture
+def hang_guard():
+    """A read that blocks (a FIFO opened for reading) fails the test after 20 s instead of hanging the suite."""
+    import signal
+
+    def hung(signum, frame):
+        raise TimeoutError("blocked for 20 s: something read a FIFO or waited on a child without a timeout")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
 DATABASE = DirectoryBasedExampleDatabase(str(REPO / ".cache" / "hypothesis"))
 settings.register_profile("ci", deadline=None, max_examples=100, database=DATABASE,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -337,3 +337,71 @@ def test_real_import_through_the_comfy_import_probe(tmp_path, value, applied, ou
     assert check.numbers["empty_latent_width_max"] == value
     assert effect.outcome is effect_outcome, (effect.reason, effect.stderr)
     assert effect.numbers["empty_latent_width_max"] == value
+
+
+# ------------------------------------------------------------------ what the caps scan never reads
+
+def test_caps_scan_skips_special_oversized_and_outside_files_with_a_warn(tmp_path, hang_guard):
+    import os
+    root = tmp_path / "ComfyUI"
+    write_nodes_py(root, PATCHED)
+    pack = root / "custom_nodes" / "pack"
+    pack.mkdir(parents=True)
+    os.mkfifo(pack / "fifo.py")
+    (pack / "zero.py").symlink_to("/dev/zero")
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text("MAX_RESOLUTION = 4096\n")
+    (pack / "outside.py").symlink_to(outside)
+    (pack / "huge.py").write_bytes(b"MAX_RESOLUTION = 2048\n" + b"#" * resolution.MAX_SCANNED_FILE_BYTES)
+    inside = pack / "real.py"
+    inside.write_text("MAX_RESOLUTION = 8192\n")
+    (pack / "alias.py").symlink_to("real.py")                    # a link inside the tree is read
+    result = run(make_target(root), make_catalog(tmp_path))["resolution-caps"]
+    assert result.outcome is Outcome.WARN
+    assert sorted(result.numbers["caps"]) == ["custom_nodes/pack/alias.py:1:8192", "custom_nodes/pack/real.py:1:8192"]
+    skipped = dict(s.split(": ", 1) for s in result.numbers["skipped"])
+    assert skipped == {"custom_nodes/pack/fifo.py": "a FIFO (named pipe), not a regular file",
+                       "custom_nodes/pack/huge.py": "larger than 4 MiB",
+                       "custom_nodes/pack/outside.py": "a link leading outside the ComfyUI folder",
+                       "custom_nodes/pack/zero.py": "a link leading outside the ComfyUI folder"}
+    assert "skipped 4 files" in result.reason
+
+
+def test_a_link_to_a_device_inside_the_tree_is_skipped_too(tmp_path, hang_guard):
+    import os
+    root = tmp_path / "ComfyUI"
+    write_nodes_py(root, PATCHED)
+    (root / "custom_nodes").mkdir()
+    os.mkfifo(root / "custom_nodes" / "pipe")
+    (root / "custom_nodes" / "to_pipe.py").symlink_to("pipe")
+    result = run(make_target(root), make_catalog(tmp_path))["resolution-caps"]
+    assert result.outcome is Outcome.WARN and "to_pipe.py (a FIFO" in result.reason
+
+
+def test_only_skipped_files_and_no_cap_is_a_warn_not_a_pass(tmp_path, hang_guard):
+    import os
+    root = tmp_path / "ComfyUI"
+    write_nodes_py(root, PATCHED)
+    (root / "comfy_extras").mkdir()
+    os.mkfifo(root / "comfy_extras" / "nodes_x.py")
+    result = run(make_target(root), make_catalog(tmp_path))["resolution-caps"]
+    assert result.outcome is Outcome.WARN and "comfy_extras/nodes_x.py" in result.reason
+
+
+def test_a_source_nested_too_deep_for_ast_is_read_by_lines(tmp_path):
+    root = tmp_path / "ComfyUI"
+    write_nodes_py(root, PATCHED)
+    (root / "custom_nodes").mkdir()
+    (root / "custom_nodes" / "deep.py").write_text("MAX_RESOLUTION = 8192\nX = 1" + "+1" * 100000 + "\n")
+    result = run(make_target(root), make_catalog(tmp_path))["resolution-caps"]
+    assert result.numbers["caps"] == ["custom_nodes/deep.py:1:8192"]
+
+
+def test_a_fifo_nodes_py_is_a_fail_with_the_reason_not_a_hang(tmp_path, hang_guard):
+    import os
+    root = tmp_path / "ComfyUI"
+    root.mkdir()
+    os.mkfifo(root / "nodes.py")
+    results = run(make_target(root), make_catalog(tmp_path))
+    assert results["max-resolution"].outcome is Outcome.FAIL and "FIFO" in results["max-resolution"].reason
+    assert results["resolution-caps"].outcome is not Outcome.FAIL

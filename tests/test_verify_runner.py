@@ -166,3 +166,73 @@ def test_to_check_carries_the_verdict_under_the_check_name():
     assert (result.name, result.outcome, result.reason, result.numbers, result.stderr) == \
         ("effect:torch/stream-priority", Outcome.PASS, "ok", {"n": 1}, "warn line")
     assert json.loads(json.dumps(result.to_json()))["outcome"] == "PASS"
+
+
+@posix_only
+def test_endless_stdout_is_killed_at_the_cap_and_is_a_fail(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify.runner, "PROBE_STDOUT_LIMIT", 64 * 1024)
+    python = fake_python(tmp_path, "yes\n")
+    result = run_probe(python, "stream_priority", ARGS, timeout=30)
+    assert result.outcome is Outcome.FAIL
+    assert "printed more than 65536 bytes on stdout (killed)" in result.reason
+
+
+@posix_only
+def test_a_verdict_with_bytes_that_are_not_utf8_is_a_fail_saying_so(tmp_path):
+    python = fake_python(tmp_path, """printf '{"outcome": "PASS", "reason": "\\377", "numbers": {}}\\n'\n""")
+    result = run_probe(python, "stream_priority", ARGS, timeout=30)
+    assert result.outcome is Outcome.FAIL
+    assert "not UTF-8" in result.reason
+
+
+@posix_only
+def test_endless_stderr_keeps_a_tail_and_the_verdict_still_counts(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify.runner, "PROBE_STDERR_KEPT", 64 * 1024)
+    python = fake_python(tmp_path, """\
+        head -c 1000000 /dev/zero | tr '\\0' 'x' >&2
+        echo "LAST" >&2
+        echo '{"outcome": "PASS", "reason": "fine", "numbers": {}}'
+    """)
+    result = run_probe(python, "stream_priority", ARGS, timeout=30)
+    assert result.outcome is Outcome.PASS, result.reason
+    assert result.stderr.rstrip().endswith("LAST")
+
+
+def test_a_probe_s_temp_files_and_inductor_cache_go_with_it(tmp_path, monkeypatch):
+    """torch.compile puts its cache in $TMPDIR/torchinductor_<user> unless told: the probe's own folder is both."""
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "litters.py").write_text(textwrap.dedent("""\
+        import json, os, tempfile
+        litter = os.path.join(tempfile.gettempdir(), "torchinductor_test")
+        os.makedirs(litter)
+        print(json.dumps({"outcome": "PASS", "reason": "made a mess", "numbers": {
+            "temp": tempfile.gettempdir(), "inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}}))
+    """))
+    shared_temp = tmp_path / "tmp"
+    shared_temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(shared_temp))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)     # this process reads TMPDIR again
+    result = run_probe(Path(sys.executable), "litters", ARGS, timeout=60, probes_dir=probes)
+    assert result.outcome is Outcome.PASS, result.stderr
+    assert Path(result.numbers["inductor"]).parent == Path(result.numbers["temp"])
+    assert list(shared_temp.iterdir()) == [], "the probe left files in the shared temp folder"
+
+
+def test_a_probe_gets_its_paths_as_its_utf8_mode_names_them(tmp_path):
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "lists.py").write_text(textwrap.dedent("""\
+        import json, os, sys
+        args = json.loads(sys.argv[1])
+        print(json.dumps({"outcome": "PASS", "reason": "listed", "numbers": {
+            "utf8_mode": sys.flags.utf8_mode, "entries": os.listdir(args["comfyui_root"])}}))
+    """))
+    folder = tmp_path / "café"
+    folder.mkdir()
+    (folder / "nodes.py").write_text("")
+    result = run_probe(Path(sys.executable), "lists", {**ARGS, "comfyui_root": str(folder)}, timeout=60,
+                       probes_dir=probes)
+    assert result.outcome is Outcome.PASS, result.stderr
+    assert result.numbers == {"utf8_mode": 1, "entries": ["nodes.py"]}

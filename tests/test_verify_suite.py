@@ -50,7 +50,7 @@ def echo_python(tmp_path: Path) -> Path:
     path.write_text(textwrap.dedent(f"""\
         #!{sys.executable}
         import json, os, sys
-        flag, script, payload = sys.argv[1:4]
+        flag, (script, payload) = sys.argv[1], sys.argv[-2:]
         print(json.dumps({{"outcome": "PASS", "reason": "echo", "numbers": {{
             "flag": flag, "script": os.path.basename(script), "args": json.loads(payload),
             "env_triton_interpret": os.environ.get("TRITON_INTERPRET")}}}}))
@@ -70,10 +70,18 @@ def result(name, outcome):
 
 # ------------------------------------------------------------------ outcomes
 
-def test_overall_ok_is_true_iff_no_check_failed():
+def test_overall_ok_is_true_iff_no_check_failed_and_something_was_verified():
     assert verify.overall_ok([result("a", Outcome.PASS), result("b", Outcome.WARN), result("c", Outcome.SKIP)])
+    assert verify.overall_ok([result("a", Outcome.WARN), result("c", Outcome.SKIP)])
     assert not verify.overall_ok([result("a", Outcome.PASS), result("b", Outcome.FAIL)])
     assert verify.overall_ok([])
+
+
+def test_a_run_where_every_check_skipped_is_not_ok():
+    skipped = [result("a", Outcome.SKIP), result("b", Outcome.SKIP)]
+    assert verify.nothing_verified(skipped)
+    assert not verify.overall_ok(skipped)
+    assert verify.results_to_json(skipped)["ok"] is False
 
 
 def test_skip_is_never_counted_as_pass():
@@ -135,12 +143,23 @@ def test_progress_is_told_each_slow_check_before_it_runs(tmp_path):
 
 # ------------------------------------------------------------------ effect and kernel checks
 
-def test_no_interpreter_makes_effect_and_kernel_checks_skip_and_the_run_ok(tmp_path):
+def test_no_interpreter_makes_effect_and_kernel_checks_skip_naming_python_and_the_run_not_ok(tmp_path):
     options = verify.VerifyOptions(target=make_target(tmp_path), catalog=make_catalog(tmp_path), kernels=True)
     results = {r.name: r for r in verify.run_verify(options)}
-    assert results["effect:torch/fake-patch"].outcome is Outcome.SKIP
-    assert results["kernel-parity"].outcome is Outcome.SKIP
-    assert verify.overall_ok(results.values())
+    for name in ("effect:torch/fake-patch", "kernel-parity"):
+        assert results[name].outcome is Outcome.SKIP
+        assert "--python" in results[name].reason
+    assert not verify.overall_ok(results.values())        # every check SKIPped: nothing was verified
+
+
+def test_an_unusable_interpreter_skips_probes_naming_why_and_python(tmp_path):
+    target = make_target(tmp_path, echo_python(tmp_path))
+    target.python_problem = "this is not a usable Python interpreter: its answer has no 'version'"
+    options = verify.VerifyOptions(target=target, catalog=make_catalog(tmp_path), kernels=True)
+    results = {r.name: r for r in verify.run_verify(options)}
+    for name in ("effect:torch/fake-patch", "kernel-parity"):
+        assert results[name].outcome is Outcome.SKIP
+        assert "no 'version'" in results[name].reason and "--python" in results[name].reason
 
 
 def test_no_torch_in_the_target_skips_torch_effects(tmp_path):

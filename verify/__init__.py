@@ -3,7 +3,7 @@
 Loaded by the applier as the package `applier_verify` (applier.resources.load_verify()). Entry points:
 
     run_verify(VerifyOptions(...)) -> list[CheckResult]
-    overall_ok(results) -> bool            True iff no check FAILed (SKIP and WARN do not fail; SKIP is no PASS)
+    overall_ok(results) -> bool            True iff no check FAILed and not every check SKIPped (nothing verified)
     results_to_json(results, target) -> dict   the `applier verify --json` document (docs/verify-schema.json)
 """
 from __future__ import annotations
@@ -15,14 +15,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from applier.catalog import Patch
-from applier.errors import RefusedError
+from applier.errors import ApplierError, RefusedError
+from applier.fsutil import read_regular
+from applier.subproc import text_for_child
 from applier.target import Target
 
-from .registry import REGISTRY, Check, CheckInstance, CheckResult, Outcome, check, overall_ok, selected, summarize
-from .runner import ProbeResult, run_probe
+from .registry import (REGISTRY, Check, CheckInstance, CheckResult, Outcome, check, nothing_verified, overall_ok,
+                       selected, summarize)
+from .runner import PYTHON_HINT, ProbeResult, run_probe
 
 __all__ = ["VerifyOptions", "VerifyContext", "run_verify", "plan_checks", "results_to_json", "overall_ok",
-           "summarize", "CheckResult", "Outcome", "check", "REGISTRY", "run_probe", "ProbeResult"]
+           "nothing_verified", "summarize", "CheckResult", "Outcome", "check", "REGISTRY", "run_probe",
+           "ProbeResult"]
 
 REPORT_FORMAT = 1
 DEFAULT_PROBE_TIMEOUT_S = 180.0
@@ -66,6 +70,16 @@ class VerifyContext:
         state = self.options.state
         return dict(getattr(state, "applied", None) or {})
 
+    def no_interpreter(self) -> str | None:
+        """Why probes cannot run in the target's interpreter (a SKIP reason naming --python), None when they can."""
+        target = self.target
+        if target.python is None:
+            return f"no Python interpreter found for the target (venv/, .venv/, python_embeded/); {PYTHON_HINT}"
+        problem = getattr(target, "python_problem", None)
+        if problem:
+            return f"the target's interpreter {target.python} is not usable ({problem}); {PYTHON_HINT}"
+        return None
+
     def patch(self, patch_id: str) -> Patch | None:
         return next((p for p in self.catalog if p.id == patch_id), None)
 
@@ -106,8 +120,9 @@ class VerifyContext:
         target = self.target
         return {
             "device": self.options.device,
-            "comfyui_root": str(target.comfyui_root) if target.comfyui_root else None,
-            "site_packages": str(target.site_packages) if target.site_packages else None,
+            # Spelled as the probe's UTF-8 mode reads them: the same bytes on disk under any locale.
+            "comfyui_root": text_for_child(target.comfyui_root) if target.comfyui_root else None,
+            "site_packages": text_for_child(target.site_packages) if target.site_packages else None,
             "expect": expect,
             "real_import": self.options.real_import,
         }
@@ -115,6 +130,9 @@ class VerifyContext:
     def run_probe(self, probe: str, args: dict, *, timeout: float | None = None,
                   env_extra: dict[str, str] | None = None) -> ProbeResult:
         """Run a probe in the target's interpreter; the same probe with the same arguments runs once per verify."""
+        unusable = self.no_interpreter()
+        if unusable:
+            return ProbeResult(Outcome.SKIP, unusable)
         key = json.dumps([probe, args, env_extra or {}], sort_keys=True)
         if key not in self._probe_cache:
             self._probe_cache[key] = run_probe(self.target.python, probe, args,
@@ -122,14 +140,15 @@ class VerifyContext:
         return self._probe_cache[key]
 
 
+MAX_DIFF_BYTES = 16 * 1024 * 1024
 _MAX_RESOLUTION_ADDED = re.compile(rb"^\+\s*MAX_RESOLUTION\s*(?::\s*int\s*)?=\s*(\d+)\s*$", re.MULTILINE)
 
 
 def max_resolution_set_by(diff_path: Path) -> int | None:
     """The value an added `MAX_RESOLUTION = N` line of a diff sets, None when the diff sets none."""
     try:
-        data = diff_path.read_bytes()
-    except OSError:
+        data = read_regular(diff_path, limit=MAX_DIFF_BYTES)
+    except (OSError, ApplierError):
         return None
     match = _MAX_RESOLUTION_ADDED.search(data.replace(b"\r\n", b"\n"))
     return int(match.group(1)) if match else None
@@ -183,7 +202,7 @@ def results_to_json(results: list[CheckResult], target: Target | None = None) ->
     return {
         "format": REPORT_FORMAT,
         "target": str(target.root) if target is not None else None,
-        "ok": overall_ok(results),
+        "ok": overall_ok(results),      # false also when nothing was verified (every check SKIPped)
         "summary": summarize(results),
         "checks": [r.to_json() for r in results],
     }

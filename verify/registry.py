@@ -99,8 +99,17 @@ def selected(instance_name: str, family: str, only: tuple[str, ...]) -> bool:
 
 
 def overall_ok(results: Iterable[CheckResult]) -> bool:
-    """True iff no check FAILed: WARN and SKIP leave the exit status at 0 (SKIP is still never a PASS)."""
-    return all(r.outcome is not Outcome.FAIL for r in results)
+    """True iff no check FAILed and something was verified: WARN and some SKIPs leave the exit status at 0, but a
+    run where every check SKIPped proved nothing and must not read as success (`verify --only effect` on a target
+    without a usable interpreter)."""
+    results = list(results)
+    return all(r.outcome is not Outcome.FAIL for r in results) and not nothing_verified(results)
+
+
+def nothing_verified(results: Iterable[CheckResult]) -> bool:
+    """At least one check ran and every one of them SKIPped."""
+    results = list(results)
+    return bool(results) and all(r.outcome is Outcome.SKIP for r in results)
 
 
 def summarize(results: Iterable[CheckResult]) -> dict[str, int]:

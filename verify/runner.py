@@ -1,29 +1,35 @@
 """Run a probe (verify/probes/<name>.py) in the target's interpreter and turn whatever happens into a result.
 
-The probe runs as `python -I probes/<name>.py '<json args>'` in an empty temporary folder (isolated mode: no user
-site, no PYTHON* variables, no current folder on sys.path, so nothing of the applier's environment leaks in). Its
-last stdout line must be one JSON object (see verify/README.md). A crash, a non-zero exit, a hang past the timeout
-or output that is not that JSON is a FAIL with the reason in words; a missing interpreter is a SKIP. This module
-never raises for anything the probe does.
+The probe runs as `python -I -X utf8 probes/<name>.py '<json args>'` through applier.subproc.run_bounded, in an
+empty temporary folder that is also its TMPDIR and TORCHINDUCTOR_CACHE_DIR (so torch.compile's caches and anything
+else it puts in a temp folder go when it ends: no `$TMPDIR/torchinductor_<user>` is left behind). Isolated mode: no
+user site, no PYTHON* variables, no current folder on sys.path, so nothing of the applier's environment leaks in;
+UTF-8 mode, so paths and output survive any locale. Its last stdout line must be one JSON object (see
+verify/README.md). A crash, a non-zero exit, a hang past the timeout, more than PROBE_STDOUT_LIMIT bytes of
+stdout, bytes that are not UTF-8, or output that is not that JSON is a FAIL with the reason in words (the process
+group is killed); a missing interpreter is a SKIP. This module never raises for anything the probe does.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from applier.errors import ChildFailure
+from applier.subproc import PYTHON_FLAGS, child_env, run_bounded
+
 from .registry import CheckResult, Outcome
 
 PROBES_DIR = Path(__file__).resolve().parent / "probes"
 STDERR_TAIL_CHARS = 4000
+PROBE_STDOUT_LIMIT = 16 * 1024 * 1024     # a verdict is one line of numbers; chatter before it is not kept
+PROBE_STDERR_KEPT = 256 * 1024            # stderr beyond this is dropped from the front (a tail is shown)
+PYTHON_HINT = "give the target's interpreter with --python PATH (e.g. ComfyUI/venv/bin/python)"
 # A leading underscore marks a module the probes share (probes/_probe.py), not a probe that can be run.
 _PROBE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 # Variables that would make the target's interpreter load something other than what it would load on its own.
@@ -55,10 +61,10 @@ def run_probe(python: Path | str | None, probe: str, args: dict, timeout: float,
     """Run one probe and read its verdict; see the module docstring for how failures are classified.
     `probes_dir` replaces verify/probes/ (tests run probes of their own)."""
     if python is None:
-        return ProbeResult(Outcome.SKIP, "no Python interpreter found for the target")
+        return ProbeResult(Outcome.SKIP, f"no Python interpreter found for the target; {PYTHON_HINT}")
     python = Path(python)
     if not python.exists():
-        return ProbeResult(Outcome.SKIP, f"the target's interpreter {python} does not exist")
+        return ProbeResult(Outcome.SKIP, f"the target's interpreter {python} does not exist; {PYTHON_HINT}")
     script = probe_path(probe, probes_dir)
     if script is None:
         return ProbeResult(Outcome.FAIL, f"no probe named {probe!r} in {probes_dir or PROBES_DIR}")
@@ -67,35 +73,23 @@ def run_probe(python: Path | str | None, probe: str, args: dict, timeout: float,
     except (TypeError, ValueError) as exc:
         return ProbeResult(Outcome.FAIL, f"probe arguments are not JSON: {exc}")
 
-    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
-    for key, value in (env_extra or {}).items():  # None removes an inherited variable
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    env.setdefault("PYTHONIOENCODING", "utf-8")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="applier-probe-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="applier-probe-", ignore_cleanup_errors=True) as workdir:
+        own_temp = {"TMPDIR": workdir, "TEMP": workdir, "TMP": workdir,
+                    "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "torchinductor")}
+        env = child_env({**own_temp, **(env_extra or {})}, drop=_DROPPED_ENV)
         try:
-            proc = subprocess.Popen(
-                [str(python), "-I", str(script), payload], cwd=workdir, env=env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                **_new_process_group())
-        except OSError as exc:
-            return ProbeResult(Outcome.FAIL, f"cannot start {python}: {exc.strerror or exc}",
+            result = run_bounded([python, *PYTHON_FLAGS, script, payload], what=f"probe {probe}", timeout=timeout,
+                                 stdout_limit=PROBE_STDOUT_LIMIT, stderr_limit=PROBE_STDERR_KEPT, stderr_tail=True,
+                                 env=env, cwd=workdir)
+            out = result.text()
+        except ChildFailure as exc:
+            return ProbeResult(Outcome.FAIL, exc.message, stderr=_tail(exc.stderr),
                                duration_s=time.monotonic() - started)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc)
-            out, err = _drain(proc)
-            return ProbeResult(Outcome.FAIL, f"probe {probe} did not finish within {timeout:g} s (killed)",
-                               stderr=_tail(err), duration_s=time.monotonic() - started)
-    duration = time.monotonic() - started
-    return _classify(probe, proc.returncode, out, err, duration)
+    return _classify(probe, result.returncode, out, result.stderr, result.duration_s)
 
 
-def _classify(probe: str, returncode: int, out: bytes, err: bytes, duration: float) -> ProbeResult:
+def _classify(probe: str, returncode: int, out: str, err: bytes, duration: float) -> ProbeResult:
     stderr = _tail(err)
     verdict, problem = _parse_last_line(out)
     if returncode != 0:
@@ -117,21 +111,20 @@ def _classify(probe: str, returncode: int, out: bytes, err: bytes, duration: flo
                        returncode)
 
 
-def _parse_last_line(out: bytes) -> tuple[dict | None, str]:
+def _parse_last_line(text: str) -> tuple[dict | None, str]:
     """The verdict object of the last non-empty stdout line, or None and why it is not one."""
-    text = out.decode("utf-8", errors="replace")
     line = _last_line(text)
     if not line:
         return None, "stdout was empty"
     shown = line if len(line) <= 200 else line[:200] + "..."
     try:
         data = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None, f"last line is not JSON: {shown!r}"
     if not isinstance(data, dict):
         return None, f"last line is JSON but not an object: {shown!r}"
     outcome = data.get("outcome")
-    if outcome not in Outcome.__members__:
+    if not isinstance(outcome, str) or outcome not in Outcome.__members__:
         return None, f"unknown outcome {outcome!r} in {shown!r}"
     reason = data.get("reason")
     numbers = data.get("numbers", {})
@@ -152,33 +145,3 @@ def _tail(data: bytes | str | None) -> str:
         return ""
     text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
     return text[-STDERR_TAIL_CHARS:]
-
-
-def _new_process_group() -> dict:
-    # A group of its own lets a timeout kill the probe's children too (a hung compile worker, a server).
-    if sys.platform == "win32":
-        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
-    return {"start_new_session": True}
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    if sys.platform != "win32":
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-            return
-        except (ProcessLookupError, PermissionError):
-            pass
-    proc.kill()
-
-
-def _drain(proc: subprocess.Popen) -> tuple[bytes, bytes]:
-    """What the killed probe had written; bounded, because a grandchild outside the group may hold the pipes."""
-    try:
-        return proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-        proc.wait()
-        return b"", b""

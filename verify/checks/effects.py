@@ -23,8 +23,9 @@ def effect(ctx, patch_id: str) -> CheckResult:
     numbers = {"probe": patch.effect_probe, "expect_applied": expect_applied}
     if not patch.effect_probe:
         return CheckResult(name, Outcome.SKIP, "patch.toml declares no effect_probe", numbers)
-    if target.python is None:
-        return CheckResult(name, Outcome.SKIP, "no Python interpreter found for the target", numbers)
+    unusable = ctx.no_interpreter()
+    if unusable:
+        return CheckResult(name, Outcome.SKIP, unusable, numbers)
     if patch.component == "torch" and (target.site_packages is None or target.torch_version is None):
         return CheckResult(name, Outcome.SKIP, "torch is not installed in the target's environment", numbers)
     if patch.component == "comfyui" and target.comfyui_root is None:

@@ -23,8 +23,9 @@ def interpreter_env(ctx) -> dict[str, str | None]:
 def kernel_parity(ctx) -> CheckResult:
     name = "kernel-parity"
     target = ctx.target
-    if target.python is None:
-        return CheckResult(name, Outcome.SKIP, "no Python interpreter found for the target")
+    unusable = ctx.no_interpreter()
+    if unusable:
+        return CheckResult(name, Outcome.SKIP, unusable)
     if target.torch_version is None:
         return CheckResult(name, Outcome.SKIP, "torch is not installed in the target's environment")
     # The interpreter must be on before triton is imported, so it is decided here, in the probe's environment.

@@ -1,7 +1,10 @@
 """max-resolution and resolution-caps: what the tree (and, on request, the running ComfyUI) allows as image size.
 
 Both read source files statically with `ast` (never importing them): nodes.py's `MAX_RESOLUTION`, and the
-hard-coded caps in comfy_extras/ and custom_nodes/ that a raised MAX_RESOLUTION does not reach.
+hard-coded caps in comfy_extras/ and custom_nodes/ that a raised MAX_RESOLUTION does not reach. Every read is
+bounded and of regular files only (applier.fsutil.read_regular): the caps scan skips, with a WARN naming each, a
+FIFO, a device (a link to /dev/zero), a file over MAX_SCANNED_FILE_BYTES and a link leading outside the ComfyUI
+folder; it never blocks on one nor follows a link out.
 """
 from __future__ import annotations
 
@@ -10,6 +13,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from applier.errors import ApplierError
+from applier.fsutil import FileTooLarge, NotRegularFile, read_regular
 
 from ..registry import CheckResult, Outcome, check
 
@@ -20,6 +26,8 @@ COMFY_IMPORT_PROBE = "comfy_import"
 SKIPPED_DIRS = frozenset({".git", ".hg", "__pycache__", ".applier", "venv", ".venv", "env", "node_modules",
                           "site-packages", "dist-packages", ".tox", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 MAX_SCANNED_FILE_BYTES = 4 * 1024 * 1024     # larger .py files are generated data, not node definitions
+MAX_NODES_PY_BYTES = 16 * 1024 * 1024        # nodes.py is ~100 kB
+MAX_SKIPPED_LISTED = 5
 # Inputs whose names say they are an image dimension.
 DIMENSION_INPUT = re.compile(r"width|height|resolution", re.IGNORECASE)
 # A "max" below this on a width/height input is a line or border thickness, not an image size.
@@ -57,6 +65,7 @@ class CapScan:
     caps: list[Cap] = field(default_factory=list)
     files_scanned: int = 0
     files_parsed_by_regex: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)   # (relative path, why) of files not read
 
 
 # ---------------------------------------------------------------- reading source
@@ -92,11 +101,12 @@ def _assigned_names(node: ast.AST) -> list[str]:
 
 def read_max_resolution(nodes_py: Path) -> MaxResolution:
     """The module-level MAX_RESOLUTION of nodes.py (the last assignment wins, as at import). Handles a BOM, CRLF,
-    `MAX_RESOLUTION=16384` and `MAX_RESOLUTION: int = 16384`. OSError when the file cannot be read."""
-    data = nodes_py.read_bytes()
+    `MAX_RESOLUTION=16384` and `MAX_RESOLUTION: int = 16384`. OSError when the file cannot be read, IOFailure
+    when it is not a regular file or is too large."""
+    data = read_regular(nodes_py, limit=MAX_NODES_PY_BYTES)
     try:
         tree = ast.parse(data, filename=str(nodes_py))
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         # A nodes.py written for a newer Python than the applier's still has a plain assignment line.
         found = MaxResolution(None, None, "regex")
         for number, line in enumerate(_decode(data).splitlines(), start=1):
@@ -145,7 +155,7 @@ def caps_in_source(data: bytes, relpath: str, cap: int) -> tuple[list[Cap], bool
     """The caps below `cap` in one file's source, and whether the regex fallback had to be used."""
     try:
         tree = ast.parse(data)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):   # deep nesting: the regex reads lines
         return _caps_by_regex(_decode(data), relpath, cap), True
     found: list[Cap] = []
 
@@ -200,10 +210,18 @@ def worth_parsing(data: bytes) -> bool:
 
 
 def _python_files(root: Path, recursive: bool):
+    """The .py entries (files, or links to anything) of root, recursively or not; os.walk follows no folder link."""
     if not root.is_dir():
         return
     if not recursive:
-        yield from sorted(p for p in root.glob("*.py") if p.is_file())
+        try:
+            names = sorted(entry.name for entry in os.scandir(root) if entry.name.endswith(".py"))
+        except OSError:
+            return
+        for name in names:
+            path = root / name
+            if not path.is_dir():
+                yield path
         return
     for folder, dirs, files in os.walk(root):
         # Another interpreter's environment (a node's own venv) is not the node's code.
@@ -214,22 +232,46 @@ def _python_files(root: Path, recursive: bool):
                 yield Path(folder, name)
 
 
+def read_scanned(path: Path, inside: Path) -> tuple[bytes | None, str | None]:
+    """(the bytes of a scanned file, None) or (None, why it was skipped): a link is read only where it leads
+    inside `inside` (the ComfyUI folder, resolved); FIFOs, devices and files over the size cap are not read."""
+    try:
+        real = Path(os.path.realpath(path)) if path.is_symlink() else path
+        if real is not path and not _is_within(real, inside):
+            return None, "a link leading outside the ComfyUI folder"
+        return read_regular(real, limit=MAX_SCANNED_FILE_BYTES), None
+    except FileTooLarge:
+        return None, f"larger than {MAX_SCANNED_FILE_BYTES // (1024 * 1024)} MiB"
+    except NotRegularFile as exc:
+        return None, exc.message.rsplit(": it is ", 1)[-1]
+    except FileNotFoundError:
+        return None, "gone, or a link to nothing"
+    except (OSError, ApplierError) as exc:
+        return None, getattr(exc, "strerror", None) or str(exc)
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        return os.path.commonpath([path, folder]) == str(folder)
+    except ValueError:   # another drive
+        return False
+
+
 def scan_resolution_caps(comfyui_root: Path, cap: int) -> CapScan:
     """Hard-coded resolution caps below `cap` in comfy_extras/*.py and custom_nodes/**/*.py."""
     scan = CapScan()
+    inside = Path(os.path.realpath(comfyui_root))
     sources = [(comfyui_root / "comfy_extras", False), (comfyui_root / "custom_nodes", True)]
     for folder, recursive in sources:
         for path in _python_files(folder, recursive):
-            try:
-                if path.stat().st_size > MAX_SCANNED_FILE_BYTES:
-                    continue
-                data = path.read_bytes()
-            except OSError:
+            relpath = path.relative_to(comfyui_root).as_posix()
+            data, why = read_scanned(path, inside)
+            if data is None:
+                scan.skipped.append((relpath, why))
                 continue
             scan.files_scanned += 1
             if not worth_parsing(data):
                 continue
-            relpath = path.relative_to(comfyui_root).as_posix()
             caps, by_regex = caps_in_source(data, relpath, cap)
             scan.caps += caps
             scan.files_parsed_by_regex += by_regex
@@ -265,6 +307,8 @@ def max_resolution(ctx) -> CheckResult:
         static = read_max_resolution(nodes_py)
     except OSError as exc:
         return CheckResult(name, Outcome.FAIL, f"cannot read {nodes_py}: {exc.strerror or exc}")
+    except ApplierError as exc:   # a FIFO, a device, a file far larger than any nodes.py
+        return CheckResult(name, Outcome.FAIL, exc.message)
     patch, patched_value = ctx.max_resolution_patch()
     applied = patch is not None and patch.id in ctx.applied
     where = f"nodes.py:{static.line}" if static.line else "nodes.py"
@@ -330,7 +374,7 @@ def resolution_caps(ctx) -> CheckResult:
     if cap is None:
         try:
             cap = read_max_resolution(Path(root) / "nodes.py").value
-        except OSError:
+        except (OSError, ApplierError):
             cap = None
         source = "nodes.py's MAX_RESOLUTION"
     if cap is None:
@@ -338,8 +382,13 @@ def resolution_caps(ctx) -> CheckResult:
                                                "no MAX_RESOLUTION in nodes.py")
     scan = scan_resolution_caps(Path(root), cap)
     numbers = {"cap": cap, "caps": [str(c) for c in scan.caps], "inputs": [c.what for c in scan.caps],
-               "files_scanned": scan.files_scanned, "files_read_by_regex": scan.files_parsed_by_regex}
+               "files_scanned": scan.files_scanned, "files_read_by_regex": scan.files_parsed_by_regex,
+               "skipped": [f"{path}: {why}" for path, why in scan.skipped]}
+    skipped = _skipped_words(scan.skipped)
     if not scan.caps:
+        if skipped:
+            return CheckResult(name, Outcome.WARN, f"no hard-coded cap below {cap} ({source}) in "
+                                                   f"{scan.files_scanned} files; {skipped}", numbers)
         return CheckResult(name, Outcome.PASS, f"no hard-coded cap below {cap} ({source}) in "
                                                f"{scan.files_scanned} files", numbers)
     shown = ", ".join(str(c) for c in scan.caps[:5]) + (f" and {len(scan.caps) - 5} more" if len(scan.caps) > 5
@@ -347,4 +396,14 @@ def resolution_caps(ctx) -> CheckResult:
     applied = patch is not None and patch.id in ctx.applied
     note = "" if applied or patch is None else "; the patch is not applied, and these caps would remain after it"
     count = f"{len(scan.caps)} hard-coded cap{'s' if len(scan.caps) != 1 else ''}"
-    return CheckResult(name, Outcome.WARN, f"{count} below {cap} ({source}{note}): {shown}", numbers)
+    return CheckResult(name, Outcome.WARN, f"{count} below {cap} ({source}{note}): {shown}"
+                                           + (f"; {skipped}" if skipped else ""), numbers)
+
+
+def _skipped_words(skipped: list[tuple[str, str]]) -> str:
+    """"skipped 2 files: custom_nodes/a.py (a FIFO (named pipe)), ..." or "" when none was."""
+    if not skipped:
+        return ""
+    shown = ", ".join(f"{path} ({why})" for path, why in skipped[:MAX_SKIPPED_LISTED])
+    more = f" and {len(skipped) - MAX_SKIPPED_LISTED} more" if len(skipped) > MAX_SKIPPED_LISTED else ""
+    return f"skipped {len(skipped)} file{'s' if len(skipped) != 1 else ''} (not read): {shown}{more}"
