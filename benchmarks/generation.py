@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Whole-generation benchmark: what a ComfyUI user gets from the fused_dit overlays, through ComfyUI's own code.
 
-Given a ComfyUI checkout (--comfyui DIR), it builds seeded random weights for Flux-dev (12B) and Wan 2.1 T2V 14B
-at full size, loads them the way UNETLoader does (comfy.sd.load_diffusion_model from a safetensors file with
+Given a ComfyUI checkout (--comfyui DIR), it starts that release the way its main.py does (benchmarks/comfy_release.py:
+cuda_malloc, and DynamicVRAM with comfy-aimdo and ModelPatcherDynamic where the release has it, unless
+--disable-dynamic-vram), builds seeded random weights for Flux-dev (12B) and Wan 2.1 T2V 14B at full size with that
+release's own model classes, in the key format of the released checkpoint files, loads them the way UNETLoader does (comfy.sd.load_diffusion_model from a safetensors file with
 --save-checkpoint, else comfy.sd.load_diffusion_model_state_dict; model_options {"dtype": torch.float8_e4m3fn} for
 fp8 weights), and samples with comfy.sample.sample (KSampler's call: euler, simple, cfg 1.0, so one model forward
-per step) under torch.inference_mode(), as ComfyUI's executor runs a prompt. The model stays in training mode as
-ComfyUI 0.3.64 leaves it; a run spec ending in ":eval" calls .eval() and requires_grad_(False) first, as newer
-ComfyUI releases do in BaseModel.__init__.
+per step) under torch.inference_mode(), as ComfyUI's executor runs a prompt. The model stays in the mode the release
+leaves it in (0.3.64: training; since 0.3.65 BaseModel.__init__ calls .eval()); a run spec ending in ":eval" calls
+.eval() and requires_grad_(False) first.
 
 Configs (the MODEL a workflow hands to KSampler):
     stock            UNETLoader's model as loaded
@@ -21,13 +23,23 @@ Configs (the MODEL a workflow hands to KSampler):
     overlay_compile  the Fused DiT Ops node, then TorchCompileModel
     overlay_compile_allops  the same with every fused op kept as a custom op under compile (by default the ops
                      that Inductor fuses as well itself are left to it: fused_dit.integration.compiled)
+    overlay_attention  the node with its attention family alone (issue 21)
+    overlay_all      the node with every exact family it offers (attention included where it has one), FP8 off
+    overlay_all_fp8  the same with fp8_linear on (fp8_weights "replace")
+    comfy_sage       what `--use-sage-attention` selects: ComfyUI's attention_sage bound as optimized_attention in
+                     every loaded comfy module for the run (the flag binds it so at import); needs sageattention
+A family the node does not offer is recorded in the run (families_absent); a config none of whose families
+exists is recorded as skipped, not run.
 A run spec is CONFIG[@WEIGHTS][:eval], e.g. `overlay_fp8@fp8_e4m3fn` (the node's FP8 on ComfyUI's fp8 weights) or
 `comfy_fp8_fast:eval`.
 
-Per run: s_per_step (median of the timed call's steps after its first, each closed by a CUDA synchronise in the
-sampler's callback, after a warm-up call), the first call's seconds (compilation, FP8 quantisation), peak GPU
-memory of the timed call, the number of torch._scaled_mm calls in one sampling step (torch.profiler, a separate
-one-step call), the custom ops the profiler saw, and the output latent's relative error against stock bf16.
+Per run: comfyui_version and vram_mode (dynamic / legacy); s_per_step (median of the timed call's steps after its
+first, each closed by a CUDA synchronise in the sampler's callback, after a warm-up call), the first call's seconds
+(compilation, FP8 quantisation), peak GPU memory of the timed call (torch's allocator; under DynamicVRAM
+comfy-aimdo holds the weights outside it, so device_used_peak_gib, the device's memory in use sampled at every
+step, is recorded too), and from a separate one-step probe call the number of torch._scaled_mm calls and the SDPA
+backend each torch scaled_dot_product_attention call took (torch._fused_sdp_choice under the caller's backend
+priority); and the output latent's relative error against stock bf16.
 The weights are random: the figures are for speed, memory and which code ran, never image quality.
 
 Each run is in its own try/except (its error is recorded), memory is freed between runs, and the JSON is written
@@ -57,14 +69,13 @@ import traceback
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))   # results_io, also when imported from elsewhere
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))   # results_io, comfy_release, also when imported from elsewhere
+import comfy_release  # noqa: E402
+import generation_configs  # noqa: E402
+from generation_configs import (COMPILE_CONFIGS, CONFIGS, FP8_WEIGHT_CONFIGS, build_config,  # noqa: E402,F401
+                                release_config, set_ops_under_compile)
 
-CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
-           "overlay_fp8_alongside", "overlay_compile_allops")
-COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops")
 WEIGHTS = ("bf16", "fp8_e4m3fn")
-# configs that only exist on ComfyUI's fp8 weights
-FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
 NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed, memory and which code "
         "ran (FP8 GEMM counts), never for image quality. rel_err_vs_stock compares output latents with the stock "
         "bf16 run of the same model, resolution and seed.")
@@ -72,6 +83,11 @@ NOTE = ("Weights are seeded random numbers, not trained ones: the figures are fo
 # they are inference tensors), or outside it (--load-outside-inference-mode)
 WEIGHTS_LOADED = {False: "in inference_mode (as ComfyUI)", True: "outside inference_mode (not as ComfyUI)"}
 SAMPLER = {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0, "denoise": 1.0}
+# a run's model_mode: the mode the release's loader leaves the model in, or "eval" forced by a ":eval" run spec
+# (earlier files said "train" for the first: 0.3.64 leaves its models in training mode)
+AS_LOADED = "as loaded"
+# the ComfyUI this process imported and how it was started (import_comfyui): one per process, as in ComfyUI
+STARTED: dict = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,35 +157,50 @@ def parse_run_spec(text: str) -> RunSpec:
 
 
 # ---------------------------------------------------------------------------------------------- ComfyUI setup
-def import_comfyui(checkout: Path, device: str, allocator: str) -> dict:
-    """Put the checkout and the repo's overlays/ on sys.path and import ComfyUI the way main.py starts it.
+def import_comfyui(checkout: Path, device: str, allocator: str, disable_dynamic_vram: bool = False) -> dict:
+    """Put the checkout and the repo's overlays/ on sys.path and import ComfyUI the way its main.py starts it
+    (comfy_release.start: cuda_malloc, comfy-aimdo and ModelPatcherDynamic where the release has them); returns
+    the release as its files describe it and how it was started (comfyui_version, vram_mode, ...).
 
     Must run before torch is imported: main.py's cuda_malloc step sets PYTORCH_CUDA_ALLOC_CONF
-    (backend:cudaMallocAsync on a supported GPU) before anything imports torch."""
+    (backend:cudaMallocAsync on a supported GPU) and comfy-aimdo initialises before anything imports torch."""
     if not (checkout / "comfy" / "sd.py").exists():
         raise SystemExit(f"{checkout} is not a ComfyUI checkout (no comfy/sd.py)")
     sys.path[:0] = [str(checkout), str(REPO_ROOT / "overlays")]
-    from comfy.cli_args import args
-    args.cpu = device == "cpu"
-    if allocator == "comfy" and device != "cpu":
-        import cuda_malloc  # noqa: F401  (main.py's import: it sets the allocator through the environment)
-    import torch  # noqa: F401
-    import comfy.model_management  # noqa: F401
+    release = comfy_release.read_release(checkout)
+    started = comfy_release.start(checkout, release, device, allocator, disable_dynamic_vram)
     import comfy.sample  # noqa: F401
     import comfy.sd  # noqa: F401
-    return describe_checkout(checkout)
+    STARTED.clear()
+    STARTED.update({**release.as_dict(), **started, "sdpa_priority": sdpa_priority(),
+                    "comfy_kitchen": comfy_kitchen()})
+    return dict(STARTED)
 
 
-def describe_checkout(checkout: Path) -> dict:
-    version = None
-    version_file = checkout / "comfyui_version.py"
-    if version_file.exists():
-        for line in version_file.read_text().splitlines():
-            if line.startswith("__version__"):
-                version = line.split("=", 1)[1].strip().strip("\"'")
-    revision = checkout / "REVISION"   # an exported tree carries "commit\ndate"
-    commit, _, date = (revision.read_text().strip() + "\n").partition("\n") if revision.exists() else ("", "", "")
-    return {"comfyui_version": version, "commit": commit or None, "commit_date": date.strip() or None}
+def sdpa_priority() -> list[str] | None:
+    """The SDPA backend order ComfyUI's comfy.ops sets around its attention calls on this machine (None: none)."""
+    import comfy.ops
+    priority = getattr(comfy.ops, "SDPA_BACKEND_PRIORITY", None)
+    return None if priority is None else [getattr(b, "name", str(b)) for b in priority]
+
+
+def comfy_kitchen() -> dict | None:
+    """comfy-kitchen as this ComfyUI uses it (comfy.quant_ops.ck): version and the backends it lists."""
+    quant_ops = sys.modules.get("comfy.quant_ops")
+    ck = getattr(quant_ops, "ck", None) if quant_ops is not None else None
+    if ck is None:
+        return None
+    try:
+        from importlib.metadata import version
+        ck_version = version("comfy-kitchen")
+    except Exception:
+        ck_version = getattr(ck, "__version__", None)
+    try:
+        backends = {str(name): {key: value for key, value in info.items() if key != "capabilities"}
+                    if isinstance(info, dict) else str(info) for name, info in ck.list_backends().items()}
+    except Exception as error:
+        backends = {"error": f"{type(error).__name__}: {error}"}
+    return {"version": ck_version, "backends": backends}
 
 
 def environment(device: str, comfyui: dict) -> dict:
@@ -201,19 +232,37 @@ def diffusion_model_class(spec: ModelSpec):
     return WanModel
 
 
+def constructor_arguments(spec: ModelSpec, tiny: bool) -> dict:
+    """The arguments of this release's diffusion model class (Flux: txt_ids_dims where FluxParams has it)."""
+    arguments = spec.tiny if tiny else spec.full
+    if spec.family == "flux":
+        from comfy.ldm.flux.model import FluxParams
+        arguments = comfy_release.flux_arguments(arguments, {f.name for f in dataclasses.fields(FluxParams)})
+    return arguments
+
+
+def checkpoint_shapes(spec: ModelSpec, tiny: bool) -> dict:
+    """{key: shape} of this release's model (built on the meta device), keys spelt as the released checkpoint
+    files spell them (comfy_release.checkpoint_key), which the release's own loader then converts."""
+    import torch
+    import comfy.ops
+    with torch.device("meta"):
+        model = diffusion_model_class(spec)(**constructor_arguments(spec, tiny),
+                                            operations=comfy.ops.disable_weight_init, device="meta",
+                                            dtype=torch.bfloat16)
+    shapes = {comfy_release.checkpoint_key(name, spec.family): tuple(t.shape)
+              for name, t in model.state_dict().items()}
+    del model
+    return shapes
+
+
 def random_state_dict(spec: ModelSpec, tiny: bool, seed: int, device: str) -> dict:
-    """Seeded random bf16 weights with the names and shapes of ComfyUI's own model (built on the meta device).
+    """Seeded random bf16 weights with the names and shapes of the release's checkpoint (checkpoint_shapes).
 
     Scales keep activations finite through the whole depth: matrices ~ N(0, 1/fan_in), norm scales near 1,
     biases and Wan's modulation tables small. Tensors are drawn on `device` and returned on the CPU."""
     import torch
-    import comfy.ops
-    arguments = spec.tiny if tiny else spec.full
-    with torch.device("meta"):
-        model = diffusion_model_class(spec)(**arguments, operations=comfy.ops.disable_weight_init, device="meta",
-                                            dtype=torch.bfloat16)
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    del model
+    shapes = checkpoint_shapes(spec, tiny)
     state = {}
     for index, (name, shape) in enumerate(sorted(shapes.items())):
         generator = torch.Generator(device=device).manual_seed(seed * 100003 + index)
@@ -233,7 +282,9 @@ def random_state_dict(spec: ModelSpec, tiny: bool, seed: int, device: str) -> di
 
 
 def checkpoint_path(directory: Path, spec: ModelSpec, tiny: bool, seed: int) -> Path:
-    return directory / f"{spec.key}{'-tiny' if tiny else ''}-random-seed{seed}.safetensors"
+    """The file's name carries a tag of its key format, so releases that spell keys alike share one file."""
+    tag = comfy_release.key_format_tag(checkpoint_shapes(spec, tiny))
+    return directory / f"{spec.key}{'-tiny' if tiny else ''}-random-seed{seed}-keys{tag}.safetensors"
 
 
 def ensure_checkpoint(directory: Path, spec: ModelSpec, tiny: bool, seed: int, device: str) -> tuple[Path, float]:
@@ -344,16 +395,20 @@ class Session:
     def run(self, spec: ModelSpec, resolution: tuple, run: RunSpec) -> dict:
         import torch
         record = {"model": spec.key, "resolution": resolution_name(resolution), "weights": run.weights,
-                  "config": run.config, "model_mode": "eval" if run.eval_mode else "train", "run": run.name,
-                  "weights_loaded": WEIGHTS_LOADED[self.options.load_outside_inference_mode]}
+                  "config": run.config, "model_mode": "eval" if run.eval_mode else AS_LOADED, "run": run.name,
+                  "weights_loaded": WEIGHTS_LOADED[self.options.load_outside_inference_mode],
+                  "comfyui_version": STARTED.get("comfyui_version"), "vram_mode": STARTED.get("vram_mode")}
         patched = None
+        was_training = None
         captured = CapturedLog()
         try:
             base = self.load(spec, run)
+            record["model_patcher"] = type(base).__name__
             patched, details = build_config(run.config, base)
             record.update(details)
             diffusion_model = base.model.diffusion_model
-            if run.eval_mode:   # newer ComfyUI's BaseModel.__init__
+            was_training = diffusion_model.training
+            if run.eval_mode:   # what BaseModel.__init__ does since 0.3.65
                 base.model.requires_grad_(False)
                 base.model.eval()
             record["training_mode"] = diffusion_model.training
@@ -368,13 +423,19 @@ class Session:
                 reset_peak(self.device)
                 record["gpu_allocated_before_gib"] = allocated_gib(self.device)
                 marks: list[float] = []
+                used: list = []
+
+                def step_done(*_):
+                    synchronize(self.device)
+                    marks.append(time.perf_counter())
+                    used.append(device_used_gib(self.device))
                 started = time.perf_counter()
-                out = sample(patched, noise, latent, positive, steps, self.options.seed,
-                             callback=lambda *_: (synchronize(self.device), marks.append(time.perf_counter())))
+                out = sample(patched, noise, latent, positive, steps, self.options.seed, callback=step_done)
                 synchronize(self.device)
                 total = time.perf_counter() - started
                 record["peak_gib"], record["peak_reserved_gib"] = peak_gib(self.device)
                 record["device_used_after_gib"] = device_used_gib(self.device)
+                record["device_used_peak_gib"] = max((u for u in used if u is not None), default=None)
                 steps_s = [b - a for a, b in zip([started] + marks[:-1], marks)]
                 record["step_times_s"] = [round(s, 4) for s in steps_s]
                 record["steps"] = steps
@@ -383,28 +444,33 @@ class Session:
                 record["s_per_step"] = round(statistics.median(later), 4) if later else round(total / steps, 4)
                 record["call_s"] = round(total, 3)
                 one_step = lambda: sample(patched, noise, latent, positive, 1, self.options.seed)  # noqa: E731
-                if self.options.count == "profiler":
-                    calls = count_calls(one_step)
-                    record["fp8_linear_calls"] = calls.pop("aten::_scaled_mm", 0)
-                    record["custom_op_calls"] = calls
-                else:
-                    record["fp8_linear_calls"] = count_scaled_mm(one_step)
+                with SdpaProbe() as sdpa:
+                    if self.options.count == "profiler":
+                        calls = count_calls(one_step)
+                        record["fp8_linear_calls"] = calls.pop("aten::_scaled_mm", 0)
+                        record["custom_op_calls"] = calls
+                    else:
+                        record["fp8_linear_calls"] = count_scaled_mm(one_step)
                 record["fp8_linear_calls_counted_by"] = self.options.count
+                record["sdpa_backends"] = sdpa.counts
+                record["sdpa_backend"] = sdpa.main_backend()
                 if run.config in COMPILE_CONFIGS:
                     record["dynamo"] = dynamo_counters()
             out = out.float().cpu()
             record["output_finite"] = bool(torch.isfinite(out).all())
             record["output_rms"] = float(out.pow(2).mean().sqrt())
             self.compare_with_stock(spec, resolution, run, out, record)
+        except generation_configs.ConfigSkipped as reason:
+            record["skipped"] = str(reason)
+            print(f"  {run.name}: skipped ({reason})", flush=True)
         except Exception as error:   # one config's failure must not lose the others
             record["error"] = f"{type(error).__name__}: {error}"
             record["traceback"] = traceback.format_exc()[-4000:]
             print(f"  {run.name}: {record['error']}", flush=True)
         finally:
             record["overlay_log"] = captured.close()
-            if patched is not None:
-                release_config(patched, self.patcher)
-            if run.eval_mode and self.patcher is not None:
+            release_config(patched, self.patcher)
+            if run.eval_mode and was_training and self.patcher is not None:
                 self.patcher.model.train()
             del patched
             if run.config in COMPILE_CONFIGS:
@@ -420,9 +486,9 @@ class Session:
         reference_file = None
         if self.options.work_dir:
             reference_file = (self.options.work_dir /
-                              f"stock-{spec.key}{'-tiny' if self.options.tiny else ''}-{key[1]}-"
-                              f"seed{self.options.seed}-steps{self.options.steps}.pt")
-        if run.config == "stock" and run.weights == "bf16" and not run.eval_mode:
+                              f"stock-{STARTED.get('comfyui_version')}-{spec.key}{'-tiny' if self.options.tiny else ''}"
+                              f"-{key[1]}-seed{self.options.seed}-steps{self.options.steps}.pt")
+        if is_reference(record):
             self.references[key] = out
             self.timings[key] = record["s_per_step"]
             if reference_file is not None:
@@ -457,58 +523,6 @@ def linear_class_of(diffusion_model) -> str | None:
     return None
 
 
-def build_config(config: str, base):
-    """The MODEL this config hands to KSampler, built with the nodes' own calls; and what was set."""
-    if config in ("stock", "comfy_fp8", "comfy_fp8_fast"):
-        return base, {}
-    details = {}
-    patched = base
-    if config.startswith("overlay"):
-        from comfyui_fused_dit import FusedDiTOps
-        node = FusedDiTOps()
-        inputs = {name: True for name in ("norm_rope", "adaln", "gate")}
-        inputs["fp8_linear"] = config.startswith("overlay_fp8")
-        if inputs["fp8_linear"]:
-            inputs["fp8_weights"] = "alongside" if config == "overlay_fp8_alongside" else "replace"
-        started = time.perf_counter()
-        (patched,) = node.patch(patched, **inputs)
-        details["node_inputs"] = inputs
-        details["node_s"] = round(time.perf_counter() - started, 2)
-        details["object_patches"] = len(getattr(patched, "object_patches", {}))
-    if config == "overlay_compile_allops":
-        details["ops_under_compile"] = set_ops_under_compile(("norm_rope", "adaln", "gate"))
-    elif config == "overlay_compile":
-        details["ops_under_compile"] = set_ops_under_compile(None)
-    if config in COMPILE_CONFIGS:
-        from comfy_api.torch_helpers import set_torch_compile_wrapper
-        patched = patched.clone()   # TorchCompileModel.execute: m = model.clone(); set_torch_compile_wrapper(m, ...)
-        set_torch_compile_wrapper(model=patched, backend="inductor")
-        details["compile"] = {"backend": "inductor", "keys": ["diffusion_model"]}
-    return patched, details
-
-
-def set_ops_under_compile(families) -> list[str] | None:
-    """Set which fused ops stay custom ops while Dynamo traces (None: the package's default); returns the set now
-    in force, or None where this fused_dit has no such policy."""
-    try:
-        from fused_dit.integration import compiled
-    except ImportError:
-        return None
-    compiled.UNDER_COMPILE = compiled.DEFAULT_UNDER_COMPILE if families is None else frozenset(families)
-    return sorted(compiled.UNDER_COMPILE)
-
-
-def release_config(patched, base) -> None:
-    """Drop what a config left on the model: the overlay's forwards and FP8 copies (fused_dit.disable)."""
-    if base is None:
-        return
-    try:
-        import fused_dit
-        fused_dit.disable(base.model.diffusion_model, drop_fp8_weights=True)
-    except Exception as error:   # the record already holds the run; a failed cleanup is logged, not fatal
-        logging.getLogger(__name__).warning("fused_dit.disable failed: %s", error)
-
-
 def inputs_for(spec: ModelSpec, resolution: tuple, tiny: bool, seed: int):
     """Empty latent (EmptySD3LatentImage / EmptyHunyuanLatentVideo shapes), KSampler's noise, and random text
     conditioning of the encoders' shapes (Flux: T5 tokens + CLIP pooled + guidance 3.5; Wan: umT5 tokens)."""
@@ -537,6 +551,40 @@ def sample(model, noise, latent, positive, steps, seed, callback=None):
     return comfy.sample.sample(model, noise, steps, SAMPLER["cfg"], SAMPLER["sampler_name"], SAMPLER["scheduler"],
                                positive, positive, latent, denoise=SAMPLER["denoise"], callback=callback,
                                disable_pbar=True, seed=seed)
+
+
+class SdpaProbe:
+    """Counts, per SDPA backend, the torch scaled_dot_product_attention calls made while it is open: each call's
+    backend is torch._fused_sdp_choice on the call's own inputs, inside whatever backend priority the caller
+    (ComfyUI's comfy.ops) set around it, i.e. the backend that call runs. Calls that never reach torch's Python
+    function (sage attention, a compiled graph) are not seen."""
+
+    def __enter__(self):
+        import torch
+        self.counts: dict = {}
+        self.functional = torch.nn.functional
+        self.original = self.functional.scaled_dot_product_attention
+        original = self.original
+
+        def probed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+            name = "unknown"
+            try:
+                options = {k: kwargs[k] for k in ("scale", "enable_gqa") if k in kwargs}
+                name = comfy_release.sdpa_backend_name(torch._fused_sdp_choice(
+                    query, key, value, attn_mask, dropout_p, is_causal, **options))
+            except Exception:   # the choice is a record; the call itself must run as it would
+                pass
+            self.counts[name] = self.counts.get(name, 0) + 1
+            return original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
+        self.functional.scaled_dot_product_attention = probed
+        return self
+
+    def __exit__(self, *exc):
+        self.functional.scaled_dot_product_attention = self.original
+        return False
+
+    def main_backend(self) -> str | None:
+        return comfy_release.main_backend(self.counts)
 
 
 def count_scaled_mm(call) -> int:
@@ -651,9 +699,20 @@ def free_memory() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- reports
+def model_mode(run: dict) -> str:
+    """A run's model_mode, with earlier files' "train" read as AS_LOADED (what it meant: the loader's mode)."""
+    mode = run.get("model_mode", AS_LOADED)
+    return AS_LOADED if mode == "train" else mode
+
+
+def is_reference(run: dict) -> bool:
+    """The run every speedup of its model and resolution is taken against: stock, bf16, as loaded."""
+    return run["config"] == "stock" and run["weights"] == "bf16" and model_mode(run) == AS_LOADED
+
+
 def run_key(run: dict) -> tuple:
-    return (run["model"], run["resolution"], run["weights"], run["config"], run.get("model_mode", "train"),
-            run.get("weights_loaded", WEIGHTS_LOADED[False]))
+    return (run.get("comfyui_version"), run["model"], run["resolution"], run["weights"], run["config"],
+            model_mode(run), run.get("weights_loaded", WEIGHTS_LOADED[False]))
 
 
 def combine(reports: list[dict]) -> dict:
@@ -662,17 +721,20 @@ def combine(reports: list[dict]) -> dict:
     combined = dict(reports[-1])
     runs: dict = {}
     for report in reports:
+        version = ((report.get("environment") or {}).get("comfyui") or {}).get("comfyui_version")
         for run in report["runs"]:
+            run = {**run, "model_mode": model_mode(run)}
+            run.setdefault("comfyui_version", version)
             runs[run_key(run)] = run
     combined["runs"] = list(runs.values())
     # a report that is itself combined brings its own calls along
     combined["calls"] = [call for r in reports for call in (r.get("calls") or [
         {"environment": r.get("environment"), "settings": r.get("settings"), "setup": r.get("setup")}])]
     loaded = lambda r: r.get("weights_loaded", WEIGHTS_LOADED[False])  # noqa: E731
-    stock = {(r["model"], r["resolution"], loaded(r)): r.get("s_per_step") for r in combined["runs"]
-             if r["config"] == "stock" and r["weights"] == "bf16" and r.get("model_mode", "train") == "train"}
+    stock = {(r["comfyui_version"], r["model"], r["resolution"], loaded(r)): r.get("s_per_step")
+             for r in combined["runs"] if is_reference(r)}
     for run in combined["runs"]:
-        reference = stock.get((run["model"], run["resolution"], loaded(run)))
+        reference = stock.get((run["comfyui_version"], run["model"], run["resolution"], loaded(run)))
         run["speedup_vs_stock"] = (round(reference / run["s_per_step"], 3)
                                    if reference and run.get("s_per_step") else None)
     return combined
@@ -738,6 +800,11 @@ def main(argv=None) -> int:
                         help="how FP8 GEMMs are counted in a separate one-step call: a wrapper around "
                              "torch._scaled_mm (default), or torch.profiler (also counts fused_dit custom ops and "
                              "compiled graphs' calls; on the H200 it was seen to slow later overlay runs)")
+    parser.add_argument("--disable-dynamic-vram", action="store_true",
+                        help="main.py's flag: the legacy ModelPatcher even where the release starts DynamicVRAM")
+    parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                        help="start no run after this many seconds (the runs left are recorded as skipped), so a "
+                             "call under a time limit ends with its JSON written")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
     parser.add_argument("--combine", type=Path, nargs="+", help="merge these reports into --out and exit")
     parser.add_argument("--note", action="append", default=[], help="with --combine: a sentence for the notes")
@@ -773,7 +840,8 @@ def main(argv=None) -> int:
     device = options.device
     if device == "auto":
         device = "cpu" if options.tiny or not Path("/dev/nvidia0").exists() else "cuda"
-    comfyui = import_comfyui(options.comfyui.resolve(), device, options.allocator)
+    began = time.perf_counter()
+    comfyui = import_comfyui(options.comfyui.resolve(), device, options.allocator, options.disable_dynamic_vram)
     import torch
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch sees no CUDA device")
@@ -781,6 +849,7 @@ def main(argv=None) -> int:
               "environment": environment(device, comfyui),
               "settings": {"steps": options.steps, "warmup_steps": options.warmup_steps, "seed": options.seed,
                            "tiny": options.tiny, **SAMPLER, "allocator": options.allocator,
+                           "disable_dynamic_vram": options.disable_dynamic_vram,
                            "fp8_linear_calls": f"per sampling step, counted by {options.count}",
                            "weights_loaded": WEIGHTS_LOADED[options.load_outside_inference_mode],
                            "loader": "file" if options.save_checkpoint else "state_dict",
@@ -789,11 +858,17 @@ def main(argv=None) -> int:
     session = Session(options, device)
     for spec, resolution, run in planned:
         print(f"{spec.key} {resolution_name(resolution)} {run.name} ...", flush=True)
-        record = session.run(spec, resolution, run)
+        if options.time_budget is not None and time.perf_counter() - began > options.time_budget:
+            record = {"model": spec.key, "resolution": resolution_name(resolution), "weights": run.weights,
+                      "config": run.config, "model_mode": "eval" if run.eval_mode else AS_LOADED, "run": run.name,
+                      "comfyui_version": comfyui.get("comfyui_version"), "vram_mode": comfyui.get("vram_mode"),
+                      "skipped": f"--time-budget {options.time_budget:g} s spent before this run"}
+        else:
+            record = session.run(spec, resolution, run)
         report["runs"].append(record)
         report["setup"] = session.setup
         write_report(report, options.out)
-        if "error" not in record:
+        if "error" not in record and "skipped" not in record:
             print(f"  {record['s_per_step']} s/step, peak {record['peak_gib']} GiB, "
                   f"fp8 calls {record['fp8_linear_calls']}, rel err {record['rel_err_vs_stock']}, "
                   f"speedup {record['speedup_vs_stock']}", flush=True)

@@ -1,16 +1,55 @@
 #!/usr/bin/env bash
-# comfy-kitchen for the device machine, which has no network: its cp312 wheel unpacked into .ck/ (in .gitignore)
-# without the HIP backend's library (150 MiB, no use on an NVIDIA GPU), small enough to travel with a device run
-# (run's carry: [".ck"]; then PYTHONPATH=$PWD/.ck). benchmarks/kernels.py times its CUDA backend when importable.
-# Never committed: it is comfy-kitchen's code (Apache-2.0), fetched from PyPI.
+# comfy-kitchen (and, with --kit, everything generation.py needs) for the device machine, which has no network.
+# Never committed: comfy-kitchen's code (Apache-2.0) fetched from PyPI, ComfyUI's code (GPL-3.0) copied from trees.
+#
+#   scripts/comfy_kitchen_for_device.sh [VERSION]
+#       its cp312 wheel unpacked into .ck/ (in .gitignore) without the HIP backend's library (150 MiB, no use on an
+#       NVIDIA GPU); run's carry: [".ck"], then PYTHONPATH=$PWD/.ck. benchmarks/kernels.py times its CUDA backend.
+#   scripts/comfy_kitchen_for_device.sh --kit VERSION AIMDO_VERSION TREE...
+#       .gen-device/ (add /.gen-device/ to .git/info/exclude): comfy-kitchen VERSION without HIP as ck.tar.xz (its
+#       CUDA library is 170 MiB unpacked, about 21 MiB in xz), the wheels of comfy-aimdo, torchsde, trampoline and
+#       sageattention 1.0.6 (pure Triton), and trees.tar.xz with the Python and config files of each ComfyUI TREE
+#       (a folder named for its release, e.g. 0.33.0; a REVISION file "commit\ndate" in it is kept). Everything
+#       fits one run's 64 MiB; scripts/generation_for_device.sh unpacks it there (carry: [".gen-device"]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSION="${1:-0.2.40}"
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+           --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
-    "comfy-kitchen==$VERSION" -d "$tmp"
-rm -rf .ck && mkdir .ck
-python3 -m zipfile -e "$tmp"/comfy_kitchen-*.whl .ck
-rm -f .ck/comfy_kitchen/backends/hip/_C.abi3.so
-du -sh .ck
+
+fetch_kitchen() {   # VERSION DEST: unpacked, HIP library removed
+    pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+        "comfy-kitchen==$1" -d "$tmp/ck-wheel"
+    rm -rf "$2" && mkdir -p "$2"
+    python3 -m zipfile -e "$tmp"/ck-wheel/comfy_kitchen-*.whl "$2"
+    rm -f "$2/comfy_kitchen/backends/hip/_C.abi3.so"
+}
+
+if [ "${1:-}" != "--kit" ]; then
+    VERSION="${1:-0.2.40}"
+    fetch_kitchen "$VERSION" .ck
+    du -sh .ck
+    exit 0
+fi
+
+shift
+VERSION="${1:?--kit VERSION AIMDO_VERSION TREE...}"; AIMDO="${2:?AIMDO_VERSION}"; shift 2
+kit=.gen-device
+rm -rf "$kit" && mkdir -p "$kit"
+fetch_kitchen "$VERSION" "$tmp/ck"
+(cd "$tmp/ck" && tar cf - . | xz -9 -T2 > "$OLDPWD/$kit/ck.tar.xz")
+pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+    "comfy-aimdo==$AIMDO" torchsde==0.2.6 trampoline==0.1.2 sageattention==1.0.6 -d "$kit"
+mkdir -p "$tmp/trees"
+for tree in "$@"; do
+    name="$(basename "$tree")"
+    mkdir -p "$tmp/trees/$name"
+    (cd "$tree" && find . \( -path ./.git -o -path ./comfy_api_nodes -o -path ./tests -o -path ./tests-unit \
+            -o -path ./input -o -path ./output -o -path ./models -o -path ./script_examples -o -path ./blueprints \
+            -o -name __pycache__ \) -prune -o -type f \( -name '*.py' -o -name '*.json' -o -name '*.yaml' \
+            -o -name '*.txt' -o -name '*.toml' -o -name '*.ini' -o -name REVISION \) -size -1000k -print \
+        | tar cf - -T - | (cd "$tmp/trees/$name" && tar xf -))
+done
+(cd "$tmp/trees" && tar cf - . | xz -6 -T2 > "$OLDPWD/$kit/trees.tar.xz")
+du -sh "$kit"/*

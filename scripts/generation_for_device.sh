@@ -1,36 +1,37 @@
 #!/usr/bin/env bash
-# On the device machine, from the repo root (carry .realcomfy and .whl): the whole-generation benchmark for one
-# model in two invocations (everything but compilation, then the two compile configs), and for Flux the real
-# ComfyUI server run in between. Each phase has its own time limit; JSONs land in $OUT.
-#   [FLUX_CHECK=SECONDS] bash scripts/generation_for_device.sh flux-dev|wan2.1-t2v-14b [SECONDS_A SECONDS_SERVER SECONDS_COMPILE]
+# On the device machine, from the repo root (carry [".gen-device"], made by scripts/comfy_kitchen_for_device.sh
+# --kit): unpack comfy-kitchen, comfy-aimdo, torchsde, sageattention and the ComfyUI trees into /tmp, then run
+# benchmarks/generation.py once per PHASE, each in its own process (as each ComfyUI server is its own process) and
+# under its own time limit; every phase's JSON lands in $OUT as gen-ERA-MODEL[-TAG].json, the log as gen.log.
+#   bash scripts/generation_for_device.sh PHASE...
+#   PHASE = ERA:MODEL:SECONDS:CONFIGS[:RESOLUTIONS[:TAG[:EXTRA]]], e.g.
+#           0.33.0:flux-dev:240:stock,overlay,overlay_fp8:1024x1024,2048x2048
+#   CONFIGS and RESOLUTIONS are generation.py's comma lists (RESOLUTIONS empty: all of the model's);
+#   EXTRA is more generation.py arguments, words separated by '+', e.g. --tiny+--steps+2.
+# Environment: STEPS (4), WARMUP (1), CHECKPOINT (file: load from a safetensors file as UNETLoader does; else from
+# a state dict); the work folder /tmp/generation keeps checkpoints and stock latents between phases.
 set -uo pipefail
-model=${1:?model: flux-dev or wan2.1-t2v-14b}
-limit_a=${2:-300}; limit_server=${3:-150}; limit_compile=${4:-200}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-work=/tmp/generation; mkdir -p "$work"
-nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
-df -h /tmp | tail -1; free -g | head -2
-if [ -n "${FLUX_CHECK:-}" ]; then   # Flux 1024 stock and overlay again, weights from a state dict
-    date -u +%T; timeout "$FLUX_CHECK" python3 benchmarks/generation.py --comfyui .realcomfy/ComfyUI --models flux-dev \
-        --resolutions 1024x1024 --steps 4 --warmup-steps 1 --configs stock,overlay \
-        --out "$out/generation-flux-check.json" 2>&1 | grep -v '^USDT\|profiler_st'
-fi
-common=(--comfyui .realcomfy/ComfyUI --models "$model" --steps 4 --warmup-steps 1 --work-dir "$work")
-save=(); [ "$model" = flux-dev ] && save=(--save-checkpoint)
-date -u +%T; timeout "$limit_a" python3 benchmarks/generation.py "${common[@]}" "${save[@]}" \
-    --configs stock,overlay,overlay_fp8,comfy_fp8,overlay_fp8@fp8_e4m3fn,comfy_fp8_fast,comfy_fp8_fast:eval \
-    --out "$out/generation-$model-a.json" 2>&1 | grep -v '^USDT\|profiler_st' | tee "$out/generation-$model-a.log"
-if [ "$model" = flux-dev ]; then
-    date -u +%T; cp -r .realcomfy/ComfyUI /tmp/comfyserver
-    timeout "$limit_server" python3 benchmarks/comfy_server_run.py --comfyui /tmp/comfyserver \
-        --checkpoint "$work/flux-dev-random-seed0.safetensors" --model flux-dev --startup-timeout 60 --prompt-timeout 90 --out "$out/comfy-server.json"
-    echo "server exit $?"
-fi
-date -u +%T; resolutions=(); [ "$model" = flux-dev ] && resolutions=(--resolutions 1024x1024)
-timeout "$limit_compile" python3 benchmarks/generation.py "${common[@]}" "${save[@]}" "${resolutions[@]}" \
-    --configs compile,overlay_compile --out "$out/generation-$model-c.json" 2>&1 \
-    | grep -v '^USDT\|profiler_st' | tee "$out/generation-$model-c.log"
-date -u +%T; ls -la "$out"
+site=/tmp/site; trees=/tmp/trees; work=/tmp/generation
+mkdir -p "$site" "$trees" "$work"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+    .gen-device/*.whl || exit 1
+tar xJf .gen-device/ck.tar.xz -C "$site" && tar xJf .gen-device/trees.tar.xz -C "$trees" || exit 1
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+log="$out/gen.log"
+{ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+  df -h /tmp | tail -1; free -g | head -2; ls "$trees"; } 2>&1 | tee -a "$log"
+for phase in "$@"; do
+    IFS=: read -r era model seconds configs resolutions tag extra <<<"$phase"
+    args=(--comfyui "$trees/$era" --models "$model" --configs "$configs" --steps "${STEPS:-4}"
+          --warmup-steps "${WARMUP:-1}" --work-dir "$work" --time-budget "$((seconds * 3 / 4))")
+    [ -n "$resolutions" ] && args+=(--resolutions "$resolutions")
+    [ "${CHECKPOINT:-file}" = file ] && args+=(--save-checkpoint)
+    [ -n "$extra" ] && IFS=+ read -r -a more <<<"$extra" && args+=("${more[@]}")
+    name="gen-$era-$model${tag:+-$tag}.json"
+    echo "== $(date -u +%T) phase $phase" | tee -a "$log"
+    timeout "$seconds" python3 benchmarks/generation.py "${args[@]}" --out "$out/$name" 2>&1 \
+        | grep -v '^USDT\|profiler_st' | tee -a "$log"
+    echo "== $(date -u +%T) exit ${PIPESTATUS[0]}; disk: $(df -h /tmp | tail -1)" | tee -a "$log"
+done
+ls -la "$out" "$work" | tee -a "$log"

@@ -1,0 +1,147 @@
+"""The configs of benchmarks/generation.py: the MODEL each hands to KSampler, built with ComfyUI's and the pack's
+own calls, and undoing what a config left behind.
+
+An overlay config asks the Fused DiT Ops node for a set of families; the node's INPUT_TYPES says which it offers
+(the pack changes while ComfyUI does), so each run gets the families that exist, and names the ones it asked for
+and did not find. A config that finds none of its families, or ComfyUI's sage attention without sageattention
+installed, raises ConfigSkipped: recorded as skipped, never run as something else.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
+           "overlay_fp8_alongside", "overlay_compile_allops", "overlay_attention", "overlay_all", "overlay_all_fp8",
+           "comfy_sage")
+COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops")
+# configs that only exist on ComfyUI's fp8 weights
+FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
+# the node's exact families (output at bf16 rounding of stock or bit-identical), in the order overlay_all asks
+EXACT_FAMILIES = ("norm_rope", "adaln", "gate", "attention")
+_ELEMENTWISE = ("norm_rope", "adaln", "gate")
+OVERLAY_FAMILIES = {
+    "overlay": _ELEMENTWISE,
+    "overlay_fp8": _ELEMENTWISE + ("fp8_linear",),
+    "overlay_fp8_alongside": _ELEMENTWISE + ("fp8_linear",),
+    "overlay_compile": _ELEMENTWISE,
+    "overlay_compile_allops": _ELEMENTWISE,
+    "overlay_attention": ("attention",),
+    "overlay_all": EXACT_FAMILIES,
+    "overlay_all_fp8": EXACT_FAMILIES + ("fp8_linear",),
+}
+# what comfy_sage rebinds, and how to put it back (module, attribute, previous value)
+_UNDO: list = []
+
+
+class ConfigSkipped(Exception):
+    """This config cannot run here; the message says why (recorded, not run)."""
+
+
+def node_families(input_types: dict) -> tuple:
+    """The node's BOOLEAN inputs (its op families), required then optional, in declaration order."""
+    names = []
+    for section in ("required", "optional"):
+        for name, spec in (input_types.get(section) or {}).items():
+            if name != "model" and isinstance(spec, tuple) and spec and spec[0] == "BOOLEAN":
+                names.append(name)
+    return tuple(names)
+
+
+def node_inputs(config: str, offered: tuple, input_types: dict | None = None) -> tuple[dict, list]:
+    """(the node's inputs for this config, the families it wanted that the node does not offer). Every offered
+    family is set explicitly (on where wanted, off otherwise), so a family the node adds later with default on
+    does not slip into an older config. ConfigSkipped when none of the wanted families is offered."""
+    wanted = OVERLAY_FAMILIES[config]
+    inputs = {name: name in wanted for name in offered}
+    absent = [name for name in wanted if name not in offered]
+    if not any(inputs.values()):
+        raise ConfigSkipped(f"the node offers none of {', '.join(wanted)} (it offers: {', '.join(offered)})")
+    optional = (input_types or {}).get("optional") or {}
+    if inputs.get("fp8_linear") and "fp8_weights" in optional:
+        inputs["fp8_weights"] = "alongside" if config == "overlay_fp8_alongside" else "replace"
+    return inputs, absent
+
+
+def build_config(config: str, base):
+    """The MODEL this config hands to KSampler, built with the nodes' own calls; and what was set."""
+    if config in ("stock", "comfy_fp8", "comfy_fp8_fast"):
+        return base, {}
+    if config == "comfy_sage":
+        return base, bind_sage_attention()
+    details = {}
+    patched = base
+    if config.startswith("overlay"):
+        from comfyui_fused_dit import FusedDiTOps
+        node = FusedDiTOps()
+        input_types = FusedDiTOps.INPUT_TYPES()
+        inputs, absent = node_inputs(config, node_families(input_types), input_types)
+        details["node_inputs"] = inputs
+        details["families_absent"] = absent
+        started = time.perf_counter()
+        (patched,) = node.patch(patched, **inputs)
+        details["node_s"] = round(time.perf_counter() - started, 2)
+        details["object_patches"] = len(getattr(patched, "object_patches", {}))
+    if config == "overlay_compile_allops":
+        details["ops_under_compile"] = set_ops_under_compile(("norm_rope", "adaln", "gate"))
+    elif config == "overlay_compile":
+        details["ops_under_compile"] = set_ops_under_compile(None)
+    if config in COMPILE_CONFIGS:
+        from comfy_api.torch_helpers import set_torch_compile_wrapper
+        patched = patched.clone()   # TorchCompileModel.execute: m = model.clone(); set_torch_compile_wrapper(m, ...)
+        set_torch_compile_wrapper(model=patched, backend="inductor")
+        details["compile"] = {"backend": "inductor", "keys": ["diffusion_model"]}
+    return patched, details
+
+
+def bind_sage_attention() -> dict:
+    """What `--use-sage-attention` does at import, done for one run: every loaded comfy module that holds
+    ComfyUI's current optimized_attention (or optimized_attention_masked) now holds attention_sage."""
+    from comfy.ldm.modules import attention
+    if not getattr(attention, "SAGE_ATTENTION_IS_AVAILABLE", False) or not hasattr(attention, "attention_sage"):
+        raise ConfigSkipped("sageattention is not importable here (ComfyUI's SAGE_ATTENTION_IS_AVAILABLE is False)")
+    sage = attention.attention_sage
+    previous = {"optimized_attention": attention.optimized_attention,
+                "optimized_attention_masked": getattr(attention, "optimized_attention_masked", None)}
+    rebound = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "comfy" or name.startswith("comfy.")):
+            continue
+        for attribute, old in previous.items():
+            if old is not None and vars(module).get(attribute) is old:
+                _UNDO.append((module, attribute, old))
+                setattr(module, attribute, sage)
+                rebound.append(f"{name}.{attribute}")
+    try:
+        import sageattention
+        version = getattr(sageattention, "__version__", None)
+    except ImportError:
+        version = None
+    return {"attention": "comfy.ldm.modules.attention.attention_sage", "sageattention": version,
+            "rebound": sorted(rebound)}
+
+
+def set_ops_under_compile(families) -> list[str] | None:
+    """Set which fused ops stay custom ops while Dynamo traces (None: the package's default); returns the set now
+    in force, or None where this fused_dit has no such policy."""
+    try:
+        from fused_dit.integration import compiled
+    except ImportError:
+        return None
+    compiled.UNDER_COMPILE = compiled.DEFAULT_UNDER_COMPILE if families is None else frozenset(families)
+    return sorted(compiled.UNDER_COMPILE)
+
+
+def release_config(patched, base) -> None:
+    """Drop what a config left: the overlay's forwards and FP8 copies (fused_dit.disable), sage's rebinding."""
+    while _UNDO:
+        module, attribute, old = _UNDO.pop()
+        setattr(module, attribute, old)
+    if patched is None or base is None:
+        return
+    try:
+        import fused_dit
+        fused_dit.disable(base.model.diffusion_model, drop_fp8_weights=True)
+    except Exception as error:   # the record already holds the run; a failed cleanup is logged, not fatal
+        import logging
+        logging.getLogger(__name__).warning("fused_dit.disable failed: %s", error)

@@ -1,0 +1,249 @@
+"""benchmarks/generation.py's pure parts: release reading (fixture trees the tests write), the VRAM mode, the
+checkpoint key format, run specs, the node inputs each overlay config asks for, and combining reports.
+
+The benchmark itself needs ComfyUI and a GPU; these parts take files, dicts and strings only."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def generation():
+    module = _load("generation")   # puts benchmarks/ on sys.path: comfy_release, generation_configs beside it
+    yield module
+    sys.modules.pop("generation", None)
+
+
+@pytest.fixture(scope="module")
+def release_module(generation):
+    return generation.comfy_release
+
+
+@pytest.fixture(scope="module")
+def configs(generation):
+    return generation.generation_configs
+
+
+# ------------------------------------------------------------------ fixture trees, shaped like each era's files
+def write_tree(root: Path, *, version: str, dynamic: bool, eval_in_base: bool, txt_ids: bool) -> Path:
+    (root / "comfy" / "ldm" / "flux").mkdir(parents=True)
+    (root / "comfyui_version.py").write_text(f'__version__ = "{version}"\n')
+    main = ["import comfy.options", "import cuda_malloc"]
+    if dynamic:
+        main += ["import comfy_aimdo.control", "if enables_dynamic_vram():", "    comfy_aimdo.control.init()",
+                 "comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic"]
+    (root / "main.py").write_text("\n".join(main) + "\n")
+    base = ["class ModelType:", "    FLUX = 8", "", "class BaseModel(torch.nn.Module):",
+            "    def __init__(self, model_config):", "        self.diffusion_model = unet_model()"]
+    if eval_in_base:
+        base += ["        self.diffusion_model.requires_grad_(False)", "        self.diffusion_model.eval()"]
+    # a later class that does call eval(): only BaseModel's own body counts
+    base += ["", "class Other(BaseModel):", "    def __init__(self):", "        self.diffusion_model.eval()"]
+    (root / "comfy" / "model_base.py").write_text("\n".join(base) + "\n")
+    fields = ["@dataclass", "class FluxParams:", "    in_channels: int", "    guidance_embed: bool"]
+    if txt_ids:
+        fields += ["    txt_ids_dims: list", "    global_modulation: bool = False"]
+    fields += ["", "class Flux(nn.Module):", "    txt_ids_dims: list"]
+    (root / "comfy" / "ldm" / "flux" / "model.py").write_text("\n".join(fields) + "\n")
+    return root
+
+
+@pytest.fixture
+def old_tree(tmp_path):
+    return write_tree(tmp_path / "old", version="0.3.64", dynamic=False, eval_in_base=False, txt_ids=False)
+
+
+@pytest.fixture
+def new_tree(tmp_path):
+    tree = write_tree(tmp_path / "new", version="0.33.0", dynamic=True, eval_in_base=True, txt_ids=True)
+    (tree / "REVISION").write_text("0123abcd\n2026-08-21 01:16:29 -0700\n")
+    return tree
+
+
+def test_read_release_of_each_era(release_module, old_tree, new_tree):
+    old = release_module.read_release(old_tree)
+    assert (old.version, old.dynamic_vram, old.eval_in_base_model, old.flux_txt_ids_dims) == \
+        ("0.3.64", False, False, False)
+    assert old.commit is None and old.commit_date is None
+    new = release_module.read_release(new_tree)
+    assert (new.version, new.dynamic_vram, new.eval_in_base_model, new.flux_txt_ids_dims) == \
+        ("0.33.0", True, True, True)
+    assert (new.commit, new.commit_date) == ("0123abcd", "2026-08-21 01:16:29 -0700")
+    assert new.as_dict()["comfyui_version"] == "0.33.0"
+
+
+def test_read_release_of_an_empty_folder(release_module, tmp_path):
+    release = release_module.read_release(tmp_path)
+    assert release.version is None and not release.dynamic_vram and not release.flux_txt_ids_dims
+
+
+def test_class_body_stops_at_the_next_top_level_statement(release_module):
+    source = "class A:\n    x = 1\n\n    def f(self):\n        pass\nclass B:\n    y = 2\n"
+    assert "x = 1" in release_module.class_body(source, "A")
+    assert "y = 2" not in release_module.class_body(source, "A")
+    assert release_module.class_body(source, "C") == ""
+
+
+@pytest.mark.parametrize("dynamic, disable, device, torch_version, mode", [
+    (True, False, "cuda", (2, 11), "dynamic"),
+    (True, True, "cuda", (2, 11), "legacy"),
+    (True, False, "cpu", (2, 11), "legacy"),
+    (True, False, "cuda", (2, 7), "legacy"),
+    (False, False, "cuda", (2, 11), "legacy"),
+])
+def test_vram_mode_follows_main_py(release_module, new_tree, dynamic, disable, device, torch_version, mode):
+    release = release_module.read_release(new_tree)
+    if not dynamic:
+        release = release_module.Release(**{**release.__dict__, "dynamic_vram": False})
+    got, why = release_module.vram_mode(release, device, disable, torch_version)
+    assert got == mode
+    assert why
+
+
+def test_flux_arguments_add_txt_ids_dims_only_where_required(release_module):
+    base = {"hidden_size": 3072}
+    assert release_module.flux_arguments(base, {"hidden_size"}) == base
+    assert release_module.flux_arguments(base, {"hidden_size", "txt_ids_dims"}) == \
+        {"hidden_size": 3072, "txt_ids_dims": []}
+    assert release_module.flux_arguments({**base, "txt_ids_dims": [3]}, {"txt_ids_dims"})["txt_ids_dims"] == [3]
+    assert "txt_ids_dims" not in base
+
+
+def test_checkpoint_keys_spell_flux_qk_norms_as_released(release_module):
+    key = release_module.checkpoint_key
+    assert key("double_blocks.0.img_attn.norm.query_norm.weight", "flux") == \
+        "double_blocks.0.img_attn.norm.query_norm.scale"
+    assert key("single_blocks.3.norm.key_norm.scale", "flux") == "single_blocks.3.norm.key_norm.scale"
+    assert key("double_blocks.0.img_norm1.weight", "flux") == "double_blocks.0.img_norm1.weight"
+    assert key("blocks.0.self_attn.norm_q.weight", "wan") == "blocks.0.self_attn.norm_q.weight"
+    assert key("head.head.weight", "wan") == "head.head.weight"
+
+
+def test_key_format_tag_is_order_free_and_tells_formats_apart(release_module):
+    tag = release_module.key_format_tag
+    assert tag(["a.weight", "b.scale"]) == tag(["b.scale", "a.weight"])
+    assert tag(["a.weight", "b.scale"]) != tag(["a.weight", "b.weight"])
+
+
+def test_sdpa_backend_names(release_module):
+    assert release_module.sdpa_backend_name(1) == "FLASH_ATTENTION"
+    assert release_module.sdpa_backend_name(3) == "CUDNN_ATTENTION"
+    assert release_module.sdpa_backend_name(0) == "MATH"
+    assert release_module.sdpa_backend_name(9) == "backend 9"
+    assert release_module.main_backend({"FLASH_ATTENTION": 3, "MATH": 1}) == "FLASH_ATTENTION"
+    assert release_module.main_backend({}) is None
+
+
+# ----------------------------------------------------------------------------------------------- run specs
+@pytest.mark.parametrize("text, name, weights", [
+    ("overlay_all", "overlay_all", "bf16"),
+    ("overlay_all_fp8@fp8_e4m3fn", "overlay_all_fp8@fp8_e4m3fn", "fp8_e4m3fn"),
+    ("overlay_attention", "overlay_attention", "bf16"),
+    ("comfy_sage", "comfy_sage", "bf16"),
+    ("comfy_fp8_fast:eval", "comfy_fp8_fast:eval", "fp8_e4m3fn"),
+])
+def test_new_run_specs_parse(generation, text, name, weights):
+    run = generation.parse_run_spec(text)
+    assert (run.name, run.weights) == (name, weights)
+
+
+@pytest.mark.parametrize("text", ["overlay_everything", "comfy_sage:train", "comfy_fp8_fast@bf16"])
+def test_bad_run_specs_are_refused(generation, text):
+    with pytest.raises(ValueError):
+        generation.parse_run_spec(text)
+
+
+# --------------------------------------------------------------------------------------- node inputs per config
+TODAY = {"required": {"model": ("MODEL",), "norm_rope": ("BOOLEAN", {}), "adaln": ("BOOLEAN", {}),
+                      "gate": ("BOOLEAN", {}), "fp8_linear": ("BOOLEAN", {})},
+         "optional": {"fp8_weights": (["replace", "alongside"], {})}}
+WITH_ATTENTION = {"required": {**TODAY["required"], "attention": ("BOOLEAN", {})}, "optional": TODAY["optional"]}
+
+
+def test_node_families_are_its_boolean_inputs(configs):
+    assert configs.node_families(TODAY) == ("norm_rope", "adaln", "gate", "fp8_linear")
+    assert configs.node_families(WITH_ATTENTION)[-1] == "attention"
+
+
+def test_overlay_all_takes_what_exists_and_names_what_is_absent(configs):
+    offered = configs.node_families(TODAY)
+    inputs, absent = configs.node_inputs("overlay_all", offered, TODAY)
+    assert inputs == {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": False}
+    assert absent == ["attention"]
+    inputs, absent = configs.node_inputs("overlay_all", configs.node_families(WITH_ATTENTION), WITH_ATTENTION)
+    assert inputs["attention"] is True and inputs["fp8_linear"] is False and absent == []
+
+
+def test_overlay_all_fp8_replaces_the_weights(configs):
+    inputs, _ = configs.node_inputs("overlay_all_fp8", configs.node_families(TODAY), TODAY)
+    assert inputs["fp8_linear"] is True and inputs["fp8_weights"] == "replace"
+    inputs, _ = configs.node_inputs("overlay_fp8_alongside", configs.node_families(TODAY), TODAY)
+    assert inputs["fp8_weights"] == "alongside"
+
+
+def test_the_old_overlay_config_keeps_a_new_family_off(configs):
+    inputs, absent = configs.node_inputs("overlay", configs.node_families(WITH_ATTENTION), WITH_ATTENTION)
+    assert inputs["attention"] is False and inputs["norm_rope"] is True and absent == []
+
+
+def test_a_config_with_no_family_offered_is_skipped(configs):
+    with pytest.raises(configs.ConfigSkipped, match="attention"):
+        configs.node_inputs("overlay_attention", configs.node_families(TODAY), TODAY)
+
+
+def test_every_overlay_config_has_families(configs):
+    overlay_configs = [c for c in configs.CONFIGS if c.startswith("overlay")]
+    assert sorted(overlay_configs) == sorted(configs.OVERLAY_FAMILIES)
+
+
+# ----------------------------------------------------------------------------------------------- reports
+def _run(config, s_per_step, version=None, mode="as loaded", **extra):
+    run = {"model": "flux-dev", "resolution": "1024x1024", "weights": "bf16", "config": config,
+           "model_mode": mode, "s_per_step": s_per_step, **extra}
+    if version is not None:
+        run["comfyui_version"] = version
+    return run
+
+
+def test_combine_keeps_eras_apart(generation):
+    old = {"environment": {"comfyui": {"comfyui_version": "0.3.64"}},
+           "runs": [_run("stock", 0.2, mode="train"), _run("overlay", 0.1, mode="train")]}
+    new = {"environment": {"comfyui": {"comfyui_version": "0.33.0"}},
+           "runs": [_run("stock", 0.4, "0.33.0"), _run("overlay", 0.4, "0.33.0")]}
+    combined = generation.combine([old, new])
+    speedups = {(r["comfyui_version"], r["config"]): r["speedup_vs_stock"] for r in combined["runs"]}
+    assert speedups == {("0.3.64", "stock"): 1.0, ("0.3.64", "overlay"): 2.0,
+                        ("0.33.0", "stock"): 1.0, ("0.33.0", "overlay"): 1.0}
+    # earlier files' "train" meant the loader's mode
+    assert {r["model_mode"] for r in combined["runs"]} == {"as loaded"}
+    assert len(combined["calls"]) == 2
+
+
+def test_a_later_run_replaces_an_earlier_one_of_the_same_key(generation):
+    first = {"runs": [_run("stock", 0.2, "0.3.64"), _run("overlay_fp8", 0.3, "0.3.64")]}
+    second = {"runs": [_run("overlay_fp8", 0.1, "0.3.64")]}
+    combined = generation.combine([first, second])
+    fp8 = [r for r in combined["runs"] if r["config"] == "overlay_fp8"]
+    assert len(fp8) == 1 and fp8[0]["speedup_vs_stock"] == 2.0
+
+
+def test_forced_eval_and_fp8_weights_are_not_the_reference(generation):
+    assert generation.is_reference(_run("stock", 0.2))
+    assert generation.is_reference(_run("stock", 0.2, mode="train"))
+    assert not generation.is_reference(_run("stock", 0.2, mode="eval"))
+    assert not generation.is_reference({**_run("stock", 0.2), "weights": "fp8_e4m3fn"})
+    assert not generation.is_reference(_run("overlay", 0.2))
