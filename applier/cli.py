@@ -534,7 +534,7 @@ def explain(patch_id, patches_dir, as_json):
 def verify(target, python, patches_dir, as_json, only, kernels, device, real_import, timeout):
     """Prove the effect: MAX_RESOLUTION as the server sees it, each patch's behaviour, kernel parity.
 
-    Exit 0 only when no check FAILs (SKIP is never PASS). Example: applier verify --target ComfyUI/ --real-import
+    Exit 6 when a check FAILs or every check SKIPs (SKIP is never PASS). Example: applier verify --target ComfyUI/
     """
     from applier.allowlist import store_for
     from applier.journal import recover_if_pending
@@ -570,6 +570,8 @@ def verify(target, python, patches_dir, as_json, only, kernels, device, real_imp
             key = r.outcome.value if hasattr(r.outcome, "value") else str(r.outcome)
             counts[key] = counts.get(key, 0) + 1
         click.echo(", ".join(f"{counts.get(k, 0)} {k}" for k in ("PASS", "FAIL", "WARN", "SKIP")))
+        if verify_pkg.nothing_verified(results):
+            click.echo("nothing was verified: every check SKIPped (the reasons above say what is missing)")
     if not ok:
         sys.exit(EXIT_VERIFY_FAILED)
 
