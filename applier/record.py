@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import csv
 import io
 from pathlib import Path
+
+from applier.fsutil import read_regular
+
+MAX_RECORD_BYTES = 64 * 1024 * 1024     # torch's RECORD is ~2 MB
 
 
 def find_record(site_packages: Path, distribution: str) -> Path | None:
@@ -22,15 +27,26 @@ def find_record(site_packages: Path, distribution: str) -> Path | None:
 
 
 def read_record(record: Path) -> dict[str, str]:
-    """{relative path: hex sha256} for every RECORD row that carries a sha256."""
+    """{relative path: hex sha256} for every RECORD row that carries a readable sha256. Read bounded, regular files
+    only (fsutil.read_regular: IOFailure for a FIFO, a device, a file past MAX_RECORD_BYTES); a row whose digest is
+    not the base64 of 32 bytes is skipped."""
     hashes = {}
-    text = Path(record).read_text(encoding="utf-8", errors="replace")
-    for row in csv.reader(io.StringIO(text)):
+    text = read_regular(Path(record), limit=MAX_RECORD_BYTES).decode("utf-8", errors="replace")
+    try:
+        rows = list(csv.reader(io.StringIO(text)))
+    except csv.Error:        # a NUL byte, a field past csv's size limit: not a RECORD pip wrote
+        return {}
+    for row in rows:
         if len(row) < 2 or not row[1].startswith("sha256="):
             continue
         digest = row[1][len("sha256="):]
         padded = digest + "=" * (-len(digest) % 4)
-        hashes[row[0]] = base64.urlsafe_b64decode(padded).hex()
+        try:
+            decoded = base64.b64decode(padded, altchars=b"-_", validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if len(decoded) == 32:
+            hashes[row[0]] = decoded.hex()
     return hashes
 
 

@@ -355,3 +355,13 @@ def test_a_folder_holding_two_comfyui_folders_is_refused_naming_both(tmp_path):
     assert proc.returncode == 9, proc.stderr
     assert str(first) in proc.stderr and str(second) in proc.stderr
     assert detect(first, gpu=False).root == first          # each one named on its own is fine
+
+
+def test_a_record_with_garbage_digests_or_a_nul_is_read_as_far_as_it_makes_sense(tmp_path):
+    from applier.record import read_record
+    record = tmp_path / "RECORD"
+    good = "torch/a.py,sha256=" + "A" * 43 + ",10\n"
+    record.write_text("torch/x.py,sha256=!!!*,12\n" + good)
+    assert list(read_record(record)) == ["torch/a.py"]
+    record.write_bytes(b"torch/x.py,sha256=\0,12\n")
+    assert read_record(record) == {}
