@@ -201,7 +201,7 @@ def test_python_that_is_not_an_interpreter_is_a_bad_target(setup, tmp_path):
     fake.chmod(0o755)
     for args in (("detect",), ("apply", "--patches", str(catalog))):
         proc = run_cli(args[0], "--target", str(comfy), "--python", str(fake), *args[1:])
-        assert proc.returncode == 9 and "not a Python interpreter" in proc.stderr
+        assert proc.returncode == 9 and "not a usable Python interpreter" in proc.stderr
 
 
 def test_an_unknown_patch_id_is_exit_3_in_every_command(setup):
