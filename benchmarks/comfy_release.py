@@ -2,15 +2,16 @@
 
 Read from the checkout's files, without importing it (pure, so the CPU tests cover it): the version, whether its
 main.py starts DynamicVRAM (comfy-aimdo and `ModelPatcherDynamic`, since f8acd9c4, 2026-02), whether its BaseModel
-calls `.eval()` (since 0.3.65) and whether Flux's `FluxParams` needs `txt_ids_dims`. `start()` then does main.py's steps in main.py's order: the cuda_malloc import (it sets
-PYTORCH_CUDA_ALLOC_CONF before torch loads), comfy-aimdo's `control.init` before torch, and after
-comfy.model_management is imported `control.init_devices` and `CoreModelPatcher = ModelPatcherDynamic`, unless
-DynamicVRAM is disabled or unsupported (the same conditions as main.py's). Also what a release's checkpoint looks
-like on disk (Flux's QK-norm keys end in `.scale` in the released files whatever the module calls them) and
-which SDPA backend a call took.
+calls `.eval()` (since 0.3.65) and whether Flux's `FluxParams` needs `txt_ids_dims`. `start()` then does main.py's
+steps in main.py's order: the cuda_malloc import (it sets PYTORCH_CUDA_ALLOC_CONF before torch loads), comfy-aimdo's
+`control.init` before torch, and after comfy.model_management is imported `control.init_devices` and
+`CoreModelPatcher = ModelPatcherDynamic`, unless DynamicVRAM is disabled or unsupported (the same conditions as
+main.py's). Also what a release's checkpoint looks like on disk (Flux's QK-norm keys end in `.scale` in the released
+files whatever the module calls them) and which SDPA backend a call took.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
@@ -115,6 +116,23 @@ def sdpa_backend_name(index: int) -> str:
 def main_backend(counts: dict) -> str | None:
     """The backend most SDPA calls took ({name: calls}); None when none was seen."""
     return max(counts, key=counts.get) if counts else None
+
+
+@contextlib.contextmanager
+def eager_weights():
+    """ComfyUI's ops create their weights at construction while this is open (DynamicVRAM's lazy Linear and
+    Embedding create none until a state dict is loaded: comfy.memory_management.aimdo_enabled)."""
+    import sys
+    memory = sys.modules.get("comfy.memory_management")
+    previous = getattr(memory, "aimdo_enabled", None)
+    if previous is None:
+        yield
+        return
+    memory.aimdo_enabled = False
+    try:
+        yield
+    finally:
+        memory.aimdo_enabled = previous
 
 
 # ------------------------------------------------------------------------------------------- main.py's start

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Whole-generation benchmark: what a ComfyUI user gets from the fused_dit overlays, through ComfyUI's own code.
 
-Given a ComfyUI checkout (--comfyui DIR), it starts that release the way its main.py does (benchmarks/comfy_release.py:
-cuda_malloc, and DynamicVRAM with comfy-aimdo and ModelPatcherDynamic where the release has it, unless
---disable-dynamic-vram), builds seeded random weights for Flux-dev (12B) and Wan 2.1 T2V 14B at full size with that
-release's own model classes, in the key format of the released checkpoint files, loads them the way UNETLoader does (comfy.sd.load_diffusion_model from a safetensors file with
---save-checkpoint, else comfy.sd.load_diffusion_model_state_dict; model_options {"dtype": torch.float8_e4m3fn} for
-fp8 weights), and samples with comfy.sample.sample (KSampler's call: euler, simple, cfg 1.0, so one model forward
-per step) under torch.inference_mode(), as ComfyUI's executor runs a prompt. The model stays in the mode the release
-leaves it in (0.3.64: training; since 0.3.65 BaseModel.__init__ calls .eval()); a run spec ending in ":eval" calls
-.eval() and requires_grad_(False) first.
+Given a ComfyUI checkout (--comfyui DIR), it starts that release the way its main.py does
+(benchmarks/comfy_release.py: cuda_malloc, and DynamicVRAM with comfy-aimdo and ModelPatcherDynamic where the
+release has it, unless --disable-dynamic-vram), builds seeded random weights for Flux-dev (12B) and Wan 2.1 T2V 14B
+at full size with that release's own model classes, in the key format of the released checkpoint files, loads them
+the way UNETLoader does (comfy.sd.load_diffusion_model from a safetensors file with --save-checkpoint, else
+comfy.sd.load_diffusion_model_state_dict; model_options {"dtype": torch.float8_e4m3fn} for fp8 weights), and samples
+with comfy.sample.sample (KSampler's call: euler, simple, cfg 1.0, so one model forward per step) under
+torch.inference_mode(), as ComfyUI's executor runs a prompt. The model stays in the mode the release leaves it in
+(0.3.64: training; since 0.3.65 BaseModel.__init__ calls .eval()); a run spec ending in ":eval" calls .eval() and
+requires_grad_(False) first.
 
 Configs (the MODEL a workflow hands to KSampler):
     stock            UNETLoader's model as loaded
@@ -37,9 +38,10 @@ Per run: comfyui_version and vram_mode (dynamic / legacy); s_per_step (median of
 first, each closed by a CUDA synchronise in the sampler's callback, after a warm-up call), the first call's seconds
 (compilation, FP8 quantisation), peak GPU memory of the timed call (torch's allocator; under DynamicVRAM
 comfy-aimdo holds the weights outside it, so device_used_peak_gib, the device's memory in use sampled at every
-step, is recorded too), and from a separate one-step probe call the number of torch._scaled_mm calls and the SDPA
-backend each torch scaled_dot_product_attention call took (torch._fused_sdp_choice under the caller's backend
-priority); and the output latent's relative error against stock bf16.
+step, is recorded too); from the warm-up call (compile configs and --count profiler: a separate one-step call) the
+FP8 GEMMs per step (torch._scaled_mm and torch.nn.functional.scaled_mm calls) and the SDPA backend each torch
+scaled_dot_product_attention call took (torch._fused_sdp_choice under the caller's backend priority); and the
+output latent's relative error against stock bf16.
 The weights are random: the figures are for speed, memory and which code ran, never image quality.
 
 Each run is in its own try/except (its error is recorded), memory is freed between runs, and the JSON is written
@@ -246,7 +248,9 @@ def checkpoint_shapes(spec: ModelSpec, tiny: bool) -> dict:
     files spell them (comfy_release.checkpoint_key), which the release's own loader then converts."""
     import torch
     import comfy.ops
-    with torch.device("meta"):
+    # under DynamicVRAM (comfy.memory_management.aimdo_enabled) ComfyUI's Linear creates no weight until a state
+    # dict is loaded into it, so the model that names the weights is built the legacy way
+    with comfy_release.eager_weights(), torch.device("meta"):
         model = diffusion_model_class(spec)(**constructor_arguments(spec, tiny),
                                             operations=comfy.ops.disable_weight_init, device="meta",
                                             dtype=torch.bfloat16)
@@ -414,9 +418,22 @@ class Session:
             record["training_mode"] = diffusion_model.training
             latent, noise, positive = inputs_for(spec, resolution, self.options.tiny, self.options.seed)
             steps, warmup = self.options.steps, self.options.warmup_steps
+            # eager configs are probed during the warm-up call (FP8 GEMMs and SDPA backends per step); a compiled
+            # graph's calls never reach the Python functions the probes wrap, so compile configs get a separate
+            # one-step call after the timed one, as --count profiler does
+            probe_warmup = self.options.count == "wrapper" and run.config not in COMPILE_CONFIGS
             with torch.inference_mode():
                 started = time.perf_counter()
-                sample(patched, noise, latent, positive, warmup, self.options.seed)
+                warm = lambda: sample(patched, noise, latent, positive, warmup, self.options.seed)  # noqa: E731
+                if probe_warmup:
+                    with SdpaProbe() as sdpa:
+                        fp8_calls = count_scaled_mm(warm)
+                    record["fp8_linear_calls"] = round(fp8_calls / warmup)
+                    record["sdpa_backends"] = {k: round(v / warmup) for k, v in sdpa.counts.items()}
+                    record["sdpa_backend"] = sdpa.main_backend()
+                    record["probed"] = "the warm-up call, per step"
+                else:
+                    warm()
                 synchronize(self.device)
                 record["first_call_s"] = round(time.perf_counter() - started, 3)
                 record["first_call_steps"] = warmup
@@ -444,16 +461,18 @@ class Session:
                 record["s_per_step"] = round(statistics.median(later), 4) if later else round(total / steps, 4)
                 record["call_s"] = round(total, 3)
                 one_step = lambda: sample(patched, noise, latent, positive, 1, self.options.seed)  # noqa: E731
-                with SdpaProbe() as sdpa:
-                    if self.options.count == "profiler":
+                if self.options.count == "profiler":
+                    with SdpaProbe() as sdpa:
                         calls = count_calls(one_step)
-                        record["fp8_linear_calls"] = calls.pop("aten::_scaled_mm", 0)
-                        record["custom_op_calls"] = calls
-                    else:
-                        record["fp8_linear_calls"] = count_scaled_mm(one_step)
+                    record["sdpa_backends"], record["sdpa_backend"] = sdpa.counts, sdpa.main_backend()
+                    record["fp8_linear_calls"] = (calls.pop("aten::_scaled_mm", 0)
+                                                  + calls.pop("aten::_scaled_mm_v2", 0))
+                    record["custom_op_calls"] = calls
+                    record["probed"] = "a separate one-step call (torch.profiler)"
+                elif not probe_warmup:
+                    record["fp8_linear_calls"] = count_scaled_mm(one_step)
+                    record["probed"] = "a separate one-step call (SDPA backends not seen under compile)"
                 record["fp8_linear_calls_counted_by"] = self.options.count
-                record["sdpa_backends"] = sdpa.counts
-                record["sdpa_backend"] = sdpa.main_backend()
                 if run.config in COMPILE_CONFIGS:
                     record["dynamo"] = dynamo_counters()
             out = out.float().cpu()
@@ -588,20 +607,34 @@ class SdpaProbe:
 
 
 def count_scaled_mm(call) -> int:
-    """torch._scaled_mm calls in one call, by wrapping the Python attribute ComfyUI's fp8_linear and the overlay's
-    FP8 linears call through (a compiled graph's own extern _scaled_mm calls are not seen: use --count profiler)."""
+    """FP8 GEMMs in one call, by wrapping the Python attributes they are called through: torch._scaled_mm
+    (ComfyUI 0.3's fp8_linear, the overlay's FP8 linears) and torch.nn.functional.scaled_mm (torch >= 2.10's
+    scaled-mm API, which comfy-kitchen's QuantizedTensor calls from ComfyUI 0.8 on); a call made inside another
+    counted call counts once. A compiled graph's own extern calls are not seen: use --count profiler."""
     import torch
-    original = torch._scaled_mm
+    owners = [(torch, "_scaled_mm")]
+    if hasattr(torch.nn.functional, "scaled_mm"):
+        owners.append((torch.nn.functional, "scaled_mm"))
+    originals = [(owner, name, getattr(owner, name)) for owner, name in owners]
     calls = [0]
+    depth = [0]
 
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return original(*args, **kwargs)
-    torch._scaled_mm = counted
+    def counting(original):
+        def counted(*args, **kwargs):
+            calls[0] += depth[0] == 0
+            depth[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return counted
+    for owner, name, original in originals:
+        setattr(owner, name, counting(original))
     try:
         call()
     finally:
-        torch._scaled_mm = original
+        for owner, name, original in originals:
+            setattr(owner, name, original)
     return calls[0]
 
 
@@ -613,8 +646,8 @@ def count_calls(call) -> dict:
     counts = {}
     for event in profiler.key_averages():
         name = event.key
-        if name == "aten::_scaled_mm" or ("::" in name and not name.startswith(("aten::", "prim::", "cuda", "c10d"))
-                                          and not name.startswith("Torch-Compiled")):
+        if name in ("aten::_scaled_mm", "aten::_scaled_mm_v2") or (
+                "::" in name and not name.startswith(("aten::", "prim::", "cuda", "c10d", "Torch-Compiled"))):
             counts[name] = counts.get(name, 0) + event.count
     return counts
 

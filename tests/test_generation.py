@@ -247,3 +247,33 @@ def test_forced_eval_and_fp8_weights_are_not_the_reference(generation):
     assert not generation.is_reference(_run("stock", 0.2, mode="eval"))
     assert not generation.is_reference({**_run("stock", 0.2), "weights": "fp8_e4m3fn"})
     assert not generation.is_reference(_run("overlay", 0.2))
+
+
+# ------------------------------------------------------------------------------------------- probes and guards
+def test_eager_weights_turns_lazy_weights_off_for_its_block(release_module, monkeypatch):
+    import types
+    memory = types.ModuleType("comfy.memory_management")
+    memory.aimdo_enabled = True
+    monkeypatch.setitem(sys.modules, "comfy.memory_management", memory)
+    with release_module.eager_weights():
+        assert memory.aimdo_enabled is False
+    assert memory.aimdo_enabled is True
+    monkeypatch.delitem(sys.modules, "comfy.memory_management")
+    with release_module.eager_weights():   # a release without DynamicVRAM: nothing to switch
+        pass
+
+
+def test_fp8_gemms_are_counted_once_through_either_api(generation, monkeypatch):
+    torch = pytest.importorskip("torch")
+    seen = []
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: seen.append("v1"), raising=False)
+    # torch's newer API, here implemented through the older one: one GEMM, counted once
+    monkeypatch.setattr(torch.nn.functional, "scaled_mm", lambda *a, **k: torch._scaled_mm(), raising=False)
+
+    def step():
+        torch._scaled_mm()
+        torch.nn.functional.scaled_mm()
+        torch.nn.functional.scaled_mm()
+    assert generation.count_scaled_mm(step) == 3
+    assert seen == ["v1"] * 3
+    assert generation.count_scaled_mm(lambda: None) == 0
