@@ -401,7 +401,8 @@ class Session:
         record = {"model": spec.key, "resolution": resolution_name(resolution), "weights": run.weights,
                   "config": run.config, "model_mode": "eval" if run.eval_mode else AS_LOADED, "run": run.name,
                   "weights_loaded": WEIGHTS_LOADED[self.options.load_outside_inference_mode],
-                  "comfyui_version": STARTED.get("comfyui_version"), "vram_mode": STARTED.get("vram_mode")}
+                  "comfyui_version": STARTED.get("comfyui_version"), "vram_mode": STARTED.get("vram_mode"),
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         patched = None
         was_training = None
         captured = CapturedLog()
