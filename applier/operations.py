@@ -1,4 +1,5 @@
-"""apply and revert: plan everything first, then hand the file operations to the journal in one go."""
+"""The transactions on patches (apply, revert, accept, clean): plan everything first, then hand the file operations
+to the journal in one go."""
 from __future__ import annotations
 
 import os

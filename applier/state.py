@@ -237,7 +237,11 @@ class StateStore:
         """Create folder (and the ones above it, inside the state folder), one checked step at a time."""
         folder = self.guard(folder)
         if not self.dir.exists():
-            self.dir.mkdir()
+            try:
+                self.dir.mkdir()
+            except FileExistsError:   # a concurrent run made it first
+                pass
+            self.guard(self.dir)
             self.write_gitignore()
         chain = [folder, *folder.parents]
         for step in reversed(chain[:chain.index(self.dir)]):
@@ -266,7 +270,17 @@ class StateStore:
             self.write_gitignore()
 
     def write_gitignore(self) -> None:
-        atomic_write(self.guard(self.dir / ".gitignore"), GITIGNORE, mode=0o644)
+        """Create .gitignore once, in one write and without a temp file: it is written before the lock is taken,
+        and a recovering run (which holds it) sweeps temp files; a concurrent creator's copy is just as good."""
+        path = self.guard(self.dir / ".gitignore")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, GITIGNORE)
+        finally:
+            os.close(fd)
 
     # -------------------------------------------------------------- the install's identity
 
