@@ -42,14 +42,14 @@ class ChildResult:
 
     def text(self, stream: str = "stdout") -> str:
         """The stream decoded as strict UTF-8; ChildFailure("... not UTF-8 ...") otherwise."""
-        return decode_utf8(getattr(self, stream), f"{self.what} ({stream})")
+        return decode_utf8(getattr(self, stream), self.what, stream)
 
 
-def decode_utf8(data: bytes, what: str) -> str:
+def decode_utf8(data: bytes, what: str, stream: str = "stdout") -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ChildFailure(f"{what} printed bytes that are not UTF-8 (byte {exc.start}: "
+        raise ChildFailure(f"{what} printed bytes that are not UTF-8 on {stream} (byte {exc.start}: "
                            f"{data[exc.start:exc.start + 1]!r})", reason="not-utf8") from None
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from applier.detect import PYTHON_HINT
 from applier.errors import ChildFailure
 from applier.subproc import PYTHON_FLAGS, child_env, run_bounded
 
@@ -29,7 +30,6 @@ PROBES_DIR = Path(__file__).resolve().parent / "probes"
 STDERR_TAIL_CHARS = 4000
 PROBE_STDOUT_LIMIT = 16 * 1024 * 1024     # a verdict is one line of numbers; chatter before it is not kept
 PROBE_STDERR_KEPT = 256 * 1024            # stderr beyond this is dropped from the front (a tail is shown)
-PYTHON_HINT = "give the target's interpreter with --python PATH (e.g. ComfyUI/venv/bin/python)"
 # A leading underscore marks a module the probes share (probes/_probe.py), not a probe that can be run.
 _PROBE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 # Variables that would make the target's interpreter load something other than what it would load on its own.
