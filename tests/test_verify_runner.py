@@ -236,3 +236,14 @@ def test_a_probe_gets_its_paths_as_its_utf8_mode_names_them(tmp_path):
                        probes_dir=probes)
     assert result.outcome is Outcome.PASS, result.stderr
     assert result.numbers == {"utf8_mode": 1, "entries": ["nodes.py"]}
+
+
+@posix_only
+def test_the_oom_retry_probe_refuses_a_fifo_execution_py_at_once(tmp_path):
+    import os
+    root = tmp_path / "ComfyUI"
+    root.mkdir()
+    os.mkfifo(root / "execution.py")
+    result = run_probe(Path(sys.executable), "oom_retry", {**ARGS, "comfyui_root": str(root)}, timeout=20)
+    assert result.outcome is Outcome.FAIL, result
+    assert "cannot read execution.py" in result.reason and "not a regular file" in result.reason

@@ -48,6 +48,29 @@ def import_comfy_nodes(comfyui_root):
     return nodes, real
 
 
+def read_source(path, limit=16 * 1024 * 1024):
+    """The text of a regular file of the target, read without blocking (a FIFO in place of execution.py would hang
+    the probe until its timeout) and at most `limit` bytes; OSError saying why otherwise."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(f"{path} is not a regular file (a FIFO, a device or a folder)")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise OSError(f"{path} is larger than {limit} bytes")
+        return b"".join(chunks).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
+
+
 def inside(path, folder):
     """Whether path lies in folder, links resolved."""
     try:

@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I leaves this folder off sys.path
-from _probe import emit, inside, prepare_comfy_import, run  # noqa: E402 - importable only after the line above
+from _probe import emit, inside, prepare_comfy_import, read_source, run  # noqa: E402 - importable only after the line above
 
 HELPER = "applier_oom_retry.py"
 
@@ -198,8 +198,7 @@ def main(args):
     expect_applied = (args.get("expect") or {}).get("applied")
     helper_path = os.path.join(root, HELPER)
     try:
-        with open(os.path.join(root, "execution.py"), encoding="utf-8", errors="replace") as handle:
-            execution_text = handle.read()
+        execution_text = read_source(os.path.join(root, "execution.py"))
     except OSError as exc:
         return emit("FAIL", f"cannot read execution.py: {exc}", {})
     uses_async = "call_with_oom_retry_async(" in execution_text
