@@ -5,10 +5,11 @@
 # under its own time limit; every phase's JSON lands in $OUT as gen-ERA-MODEL[-TAG].json (MODEL may be a comma
 # list, written with '_'), the log as gen.log.
 #   bash scripts/generation_for_device.sh PHASE...
-#   PHASE = ERA/MODEL/SECONDS/CONFIGS[/RESOLUTIONS[/TAG[/EXTRA]]], e.g.
-#           0.33.0/flux-dev/240/stock,overlay,comfy_fp8_fast:eval/1024x1024,2048x2048
+#   PHASE = 'ERA|MODEL|SECONDS|CONFIGS[|RESOLUTIONS[|TAG[|EXTRA]]]', e.g.
+#           '0.3.64|flux-dev|240|stock,overlay,comfy_fp8_fast:eval|1024x1024,2048x2048'
 #   CONFIGS and RESOLUTIONS are generation.py's comma lists (RESOLUTIONS empty: all of the model's);
-#   EXTRA is more generation.py arguments, words separated by '+', e.g. --tiny+--steps+2.
+#   EXTRA is more generation.py arguments, words separated by '+', e.g. --tiny+--steps+2 or
+#   --skip+flux-dev/2048x2048/comfy_sage. Each phase stops starting runs after 3/4 of its SECONDS.
 # Environment: STEPS (4), WARMUP (1), CHECKPOINT (file: load from a safetensors file as UNETLoader does; else from
 # a state dict); the work folder /tmp/generation keeps checkpoints and stock latents between phases.
 set -uo pipefail
@@ -23,7 +24,7 @@ log="$out/gen.log"
 { nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
   df -h /tmp | tail -1; free -g | head -2; ls "$trees"; } 2>&1 | tee -a "$log"
 for phase in "$@"; do
-    IFS=/ read -r era model seconds configs resolutions tag extra <<<"$phase"
+    IFS="|" read -r era model seconds configs resolutions tag extra <<<"$phase"
     args=(--comfyui "$trees/$era" --models "$model" --configs "$configs" --steps "${STEPS:-4}"
           --warmup-steps "${WARMUP:-1}" --work-dir "$work" --time-budget "$((seconds * 3 / 4))")
     [ -n "$resolutions" ] && args+=(--resolutions "$resolutions")
