@@ -247,3 +247,14 @@ def test_the_oom_retry_probe_refuses_a_fifo_execution_py_at_once(tmp_path):
     result = run_probe(Path(sys.executable), "oom_retry", {**ARGS, "comfyui_root": str(root)}, timeout=20)
     assert result.outcome is Outcome.FAIL, result
     assert "cannot read execution.py" in result.reason and "not a regular file" in result.reason
+
+
+@posix_only
+def test_the_comfy_import_probe_refuses_a_fifo_nodes_py_at_once(tmp_path):
+    import os
+    root = tmp_path / "ComfyUI"
+    root.mkdir()
+    os.mkfifo(root / "nodes.py")
+    result = run_probe(Path(sys.executable), "comfy_import", {**ARGS, "comfyui_root": str(root)}, timeout=20)
+    assert result.outcome is Outcome.FAIL, result
+    assert "not a regular file" in result.reason

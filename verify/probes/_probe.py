@@ -43,6 +43,10 @@ def prepare_comfy_import(comfyui_root):
 
 def import_comfy_nodes(comfyui_root):
     """Import nodes.py from comfyui_root as main.py would; returns (module, is a real ComfyUI checkout)."""
+    import stat
+    nodes_py = os.path.join(comfyui_root, "nodes.py")
+    if not stat.S_ISREG(os.stat(nodes_py).st_mode):   # importing a FIFO would block until the probe's timeout
+        raise OSError(f"{nodes_py} is not a regular file (a FIFO, a device or a folder)")
     real = prepare_comfy_import(comfyui_root)
     import nodes
     return nodes, real
