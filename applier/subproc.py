@@ -215,4 +215,7 @@ def _end(proc: subprocess.Popen) -> None:
 
 
 def _size(limit: int) -> str:
-    return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} bytes"
+    for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if limit % size == 0:
+            return f"{limit // size} {unit}"
+    return f"{limit} bytes"

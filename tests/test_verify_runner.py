@@ -174,7 +174,7 @@ def test_endless_stdout_is_killed_at_the_cap_and_is_a_fail(tmp_path, monkeypatch
     python = fake_python(tmp_path, "yes\n")
     result = run_probe(python, "stream_priority", ARGS, timeout=30)
     assert result.outcome is Outcome.FAIL
-    assert "printed more than 65536 bytes on stdout (killed)" in result.reason
+    assert "printed more than 64 KiB on stdout (killed)" in result.reason
 
 
 @posix_only

@@ -123,6 +123,15 @@ def test_a_broken_venv_python_never_makes_revert_impossible(tmp_path, case):
     assert (inst.comfy / "nodes.py").read_text() == NODES_PY
 
 
+def test_an_interpreter_recorded_with_python_that_breaks_later_blocks_no_revert(plain, tmp_path):
+    python = fake_program(tmp_path / "env" / "bin", "python", f"echo '{SITE_ANSWER}'\n")
+    ends_clean(*plain.args("apply"), "--python", python, allowed=(0,))
+    fake_program(tmp_path / "env" / "bin", "python", BAD_INTERPRETERS["endless"][0])
+    out = ends_clean(*plain.args("status"), allowed=(0,))
+    ends_clean(*plain.args("revert"), allowed=(0,))
+    assert (plain.comfy / "nodes.py").read_text() == NODES_PY, out
+
+
 def test_verify_only_effect_with_every_check_skipped_is_exit_6_naming_python(plain):
     """The packaged catalog, whose every patch has an effect probe, on an install without an interpreter."""
     out = ends_clean("verify", "--only", "effect", "--target", plain.root, allowed=(6,))
