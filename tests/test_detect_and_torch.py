@@ -365,3 +365,57 @@ def test_a_record_with_garbage_digests_or_a_nul_is_read_as_far_as_it_makes_sense
     assert list(read_record(record)) == ["torch/a.py"]
     record.write_bytes(b"torch/x.py,sha256=\0,12\n")
     assert read_record(record) == {}
+
+
+# ------------------------------------------------------------------ applier.subproc, the runner under all of it
+
+def test_a_child_that_exits_while_its_own_child_holds_the_pipes_is_done_and_the_group_ended(tmp_path):
+    from applier.subproc import run_bounded
+    pidfile = tmp_path / "daemon.pid"
+    script = fake_program(tmp_path, "leaves-a-daemon", f"sleep 60 &\necho $! > '{pidfile}'\necho done\n")
+    result = run_bounded([script], timeout=30)
+    assert (result.returncode, result.text()) == (0, "done\n")
+    assert result.duration_s < 25, "waited for the daemon instead of the child"
+    pid = int(pidfile.read_text())
+    import time
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid), "the daemon holding the pipes outlived the run"
+
+
+def test_stderr_past_its_cap_keeps_the_tail_or_is_an_overflow(tmp_path):
+    from applier.errors import ChildFailure
+    from applier.subproc import run_bounded
+    script = fake_program(tmp_path, "noisy", "head -c 300000 /dev/zero | tr '\\0' x >&2; echo END >&2; echo ok\n")
+    result = run_bounded([script], timeout=30, stderr_limit=1000, stderr_tail=True)
+    assert result.text() == "ok\n" and result.stderr_truncated
+    assert len(result.stderr) == 1000 and result.stderr.endswith(b"END\n")
+    with pytest.raises(ChildFailure) as raised:
+        run_bounded([script], timeout=30, stderr_limit=1000)
+    assert raised.value.reason == "overflow" and "on stderr" in raised.value.message
+
+
+@pytest.mark.parametrize("argv, why", [(["/nonexistent/program"], "No such file"), (["sh", "-c", "x\0y"], "null")])
+def test_a_child_that_cannot_start_is_a_child_failure_saying_why(argv, why):
+    from applier.errors import ChildFailure
+    from applier.subproc import run_bounded
+    with pytest.raises(ChildFailure) as raised:
+        run_bounded(argv, timeout=5)
+    assert raised.value.reason == "cannot-start" and why in raised.value.message and raised.value.exit_code == 9
+
+
+def test_paths_cross_to_and_from_a_utf8_mode_child_byte_for_byte():
+    from applier.subproc import path_from_child, text_for_child
+    odd = os.fsdecode(b"/tmp/caf\xc3\xa9/\xff\xfe")          # one valid UTF-8 name, one that is not UTF-8 at all
+    assert os.fsencode(path_from_child(text_for_child(odd))) == b"/tmp/caf\xc3\xa9/\xff\xfe"
+    for bad in ("a\0b", "\ud800"):
+        with pytest.raises(ValueError):
+            path_from_child(bad)
+
+
+def test_timeouts_from_the_environment_only_ever_lower_the_default(monkeypatch):
+    from applier.subproc import timeout_from_env
+    for value, expected in (("0.5", 0.5), ("100", 20), ("nonsense", 20), ("-1", 20), ("", 20)):
+        monkeypatch.setenv("APPLIER_DETECT_TIMEOUT", value)
+        assert timeout_from_env(20, "APPLIER_DETECT_TIMEOUT") == expected, value
