@@ -258,3 +258,13 @@ def test_the_comfy_import_probe_refuses_a_fifo_nodes_py_at_once(tmp_path):
     result = run_probe(Path(sys.executable), "comfy_import", {**ARGS, "comfyui_root": str(root)}, timeout=20)
     assert result.outcome is Outcome.FAIL, result
     assert "not a regular file" in result.reason
+
+
+def test_a_verdict_reason_as_long_as_a_log_is_cut_to_one_report_line(tmp_path):
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "chatty.py").write_text('import json\nprint(json.dumps({"outcome": "PASS", "reason": "x" * 100000, '
+                                      '"numbers": {}}))\n')
+    result = run_probe(Path(sys.executable), "chatty", ARGS, timeout=60, probes_dir=probes)
+    assert result.outcome is Outcome.PASS
+    assert len(result.reason) < verify.runner.MAX_REASON_CHARS + 40 and result.reason.endswith("(100000 characters)")

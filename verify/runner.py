@@ -28,6 +28,7 @@ from .registry import CheckResult, Outcome
 
 PROBES_DIR = Path(__file__).resolve().parent / "probes"
 STDERR_TAIL_CHARS = 4000
+MAX_REASON_CHARS = 2000
 PROBE_STDOUT_LIMIT = 16 * 1024 * 1024     # a verdict is one line of numbers; chatter before it is not kept
 PROBE_STDERR_KEPT = 256 * 1024            # stderr beyond this is dropped from the front (a tail is shown)
 # A leading underscore marks a module the probes share (probes/_probe.py), not a probe that can be run.
@@ -130,6 +131,8 @@ def _parse_last_line(text: str) -> tuple[dict | None, str]:
     numbers = data.get("numbers", {})
     if not isinstance(reason, str) or not isinstance(numbers, dict):
         return None, f"'reason' must be a string and 'numbers' an object: {shown!r}"
+    if len(reason) > MAX_REASON_CHARS:     # one line of the report, not a log
+        reason = reason[:MAX_REASON_CHARS] + f"... ({len(reason)} characters)"
     return {"outcome": outcome, "reason": reason, "numbers": numbers}, ""
 
 
