@@ -171,9 +171,11 @@ def install_root(given: Path) -> tuple[Path, Path | None]:
     outer folder (it holds python_embeded/, whose site-packages torch patches touch), else the ComfyUI folder; a
     target that is no ComfyUI install (a bare venv or prefix) is its own root. A folder holding several ComfyUI
     folders is refused (BadTargetError) rather than one picked."""
-    comfy = find_comfyui_root(given)
-    if comfy is None:
+    comfy = given if is_comfyui_folder(given) else None
+    if comfy is None:   # a folder inside an install (custom_nodes/, comfy/) belongs to it, whatever it holds
         comfy = next((folder for folder in given.parents if is_comfyui_folder(folder)), None)
+    if comfy is None:
+        comfy = find_comfyui_root(given)
     if comfy is None:
         return given, None
     if (comfy.parent / "python_embeded").is_dir():

@@ -419,3 +419,10 @@ def test_timeouts_from_the_environment_only_ever_lower_the_default(monkeypatch):
     for value, expected in (("0.5", 0.5), ("100", 20), ("nonsense", 20), ("-1", 20), ("", 20)):
         monkeypatch.setenv("APPLIER_DETECT_TIMEOUT", value)
         assert timeout_from_env(20, "APPLIER_DETECT_TIMEOUT") == expected, value
+
+
+def test_a_folder_inside_an_install_belongs_to_it_even_when_it_holds_comfyui_look_alikes(tmp_path):
+    comfy = make_comfy(tmp_path)
+    for name in ("node-a", "node-b"):                 # custom nodes that happen to ship nodes.py and execution.py
+        make_comfy(comfy / "custom_nodes" / name)
+    assert detect(comfy / "custom_nodes", gpu=False).root == comfy
