@@ -189,7 +189,8 @@ def detect(target, python, patches_dir, as_json):
         ("torch", (found.torch_version or "not installed") + (f", CUDA {found.torch_cuda}" if found.torch_cuda
                                                               else "")),
         ("triton", found.triton_version or "not installed"),
-        ("GPU", ", ".join(f"{g.name} (sm {g.compute_capability})" for g in found.gpus) or "none found"),
+        ("GPU", ", ".join(f"{g.name} (sm {g.compute_capability})" for g in found.gpus)
+         or ("unknown (see the note)" if found.gpu_problem else "none found")),
     ]
     print_rows(rows)
     for note in found.notes:

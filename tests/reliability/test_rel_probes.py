@@ -156,6 +156,8 @@ def test_an_nvidia_smi_that_misbehaves_leaves_the_gpu_unknown(plain, tmp_path, b
     env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "APPLIER_NO_GPU_PROBE": "0"}
     data = ends_clean("detect", "--json", "--target", plain.root, env=env, allowed=(0,)).json()
     assert data["gpus"] == [] and data["gpu_problem"].startswith("GPU unknown") and why in data["gpu_problem"]
+    text = ends_clean("detect", "--target", plain.root, env=env, allowed=(0,)).stdout
+    assert "unknown (see the note)" in text and "note: GPU unknown" in text
 
 
 # ------------------------------------------------------------------------------ the locale
