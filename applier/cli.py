@@ -184,7 +184,8 @@ def detect(target, python, patches_dir, as_json):
         ("ComfyUI version", f"{found.comfyui_version or 'unknown'} (from {found.comfyui_version_source})"
                             + (f", commit {found.comfyui_commit}" if found.comfyui_commit else "")),
         ("python", f"{found.python or '-'} ({found.python_source}"
-                   + (f", {found.python_version})" if found.python_version else ")")),
+                   + (f", {found.python_version})" if found.python_version else ")")
+                   + (" not usable: see the note" if found.python_problem else "")),
         ("site-packages", str(found.site_packages or "-")),
         ("torch", (found.torch_version or "not installed") + (f", CUDA {found.torch_cuda}" if found.torch_cuda
                                                               else "")),

@@ -115,6 +115,7 @@ def test_a_broken_venv_python_never_makes_revert_impossible(tmp_path, case):
     break_venv(inst, BAD_INTERPRETERS[case][0])
     out = ends_clean(*inst.args("detect"), allowed=(0,))
     assert "not a usable Python interpreter" in out.stdout and "--python" in out.stdout
+    assert "(venv) not usable: see the note" in out.stdout
     for command in (("status",), ("list",), ("overlay", "list")):
         ends_clean(*inst.args(*command), allowed=(0,))
     out = ends_clean(*inst.args("verify", "--timeout", "5"), allowed=VERIFY_CODES)
