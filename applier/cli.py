@@ -644,6 +644,31 @@ def overlay_list(target, python, patches_dir, as_json):
                f"{result['missing']} missing")
 
 
+@overlay.command("check")
+@target_options
+def overlay_check(target, python, patches_dir, as_json):
+    """Per model family and op family, which overlay variant this ComfyUI's code matches, or why none does.
+
+    Reads the target's ComfyUI files (no torch, no GPU). Exit 0 with the report, whatever stays stock; 9 when the
+    target holds no ComfyUI code. Example: applier overlay check --target ComfyUI/
+    """
+    from applier.overlay_check import check_tree
+    from applier.errors import BadTargetError
+    found = detect_target(target, python, gpu=False)
+    if found.comfyui_root is None:
+        raise BadTargetError(f"{target} has no ComfyUI folder", hint="point --target at the ComfyUI folder")
+    report = check_tree(found.comfyui_root, found.comfyui_version)
+    if as_json:
+        return out_json(report)
+    click.echo(f"ComfyUI {found.comfyui_version or 'version unknown'} at {found.comfyui_root}")
+    for model in report["models"]:
+        click.echo(f"{model['model']}:")
+        for family, verdict in model["families"].items():
+            state = f"runs {verdict['variant']} (verified on {verdict['matched']})" if verdict["matched"] else \
+                f"stock: {verdict['reason']}"
+            click.echo(f"    {family:10} {state}")
+
+
 # ------------------------------------------------------------------ catalog maintenance
 
 @cli.group()

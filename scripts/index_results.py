@@ -68,6 +68,11 @@ KINDS: dict[str, Kind] = {
         "against stock and per-block timings",
         "python3 scripts/validate_real_blocks.py --comfyui .realcomfy/ComfyUI --device cuda --dtype bfloat16 "
         "--out DIR/real-blocks-h200.json", "h200-2026-11-30-run34/real-blocks-h200.json"),
+    "overlay-eras.json": Kind(
+        "the overlay's variants on real ComfyUI trees (0.3.64, 0.8.0, 0.24.1, 0.33.0): `applier overlay check` per "
+        "model and op family, the node's run-time recognition, exactness and attn1_patch on each tree's own blocks "
+        "(CPU, fp32), and the RoPE seam against comfy-kitchen 0.2.31 on the H200 (bits, ulp, ms)",
+        "", "", CPU),
     "real-blocks-cpu.json": Kind(
         "the same real blocks on the CPU in fp32 under the Triton interpreter: recognised, within 3e-7 of stock, "
         "`disable()` restores stock",

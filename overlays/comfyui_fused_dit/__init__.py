@@ -8,7 +8,9 @@ FP8 codes through ComfyUI's object patches on the clone (fused_dit.integration.f
 the GPU instead of 2, restored by ComfyUI when it unloads the clone); "alongside" keeps the bf16 weights and
 caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per parameter more). The cached codes
 persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
-anything else raises a clear error when the node runs.
+anything else raises a clear error when the node runs. Each op family runs only the variant verified for the code
+the loaded model runs (fused_dit.variants); the node says once, per family, which variant runs or why it stays
+stock (logger `fused_dit`, shown on ComfyUI's console).
 
 ComfyUI is imported lazily inside the node so the package imports without it (tests use fakes).
 """
@@ -44,6 +46,17 @@ def make_apply_model_wrapper(ops: tuple[str, ...]):
         finally:
             fused_dit.disable(diffusion_model)
     return fused_dit_apply_model
+
+
+_SAID: set[str] = set()
+
+
+def say_once(line: str) -> None:
+    """One line of what the node runs or leaves stock, on ComfyUI's console (the root logger prints INFO there)
+    the first time it is true in this process."""
+    if line not in _SAID:
+        _SAID.add(line)
+        log.info("Fused DiT Ops: %s", line)
 
 
 def _drop_fp8_weights(patcher) -> None:
@@ -84,6 +97,9 @@ class FusedDiTOps:
             raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHTS)}")
         flags = {"norm_rope": norm_rope, "adaln": adaln, "gate": gate, "fp8_linear": fp8_linear}
         ops = tuple(name for name in fused_dit.OP_FAMILIES if flags[name])
+        from fused_dit.integration import recognition
+        for family, line in recognition(model.model.diffusion_model, ops).items():
+            say_once(f"{family}: {line}")
         apply_model, on_cleanup = _hook_names()
         patched = model.clone()
         patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)

@@ -9,23 +9,28 @@ models in the same process are unaffected, and `disable` restores exactly what w
 Helpers the overlay forwards need from the model's own code (`attention`, `optimized_attention`, `repeat_e`) are
 looked up in the module that defines the block class, so the overlay calls the same attention backend ComfyUI
 selected (and test fixtures can supply their own).
+
+Every block forward and the FP8 Linear seam are variants verified on given ComfyUI releases (fused_dit.variants):
+a block's forward overlay runs only where the code that block runs has the fingerprints of a verified release
+(`eras.block_match`), each Linear's FP8 forward only where its op's forward does (`eras.linear_match`). Anything
+else stays stock, says why once (logger `fused_dit`) and is listed in the report's "skipped"; op seams report in
+its "seams" (integration/seams.py).
 """
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from .. import variants
+from . import eras, seams
 from .fp8_modules import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward, is_gelu_tanh_ffn,
                           is_linear, new_enable_epoch, restore_stored_weight, slot_of, stock_forward_of,
                           store_fp8_only)
-
-log = logging.getLogger("fused_dit")
 
 OP_FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
 # where the FP8 linears' bf16/fp16 weights stay: beside their FP8 codes on the GPU, or in host memory
@@ -115,13 +120,21 @@ def _fp8_units(block: torch.nn.Module, skip_prefixes: tuple[str, ...]):
             yield module, False
 
 
+def _fp8_seam_units(block: torch.nn.Module, skip_prefixes: tuple[str, ...]):
+    """_fp8_units whose Linear ops have a forward the FP8 seam was verified on (the others stay stock, said once)."""
+    for module, is_ffn in _fp8_units(block, skip_prefixes):
+        if all(eras.linear_match(linear).matched for linear in ((module[0], module[2]) if is_ffn else (module,))):
+            yield module, is_ffn
+
+
 def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
-    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock.
+    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock, and
+    so do Linear ops whose forward the FP8 seam was not verified on.
 
     Returns the Linear modules that now run in FP8.
     """
     linears: list[torch.nn.Module] = []
-    for module, is_ffn in _fp8_units(block, skip_prefixes):
+    for module, is_ffn in _fp8_seam_units(block, skip_prefixes):
         slot_of(module)
         if is_ffn:
             install_forward(module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock), "fp8_ffn")
@@ -139,12 +152,16 @@ class BlockSpec:
     parameters: tuple[str, ...]       # its forward's parameter names, the ones the overlay forward was written for
     forward: Callable                 # forward(block, ops, stock, *args, **kwargs)
     linear_skip: tuple[str, ...]      # submodules whose Linears stay stock under fp8_linear (the modulation)
+    variant: str                      # its name in variants.json
+    dependencies: Callable            # block -> {dependency key: the live function/class it runs}
 
 
-def install_block_overlays(block: torch.nn.Module, spec: BlockSpec, ops: frozenset) -> list[torch.nn.Module]:
-    """Swap one recognised block's forward (and its Linears for FP8) in; returns the Linears now in FP8."""
+def install_block_overlays(block: torch.nn.Module, spec: BlockSpec, ops: frozenset,
+                           forward_verified: bool = True) -> list[torch.nn.Module]:
+    """Swap one recognised block's forward in (where its code is the verified one) and its Linears for FP8;
+    returns the Linears now in FP8."""
     block_ops = ops - {"fp8_linear"}
-    if block_ops:
+    if block_ops and forward_verified:
         install_forward(block, lambda stock, *a, **kw: spec.forward(block, block_ops, stock, *a, **kw),
                         ("block", block_ops))
     return install_fp8_linears(block, spec.linear_skip) if "fp8_linear" in ops else []
@@ -155,19 +172,23 @@ def _block_specs() -> dict[str, BlockSpec]:
     return {spec.class_name: spec for spec in (*flux.BLOCKS, *wan.BLOCKS)}
 
 
-def _matching_blocks(model: torch.nn.Module, skipped: list[str]):
-    """(block, spec) for every block of a known class whose forward is the one its overlay was written for; the
-    others are logged and listed in `skipped`."""
+def _recognised_blocks(model: torch.nn.Module, skipped: list[str]):
+    """(block, spec, forward_verified) for every block of a known class; forward_verified: its forward is the one
+    its overlay was written for and the code it runs matches a release the variant was verified on. The others are
+    logged once and listed in `skipped` (their Linears may still take the FP8 seam)."""
     specs = _block_specs()
     for module in model.modules():
         for class_name, spec in specs.items():
             if any(c.__name__ == class_name for c in type(module).__mro__):
                 reason = forward_matches(module, class_name, spec.parameters)
+                if reason is None:
+                    verdict = eras.block_match(module, spec.variant, spec.dependencies)
+                    reason = None if verdict.matched else f"{spec.variant}: {verdict.reason}"
+                else:
+                    eras.say_once(type(module).__name__, reason)
                 if reason:
                     skipped.append(f"{type(module).__name__}: {reason}")
-                    log.info("fused_dit: %s left stock (%s)", type(module).__name__, reason)
-                else:
-                    yield module, spec
+                yield module, spec, reason is None
                 break
 
 
@@ -187,8 +208,8 @@ def fp8_linear_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modul
     """(name in model, module) of every Linear `enable(model, ops=("fp8_linear",))` would run in FP8, in model
     order, without installing anything; raises UnsupportedModelError like enable."""
     supported_blocks(model)
-    chosen = {id(linear) for block, spec in _matching_blocks(model, [])
-              for unit, is_ffn in _fp8_units(block, spec.linear_skip)
+    chosen = {id(linear) for block, spec, _ in _recognised_blocks(model, [])
+              for unit, is_ffn in _fp8_seam_units(block, spec.linear_skip)
               for linear in ((unit[0], unit[2]) if is_ffn else (unit,))}
     return [(name, module) for name, module in model.named_modules() if id(module) in chosen]
 
@@ -210,10 +231,12 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
     new_enable_epoch()
     report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
     fp8_modules: list[torch.nn.Module] = []
-    for block, spec in _matching_blocks(model, report["skipped"]):
-        fp8_modules += install_block_overlays(block, spec, ops)
-        report["blocks"] += 1
+    for block, spec, forward_verified in _recognised_blocks(model, report["skipped"]):
+        fp8_modules += install_block_overlays(block, spec, ops, forward_verified)
+        report["blocks"] += forward_verified
     report["fp8_linears"] = len(fp8_modules)
+    # blocks that run their block-forward variant apply RoPE themselves; the seam serves the others
+    report["seams"] = seams.install(model, ops) if report["skipped"] or not report["blocks"] else {}
     if fp8_weights == "replace":
         freed = [store_fp8_only(module) for module in fp8_modules]
         report["fp8_weights_stored_in_host_memory"] = sum(1 for b in freed if b)
@@ -222,12 +245,80 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
 
 
 def disable(model: torch.nn.Module, drop_fp8_weights: bool = False) -> int:
-    """Restore every forward the overlays replaced and move weights stored in host memory back; returns how many
-    forwards. FP8 weight copies are kept unless asked."""
-    restored = 0
+    """Restore every forward and op seam the overlays replaced and move weights stored in host memory back; returns
+    how many forwards and seams. FP8 weight copies are kept unless asked."""
+    restored = seams.restore(model)
     for module in model.modules():
         restored += restore_forward(module)
         restore_stored_weight(module)
         if drop_fp8_weights:
             drop_fp8_cache(module)
     return restored
+
+
+def recognition(model: torch.nn.Module, ops=OP_FAMILIES) -> dict[str, str]:
+    """{op family: what the overlays would run for it on this model, or why it stays stock}, one line each, without
+    installing anything (the node says these once when it runs)."""
+    said: dict[str, set[str]] = {family: set() for family in ops}
+    all_verified = True
+    for block, spec, forward_verified in _recognised_blocks(model, []):
+        all_verified = all_verified and forward_verified
+        block_verdict = eras.block_match(block, spec.variant, spec.dependencies)
+        for family in set(ops) - {"fp8_linear"}:
+            said[family].add(f"{type(block).__name__}: "
+                             + (f"{spec.variant} (verified on ComfyUI {block_verdict.verified_on})"
+                                if forward_verified else f"stock ({block_verdict.reason})"))
+        if "fp8_linear" in ops:
+            for unit, is_ffn in _fp8_units(block, spec.linear_skip):
+                for linear in ((unit[0], unit[2]) if is_ffn else (unit,)):
+                    verdict = eras.linear_match(linear)
+                    said["fp8_linear"].add(f"{type(linear).__name__}: " + (
+                        f"{verdict.variant} (verified on ComfyUI {verdict.verified_on})" if verdict.matched
+                        else f"stock ({verdict.reason})"))
+    if "norm_rope" in ops and not all_verified:       # as enable: blocks running their variant apply RoPE there
+        namespace = seams.rope_module_globals(model)
+        if namespace is not None:
+            verdict = eras.seam_match(seams.ROPE_VARIANT, seams.rope_dependencies(namespace))
+            off = variants.all_variants()[seams.ROPE_VARIANT].switched_off() if verdict.matched else None
+            said["norm_rope"].add(
+                f"RoPE through comfy.quant_ops.ck: stock ({verdict.reason if not verdict.matched else off})"
+                if off or not verdict.matched else
+                f"RoPE through comfy.quant_ops.ck: {seams.ROPE_VARIANT} (verified on ComfyUI {verdict.verified_on})")
+    return {family: "; ".join(sorted(lines)) or "no block of this model uses it" for family, lines in said.items()}
+
+
+def model_fingerprints(model: torch.nn.Module) -> dict[str, dict[str, str | None]]:
+    """{variant: {dependency key: sha256 or None}} of the code a model's recognised blocks, their Linear ops and the
+    op seams they call run (the first of each block class; Linears of every block), e.g. to record a fixture era or
+    report a real tree."""
+    specs = _block_specs()
+    prints: dict[str, dict[str, str | None]] = {}
+    namespace = seams.rope_module_globals(model)
+    if namespace is not None:
+        prints[seams.ROPE_VARIANT] = {dep: eras.fingerprint_of(obj)[0]
+                                      for dep, obj in seams.rope_dependencies(namespace).items()}
+    seen: set[type] = set()
+    for module in model.modules():
+        spec = next((s for name, s in specs.items() if eras.class_named(module, name) is not None), None)
+        if spec is None or type(module) in seen:
+            continue
+        seen.add(type(module))
+        for dep, obj in spec.dependencies(module).items():
+            prints.setdefault(spec.variant, {})[dep] = eras.fingerprint_of(obj)[0]
+        for unit, is_ffn in _fp8_units(module, spec.linear_skip):
+            for linear in ((unit[0], unit[2]) if is_ffn else (unit,)):
+                linear_print = eras.fingerprint_of(type(linear).forward)[0]
+                prints.setdefault(eras.LINEAR_VARIANT, {})[eras.LINEAR_FORWARD] = linear_print
+    return prints
+
+
+def add_verified_model(model: torch.nn.Module, label: str) -> dict[str, dict[str, str | None]]:
+    """Accept the code `model` runs as one more verified era of each variant it uses all the code of (tests'
+    fixtures); returns what was accepted."""
+    known = variants.all_variants()
+    prints = {variant: found for variant, found in model_fingerprints(model).items()
+              if set(found) == set(known[variant].depends_on) and None not in found.values()}
+    for variant, found in prints.items():
+        variants.add_verified(variant, label, found)
+    eras.clear_caches()
+    return prints

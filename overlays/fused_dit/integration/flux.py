@@ -2,7 +2,9 @@
 
 The math follows ComfyUI's blocks step by step; each enabled op family replaces one step:
 - adaln:     apply_mod(LayerNorm(x), 1 + scale, shift) = addcmul(shift, LN(x), 1 + scale) -> adaln(x, shift, scale)
-- norm_rope: per-head QK RMSNorm (weight `scale`, eps 1e-6) and the interleaved RoPE that ComfyUI's `attention`
+- norm_rope: per-head QK RMSNorm (0.3.x: ComfyUI's RMSNorm, weight `scale`, eps 1e-6; a torch `nn.RMSNorm` as
+             `operations.RMSNorm` builds since 0.14: weight `weight`, eps None = finfo(dtype).eps, as torch takes it)
+             and the interleaved RoPE that ComfyUI's `attention`
              applies -> flux_rms_rope on each stream with its slice of `pe`, then `attention(..., pe=None)`
              (RoPE is per position, so slicing pe per stream and concatenating the results is exact)
 - gate:      x + apply_mod(y, gate) = x + y * gate -> gate_add(x, y, gate, FLUX rounding), in place where stock
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import BlockSpec, compiled, defining_module_global
+from . import BlockSpec, compiled, defining_module_global, eras
 
 DOUBLE = "DoubleStreamBlock"
 SINGLE = "SingleStreamBlock"
@@ -41,6 +43,29 @@ def _gated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, ops, in_place: 
     return x + y * gate
 
 
+def qk_norm_parameters(norm: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, float] | None:
+    """(weight, eps) of one QK RMSNorm as its forward uses them, or None where the fused kernel cannot stand in
+    for it (ComfyUI casts or patches the weight per call: low VRAM, LoRA on the fly)."""
+    if getattr(norm, "comfy_cast_weights", False) or getattr(norm, "weight_function", None) \
+            or getattr(norm, "bias_function", None):
+        return None
+    if isinstance(norm, torch.nn.RMSNorm):
+        if norm.weight is None:
+            return None
+        return norm.weight, (torch.finfo(dtype).eps if norm.eps is None else norm.eps)
+    scale = getattr(norm, "scale", None)
+    return (scale, 1e-6) if isinstance(scale, torch.Tensor) else None
+
+
+def _fused_qk_norm(qk_norm: torch.nn.Module, dtype: torch.dtype):
+    """((q weight, k weight), eps) of a QKNorm for flux_rms_rope, or None: run the stock norm."""
+    q_params = qk_norm_parameters(qk_norm.query_norm, dtype)
+    k_params = qk_norm_parameters(qk_norm.key_norm, dtype)
+    if q_params is None or k_params is None or q_params[1] != k_params[1]:
+        return None
+    return (q_params[0], k_params[0]), q_params[1]
+
+
 def _split_heads(qkv: torch.Tensor, num_heads: int):
     return qkv.view(qkv.shape[0], qkv.shape[1], 3, num_heads, -1).permute(2, 0, 3, 1, 4)
 
@@ -64,15 +89,15 @@ def double_block_forward(block, ops, stock, img, txt, vec, pe, attn_mask=None, m
                                        block.num_heads)
     txt_len, img_len = txt.shape[1], img.shape[1]
     flipped = getattr(block, "flipped_img_txt", False)
-    if compiled.fused("norm_rope", ops):
+    img_norm = _fused_qk_norm(block.img_attn.norm, img_q.dtype) if compiled.fused("norm_rope", ops) else None
+    txt_norm = _fused_qk_norm(block.txt_attn.norm, txt_q.dtype) if img_norm else None
+    if img_norm and txt_norm:
         from ..ops import rms_rope
         img_start, txt_start = (0, img_len) if flipped else (txt_len, 0)
         img_pe = _pe_slice(pe, img_start, img_start + img_len)
         txt_pe = _pe_slice(pe, txt_start, txt_start + txt_len)
-        img_q, img_k = rms_rope.flux_rms_rope(img_q, img_k, block.img_attn.norm.query_norm.scale,
-                                              block.img_attn.norm.key_norm.scale, img_pe)
-        txt_q, txt_k = rms_rope.flux_rms_rope(txt_q, txt_k, block.txt_attn.norm.query_norm.scale,
-                                              block.txt_attn.norm.key_norm.scale, txt_pe)
+        img_q, img_k = rms_rope.flux_rms_rope(img_q, img_k, *img_norm[0], img_pe, eps=img_norm[1])
+        txt_q, txt_k = rms_rope.flux_rms_rope(txt_q, txt_k, *txt_norm[0], txt_pe, eps=txt_norm[1])
         img_q, img_k, txt_q, txt_k = (t.to(img_v) for t in (img_q, img_k, txt_q, txt_k))
         attention_pe = None
     else:
@@ -112,9 +137,10 @@ def single_block_forward(block, ops, stock, x, vec, pe, attn_mask=None, modulati
     qkv, mlp = torch.split(block.linear1(_modulate(block.pre_norm, x, mod, ops)),
                            [3 * block.hidden_size, block.mlp_hidden_dim], dim=-1)
     q, k, v = _split_heads(qkv, block.num_heads)
-    if compiled.fused("norm_rope", ops):
+    norm = _fused_qk_norm(block.norm, q.dtype) if compiled.fused("norm_rope", ops) else None
+    if norm:
         from ..ops import rms_rope
-        q, k = rms_rope.flux_rms_rope(q, k, block.norm.query_norm.scale, block.norm.key_norm.scale, pe)
+        q, k = rms_rope.flux_rms_rope(q, k, *norm[0], pe, eps=norm[1])
         q, k = q.to(v), k.to(v)
         attn = attention(q, k, v, pe=None, mask=attn_mask, transformer_options=transformer_options)
     else:
@@ -127,5 +153,8 @@ def single_block_forward(block, ops, stock, x, vec, pe, attn_mask=None, modulati
     return x
 
 
-BLOCKS = (BlockSpec(DOUBLE, DOUBLE_PARAMETERS, double_block_forward, ("img_mod", "txt_mod")),
-          BlockSpec(SINGLE, SINGLE_PARAMETERS, single_block_forward, ("modulation",)))
+VARIANT = "flux_block_forward_0.3"
+BLOCKS = (BlockSpec(DOUBLE, DOUBLE_PARAMETERS, double_block_forward, ("img_mod", "txt_mod"), VARIANT,
+                    eras.flux_dependencies),
+          BlockSpec(SINGLE, SINGLE_PARAMETERS, single_block_forward, ("modulation",), VARIANT,
+                    eras.flux_dependencies))

@@ -68,6 +68,11 @@ AUTOGRAD_REASON = "autograd records this call (grad enabled and the input, weigh
 
 def decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
     """Why this module's FP8 forward must not run for input x (None: it may)."""
+    weight = getattr(module, "weight", None)
+    if weight is None or type(weight) not in (torch.Tensor, torch.nn.Parameter):
+        # DynamicVRAM leaves a Linear's weight None until it streams it in; comfy-kitchen's QuantizedTensor is a
+        # subclass whose layout the FP8 path does not read: the op's own forward handles both
+        return f"weight is {'None' if weight is None else type(weight).__name__}, not a plain tensor"
     if autograd_needs_stock(x, module.weight, getattr(module, "bias", None)):
         return AUTOGRAD_REASON
     return storage_decline_reason(module, x)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import BlockSpec, compiled, defining_module_global
+from . import BlockSpec, compiled, defining_module_global, eras
 
 BLOCK = "WanAttentionBlock"
 BLOCK_PARAMETERS = ("x", "e", "freqs", "context", "context_img_len", "transformer_options")
@@ -34,7 +34,11 @@ def _gated(x, y, gate, ops):
 
 
 def _fusable_qk_norm(attn) -> bool:
-    return all(getattr(getattr(attn, n, None), "weight", None) is not None for n in ("norm_q", "norm_k"))
+    """Both norms hold a weight the kernel may read as it is (ComfyUI casting or patching it per call - low VRAM,
+    LoRA on the fly - keeps the stock norms)."""
+    norms = [getattr(attn, n, None) for n in ("norm_q", "norm_k")]
+    return all(getattr(n, "weight", None) is not None and not getattr(n, "comfy_cast_weights", False)
+               and not getattr(n, "weight_function", None) and not getattr(n, "bias_function", None) for n in norms)
 
 
 def self_attention(block, attn, x, freqs, transformer_options, ops):
@@ -68,4 +72,5 @@ def block_forward(block, ops, stock, x, e, freqs, context, context_img_len=257, 
     return _gated(x, y, repeat_e(e[5], x), ops)
 
 
-BLOCKS = (BlockSpec(BLOCK, BLOCK_PARAMETERS, block_forward, ("modulation",)),)
+BLOCKS = (BlockSpec(BLOCK, BLOCK_PARAMETERS, block_forward, ("modulation",), "wan_block_forward_0.3",
+                    eras.wan_dependencies),)

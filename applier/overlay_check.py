@@ -1,0 +1,254 @@
+"""`applier overlay check`: which overlay variant each model family and op family of a ComfyUI tree would run.
+
+Static and torch-free: the target's ComfyUI files are read (fsutil.read_bytes_or_none) and parsed with `ast`, never
+imported. The code each variant depends on is found the way Python would bind it - a name in a module, followed
+through `from X import name` into the file that defines it - and fingerprinted with the overlay pack's own
+normaliser (`overlays/fused_dit/fingerprint.py`, loaded by path), then compared with the releases the pack records
+in `fused_dit/variants.json` (`fused_dit/variants.py`, loaded the same way). The node makes the same comparison at
+run time on the live objects, so both say the same thing about the same code.
+
+Per model family present in the tree (Flux, Flux.2, Chroma, HunyuanVideo, Wan 2.1/2.2, Qwen-Image, Lumina 2 /
+Z-Image) and per op family (norm_rope, adaln, gate, fp8_linear): the variant that would run and the release it
+was verified on, or why the family stays stock.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from applier.errors import BadTargetError, RefusedError
+from applier.fsutil import read_bytes_or_none
+from applier.resources import OVERLAYS_DIR
+
+PACK_PACKAGE = "fused_dit"
+BLOCKS = "{blocks}"
+FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
+MAX_IMPORT_HOPS = 8
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    model_file: str                       # the file whose presence says the tree has the model
+    block_class: str | None               # a block class its model builds (None: no overlay variant for it)
+    variant: str | None                   # the block-forward variant that would serve it
+    marker: str | None = None             # a class comfy/supported_models.py must define (for shared model files)
+    no_variant: str = ""                  # why there is none
+
+
+_NO_BLOCKS = "the overlay has no variant for this model's blocks: all families stay stock"
+MODEL_FAMILIES = (
+    ModelFamily("Flux", "comfy/ldm/flux/model.py", "DoubleStreamBlock", "flux_block_forward_0.3", "Flux"),
+    ModelFamily("Flux.2", "comfy/ldm/flux/model.py", "DoubleStreamBlock", "flux_block_forward_0.3", "Flux2"),
+    ModelFamily("Chroma", "comfy/ldm/chroma/model.py", "DoubleStreamBlock", "flux_block_forward_0.3", "Chroma"),
+    ModelFamily("HunyuanVideo", "comfy/ldm/hunyuan_video/model.py", "DoubleStreamBlock", "flux_block_forward_0.3",
+                "HunyuanVideo"),
+    ModelFamily("Wan 2.1", "comfy/ldm/wan/model.py", "WanAttentionBlock", "wan_block_forward_0.3"),
+    ModelFamily("Wan 2.2", "comfy/ldm/wan/model.py", "WanAttentionBlock", "wan_block_forward_0.3", "WAN22_T2V"),
+    ModelFamily("Qwen-Image", "comfy/ldm/qwen_image/model.py", None, None, "QwenImage", _NO_BLOCKS),
+    ModelFamily("Lumina 2", "comfy/ldm/lumina/model.py", None, None, "Lumina2", _NO_BLOCKS),
+    ModelFamily("Z-Image", "comfy/ldm/lumina/model.py", None, None, "ZImage", _NO_BLOCKS),
+)
+
+
+def load_pack_module(name: str, overlays_dir: Path = OVERLAYS_DIR) -> ModuleType:
+    """One torch-free module of the overlay pack (fingerprint, variants) by path, under a name of applier's own."""
+    qualified = f"applier_overlay_{name}"
+    loaded = sys.modules.get(qualified)
+    path = overlays_dir / PACK_PACKAGE / f"{name}.py"
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded
+    spec = importlib.util.spec_from_file_location(qualified, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise RefusedError(f"the overlay pack is missing {path}", hint="reinstall applier")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[qualified] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(qualified, None)
+        raise
+    return module
+
+
+class SourceTree:
+    """A ComfyUI tree's Python files, read and parsed once each, and names resolved through their imports."""
+
+    def __init__(self, root: Path, fingerprint: ModuleType):
+        self.root = root
+        self.fingerprint = fingerprint
+        self._parsed: dict[str, tuple[str, ast.Module] | None] = {}
+
+    def parsed(self, relpath: str) -> tuple[str, ast.Module] | None:
+        if relpath not in self._parsed:
+            data = read_bytes_or_none(self.root / relpath)
+            if data is None:
+                self._parsed[relpath] = None
+            else:
+                text = data.decode("utf-8", errors="replace")
+                try:
+                    self._parsed[relpath] = (text, ast.parse(text))
+                except SyntaxError:
+                    self._parsed[relpath] = None
+        return self._parsed[relpath]
+
+    def exists(self, relpath: str) -> bool:
+        return self.parsed(relpath) is not None
+
+    def module_file(self, from_file: str, module: str | None, level: int) -> str | None:
+        """The file an import names, relative to the root (a package's __init__.py), or None outside the tree."""
+        if level:
+            base = Path(from_file).parent
+            for _ in range(level - 1):
+                if base == Path("."):
+                    return None
+                base = base.parent
+            parts = [*base.parts, *(module.split(".") if module else [])]
+        else:
+            parts = module.split(".") if module else []
+        if not parts or any(p in ("", "..", ".") for p in parts):
+            return None
+        for candidate in ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py"):
+            if self.exists(candidate):
+                return candidate
+        return None
+
+    def definition(self, relpath: str, qualname: str, hops: int = 0) -> tuple[str, ast.AST]:
+        """(file, def/class node) that `qualname` names in `relpath`, following `from X import name`."""
+        parsed = self.parsed(relpath)
+        if parsed is None:
+            raise self.fingerprint.Unresolved(f"{relpath} is missing or does not parse")
+        first, _, rest = qualname.partition(".")
+        bindings = list(self.fingerprint.bindings_of(parsed[1], first))
+        if len(bindings) == 1 and isinstance(bindings[0], ast.ImportFrom) and hops < MAX_IMPORT_HOPS:
+            node = bindings[0]
+            alias = next(a for a in node.names if (a.asname or a.name) == first)
+            target = self.module_file(relpath, node.module, node.level)
+            if target is None:
+                raise self.fingerprint.Unresolved(f"{first} is imported from {node.module}, outside the tree")
+            return self.definition(target, alias.name + ("." + rest if rest else ""), hops + 1)
+        return relpath, self.fingerprint.find_definition(parsed[0], qualname)
+
+    def block_file(self, model_file: str, class_name: str) -> str | None:
+        """The file that defines the block class a model file builds (imported by name, used as
+        `comfy.x.y.Class`, or defined in the model file itself)."""
+        try:
+            return self.definition(model_file, class_name)[0]
+        except self.fingerprint.Unresolved:
+            pass
+        parsed = self.parsed(model_file)
+        for node in ast.walk(parsed[1]) if parsed else ():
+            if isinstance(node, ast.Attribute) and node.attr == class_name:
+                target = self.module_file(model_file, ast.unparse(node.value), 0)
+                if target is not None:
+                    try:
+                        return self.definition(target, class_name)[0]
+                    except self.fingerprint.Unresolved:
+                        continue
+        return None
+
+    def fingerprints(self, depends_on, blocks_file: str | None) -> tuple[dict, dict]:
+        """({dependency key: sha256 or None}, {dependency key: where it was found, or why it has none})."""
+        found, where = {}, {}
+        for key in depends_on:
+            file_part, _, qualname = key.partition(":")
+            relpath = blocks_file if file_part == BLOCKS else file_part
+            try:
+                if relpath is None:
+                    raise self.fingerprint.Unresolved("the model's block file was not found")
+                defined_in, node = self.definition(relpath, qualname)
+                found[key], where[key] = self.fingerprint.of_node(node), f"{defined_in}:{qualname}"
+            except self.fingerprint.Unresolved as exc:
+                found[key], where[key] = None, str(exc)
+        return found, where
+
+
+def _verdict_json(variants_module, spec, found: dict, where: dict, version: str | None) -> dict:
+    """A variant's verdict on this code; one that matches but is off by default (and not switched on in this
+    environment) is reported as not running, with why."""
+    verdict = variants_module.match(spec, found, where, prefer=version)
+    off = spec.switched_off() if verdict.matched else None
+    return {"variant": spec.name, "kind": spec.kind, "families": list(spec.families),
+            "verified_on": spec.verified_versions, "code_matches": verdict.verified_on,
+            "matched": None if off else verdict.verified_on,
+            "reason": f"code matches ComfyUI {verdict.verified_on}, but {off}" if off else verdict.reason,
+            "code": {key: {"sha256": found[key], "at": where[key]} for key in found}}
+
+
+def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_dir: Path = OVERLAYS_DIR,
+               variants_file: Path | None = None) -> dict:
+    """The report of `applier overlay check` for one ComfyUI folder (see the module docstring)."""
+    fingerprint = load_pack_module("fingerprint", overlays_dir)
+    variants_module = load_pack_module("variants", overlays_dir)
+    specs = variants_module.load(variants_file or overlays_dir / PACK_PACKAGE / "variants.json")
+    tree = SourceTree(Path(comfyui_root), fingerprint)
+    if not tree.exists("comfy/model_base.py") and not tree.exists("comfy/ops.py"):
+        raise BadTargetError(f"{comfyui_root} holds no ComfyUI code (comfy/model_base.py, comfy/ops.py)",
+                             hint="point --target at the ComfyUI folder (the one with main.py and comfy/)")
+    seams = {name: _verdict_json(variants_module, spec, *tree.fingerprints(spec.depends_on, None), comfyui_version)
+             for name, spec in specs.items() if spec.kind == variants_module.OP_SEAM}
+    supported = tree.parsed("comfy/supported_models.py")
+    model_classes = {n.name for n in supported[1].body if isinstance(n, ast.ClassDef)} if supported else set()
+    models = []
+    for family in MODEL_FAMILIES:
+        if not tree.exists(family.model_file) or (family.marker and family.marker not in model_classes):
+            continue
+        entry = {"model": family.name, "model_file": family.model_file, "families": {}}
+        if family.variant is None:
+            entry["families"] = {name: {"variant": None, "matched": None, "reason": family.no_variant}
+                                 for name in FAMILIES}
+        else:
+            spec = specs[family.variant]
+            entry["blocks_file"] = tree.block_file(family.model_file, family.block_class)
+            block_report = _verdict_json(variants_module, spec,
+                                         *tree.fingerprints(spec.depends_on, entry["blocks_file"]), comfyui_version)
+            entry["variants"] = {spec.name: block_report}
+            for name in FAMILIES:
+                entry["families"][name] = _family_verdict(name, block_report, seams, tree, entry["blocks_file"])
+        models.append(entry)
+    return {"comfyui_root": str(comfyui_root), "comfyui_version": comfyui_version, "models": models,
+            "seams": seams,
+            "variants": {name: {"kind": s.kind, "families": list(s.families), "verified_on": s.verified_versions,
+                                "about": s.about} for name, s in specs.items()}}
+
+
+ROPE_CALLERS = ("attention", "apply_rope1")     # what Flux-type blocks and Wan's blocks call for RoPE
+
+
+def _calls_rope_seam(tree: SourceTree, blocks_file: str | None, seam: dict) -> bool:
+    """Whether the model's blocks reach RoPE through the module the seam's code lives in."""
+    seam_files = {key.partition(":")[0] for key in seam["code"]}
+    for name in ROPE_CALLERS:
+        try:
+            if blocks_file and tree.definition(blocks_file, name)[0] in seam_files:
+                return True
+        except tree.fingerprint.Unresolved:
+            continue
+    return False
+
+
+def _family_verdict(family: str, block_report: dict, seams: dict, tree: SourceTree, blocks_file: str | None) -> dict:
+    """The variant one op family runs on one model: its block forward's, else a seam of that family."""
+    if block_report["matched"] and family in block_report["families"]:
+        source = block_report
+    else:
+        source = next((seam for seam in seams.values() if family in seam["families"]), None)
+        if source is None or family not in ("fp8_linear",) and not _calls_rope_seam(tree, blocks_file, source):
+            source = block_report
+        elif not source["matched"] and family not in ("fp8_linear",):
+            return {"variant": None, "matched": None,
+                    "reason": f"{block_report['variant']}: {block_report['reason']}; {source['variant']}: "
+                              f"{source['reason']}"}
+    if source is block_report and not source["matched"] and family != "fp8_linear":
+        return {"variant": None, "matched": None, "reason": f"{source['variant']}: {source['reason']}; no op seam "
+                "serves this family (ComfyUI computes it inline in the block forward)"}
+    return {"variant": source["variant"], "matched": source["matched"], "reason": source["reason"]}
+
+
+def speeds_up(report: dict) -> dict[str, list[str]]:
+    """{model: the op families that run a verified variant} of a check report."""
+    return {m["model"]: [f for f, v in m["families"].items() if v["matched"]] for m in report["models"]}
