@@ -96,6 +96,9 @@ KINDS: dict[str, Kind] = {
     "gpu-tests.txt": Kind(
         "pytest's summary of tests/overlays on the GPU for the code of gates.json and blocks.json",
         "python -m pytest tests/overlays -q -rs", "h200-2026-11-30-run34/pytest-overlays.txt", H200),
+    "fp8-host-calls.json": Kind(
+        "aten ops, launches and host microseconds per FP8 Linear call, and FP8 plans rebuilt per step through the "
+        "node, before and after issue 21.3 (CPU, the GPU work stubbed)", "", "", CPU),
     "fp8-host-overhead.json": Kind(
         "host microseconds per FP8 linear call before and after trimming its Python, and the block stack in fresh "
         "processes (an earlier FP8 path)",

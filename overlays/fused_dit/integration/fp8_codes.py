@@ -22,6 +22,11 @@ The swap goes through ComfyUI's own machinery, so that ModelPatcher's loading, o
   codes to the input's device and dtype per call, applies `weight_function` / `bias_function`, and multiplies by
   the scale, as ComfyUI's scaled-fp8 Linear does.
 
+Under ComfyUI's DynamicVRAM (`ModelPatcherDynamic`, is_dynamic() true) nothing is swapped: its loader streams
+each weight to the GPU per call and holds none resident for the model, so codes would save no GPU memory, and its
+LoRA path (weight_lowvram_function, applied to the streamed weight's plain values) would miss the codes' scale. The
+FP8 forward then runs through ComfyUI's cast instead (`fp8_weights`).
+
 The overlay's FP8 forward (`fp8_modules`) reads the codes as they are, with dynamic per-tensor activation scales
 (`fused_dit_dynamic_input`): the same codes, scales and GEMM as with the weights alongside, so the output is the
 same bits. Any call that FP8 forward declines runs this module's own forward: the dequantised weight, no longer
@@ -131,6 +136,17 @@ def codes_can_run(device) -> str | None:
     return None if choice.triton else choice.reason
 
 
+DYNAMIC_REASON = ("ComfyUI's DynamicVRAM streams the weights to the GPU per call and keeps none resident for "
+                  "the model: the FP8 forward quantises each streamed weight for its call (fp8_weights), and codes "
+                  "in the weights' place would take LoRA (weight_lowvram_function) in the codes' unscaled values")
+
+
+def dynamic_reason(patcher) -> str | None:
+    """Why codes must not take the weights' place under this patcher: ComfyUI's ModelPatcherDynamic."""
+    is_dynamic = getattr(patcher, "is_dynamic", None)
+    return DYNAMIC_REASON if callable(is_dynamic) and is_dynamic() else None
+
+
 def _original_weight(patcher, key: str, module: torch.nn.Linear) -> torch.Tensor:
     """The weight before ComfyUI's weight patches (LoRA): its backup while the model is loaded patched."""
     backup = getattr(patcher, "backup", {}).get(key)
@@ -146,7 +162,7 @@ def add_object_patches(patcher, modules: list[tuple[str, torch.nn.Module]]) -> R
     codes on the patcher's offload device until ComfyUI loads the clone.
     """
     load_device = getattr(patcher, "load_device", None)
-    reason = codes_can_run(load_device)
+    reason = codes_can_run(load_device) or dynamic_reason(patcher)
     if reason:
         return Replacement(0, 0, reason)
     store = torch.device(getattr(patcher, "offload_device", None) or "cpu")

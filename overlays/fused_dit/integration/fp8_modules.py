@@ -43,6 +43,7 @@ from .. import dispatch, library
 from ..ops import fp8_linear as op
 from ..ops.fp8_linear import OP, SUPPORTED_ACTIVATION_DTYPES
 from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
+from . import fp8_weights
 
 _CACHE_ATTR = "_fused_dit_fp8_weight"
 _PLAN_ATTR = "_fused_dit_fp8_plan"
@@ -75,7 +76,21 @@ def decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
         return f"weight is {'None' if weight is None else type(weight).__name__}, not a plain tensor"
     if autograd_needs_stock(x, module.weight, getattr(module, "bias", None)):
         return AUTOGRAD_REASON
+    if cast_by_comfy(module.__dict__):
+        return CAST_REASON
     return storage_decline_reason(module, x)
+
+
+CAST_REASON = ("ComfyUI casts this weight per call (DynamicVRAM streams it, or LoRA rides weight_lowvram_function): "
+               "the weight in place is not the one ComfyUI would use")
+
+
+def cast_by_comfy(attrs: dict) -> bool:
+    """Whether ComfyUI's loader left this module's weight to its cast: DynamicVRAM's vbar slot (`_v`) or a LoRA
+    applied to the streamed weight (`weight_lowvram_function` / `bias_lowvram_function`), from the module's
+    __dict__. Using the weight in place would drop that LoRA."""
+    return ("_v" in attrs or attrs.get("weight_lowvram_function") is not None
+            or attrs.get("bias_lowvram_function") is not None)
 
 
 def storage_decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
@@ -116,11 +131,22 @@ def _version_of(tensor: torch.Tensor):
     return tensor._version
 
 
-def _tensor_key(tensor: torch.Tensor | None) -> tuple:
-    """What identifies a parameter's current contents: identity, storage, device, in-place edits, dtype."""
+def _tensor_key(tensor: torch.Tensor | None, copied: bool = True) -> tuple:
+    """What identifies a parameter's current contents: identity, storage, device, in-place edits, dtype.
+
+    copied=False: what the FP8 path keeps of the tensor is a view of its storage (e4m3 codes, a bias already in the
+    input's dtype), which sees in-place edits by itself; its edit counter, and for inference tensors the enable
+    epoch, are left out, so the plan outlives the node's enable around every model call."""
     if tensor is None:
         return ()
-    return (id(tensor), tensor.data_ptr(), tensor.device, _version_of(tensor), tensor.dtype)
+    if type(tensor) not in _PLAIN_TENSOR_TYPES:
+        # a tensor subclass such as comfy-kitchen's QuantizedTensor: no storage pointer to read; the FP8 path
+        # keeps nothing of it (fp8_weights casts it per call)
+        return (id(tensor), type(tensor))
+    return (id(tensor), tensor.data_ptr(), tensor.device, _version_of(tensor) if copied else None, tensor.dtype)
+
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 @dataclass(frozen=True)
@@ -147,7 +173,7 @@ def weight_device(module: torch.nn.Module) -> torch.device:
 def fp8_weight_of(module: torch.nn.Module) -> op.Fp8Weight:
     """The module's FP8 weight, quantised on first use and re-quantised when the weight tensor changes."""
     weight = module.weight
-    key = _tensor_key(weight)
+    key = _tensor_key(weight, weight.dtype != FP8_DTYPE)
     cached = module.__dict__.get(_CACHE_ATTR)
     if cached is not None and (cached.source_key == key or _stored_intact(module) is not None):
         return cached
@@ -241,6 +267,8 @@ class Fp8Plan:
     decline_reason: str | None
     weight: op.Fp8Weight | None         # None when declined
     bias: torch.Tensor | None        # in the input's dtype and device
+    # declined for the weight in place, but ComfyUI's cast gives one the FP8 GEMM takes (fp8_weights): x -> output
+    cast_forward: object = None
 
 
 # Per module class: whether `module.weight` / `module.bias` can be read straight from module._parameters. True
@@ -307,11 +335,16 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
         functions = attrs.get("bias_function")
         if functions is None:
             functions = getattr(cls, "bias_function", None)
-    key = (_tensor_key(weight), _tensor_key(bias),
-           x.device, x.dtype,
+    dtype = x.dtype
+    # the plan keeps a copy of the weight (its quantised codes) only for a bf16/fp16/fp32 weight on x's device or
+    # stored in host memory by store_fp8_only: only then must the key see in-place edits
+    key = (_tensor_key(weight, weight is not None and weight.dtype != FP8_DTYPE
+                       and (weight.device == x.device or _STORED_ATTR in attrs)),
+           _tensor_key(bias, bias is not None and (bias.dtype != dtype or bias.device != x.device)),
+           x.device, dtype,
            _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
                                 or (bias is not None and bias.requires_grad)),
-           bool(functions), _backend_env())
+           bool(functions) or cast_by_comfy(attrs), _backend_env())
     plan = attrs.get(_PLAN_ATTR)
     if plan is not None and plan.key == key:
         return plan
@@ -319,7 +352,8 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
     if reason is None:
         plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x))
     else:
-        plan = Fp8Plan(key, reason, None, None)
+        plan = Fp8Plan(key, reason, None, None,
+                       fp8_weights.cast_forward_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None)
     attrs[_PLAN_ATTR] = plan
     return plan
 
@@ -330,13 +364,16 @@ def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) 
         return _traced_linear_forward(module, x, stock_forward)
     plan = fp8_plan_of(module, x)
     if plan.decline_reason is not None:
+        if plan.cast_forward is not None:
+            return plan.cast_forward(x)
         return _declined(module, plan.decline_reason, stock_forward, x)
     return op.linear_fp8_triton(x, plan.weight, plan.bias)
 
 
 def is_linear(module: torch.nn.Module) -> bool:
-    """A torch Linear or anything shaped like one (ComfyUI's ops.*.Linear subclass torch.nn.Linear)."""
-    return isinstance(module, torch.nn.Linear)
+    """A torch Linear or anything shaped like one (ComfyUI's ops.*.Linear subclass torch.nn.Linear; its
+    mixed-precision ops' Linear, holding QuantizedTensor weights, is a Linear-shaped op: fp8_weights)."""
+    return isinstance(module, torch.nn.Linear) or fp8_weights.is_comfy_linear_op(module)
 
 
 def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) -> torch.Tensor:
@@ -345,11 +382,15 @@ def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) ->
         return _traced_ffn_forward(ffn, x, stock_forward)
     fc_in, _, fc_out = ffn[0], ffn[1], ffn[2]
     plan_in = fp8_plan_of(fc_in, x)
-    if plan_in.decline_reason is not None:
+    if plan_in.cast_forward is not None:
+        hidden = plan_in.cast_forward(x)
+    elif plan_in.decline_reason is not None:
         hidden = _declined(fc_in, plan_in.decline_reason, stock_forward_of(fc_in), x)
     else:
         hidden = op.linear_fp8_triton(x, plan_in.weight, plan_in.bias)
     plan_out = fp8_plan_of(fc_out, hidden)
+    if plan_out.cast_forward is not None:
+        return plan_out.cast_forward(F.gelu(hidden, approximate="tanh"))
     if plan_out.decline_reason is not None:
         return _declined(fc_out, plan_out.decline_reason, stock_forward_of(fc_out),
                          F.gelu(hidden, approximate="tanh"))

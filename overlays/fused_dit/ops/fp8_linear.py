@@ -25,8 +25,8 @@ import torch
 
 # imported here, not inside the functions: a function-level import costs microseconds on every call
 from .gelu_quantize_fp8 import gelu_quantize_comfy_triton, gelu_quantize_dynamic_triton
-from .quantize_fp8 import (fp8_choice, quantize_comfy_triton, quantize_dynamic_triton, quantize_fp8_comfy,
-                           quantize_fp8_dynamic)
+from .quantize_fp8 import (fp8_choice, gemm_stats, quantize_comfy_triton, quantize_dynamic_triton,
+                           quantize_fp8_comfy, quantize_fp8_dynamic)
 
 OP = "fp8_linear"
 SUPPORTED_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -133,7 +133,8 @@ def _quantized_gemm(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | Non
         a_codes = quantize_static(x2d, weight.input_scale)
         a_scale = weight.activation_scale
     else:
-        a_codes, a_scale = quantize_dynamic(x2d)
+        # the stats buffer is the stream's own (gemm_stats): no allocation and no select per call
+        a_codes, a_scale = quantize_dynamic(x2d, scratch=gemm_stats(x.device))
     out = _scaled_mm(a_codes, a_scale, weight.codes_t, weight.scale_fp32, bias, x.dtype,
                      settings.fast_accum and not weight.static_input)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])

@@ -158,8 +158,10 @@ def _gelu_launch_cached(n: int, launch: QuantizeLaunch) -> tuple:
     return cached
 
 
-def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False,
-                                 launch: QuantizeLaunch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
+def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False, launch: QuantizeLaunch = LAUNCH,
+                                 scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """scratch: as op5.quantize_dynamic_triton's (a reused stats buffer from op5.gemm_stats)."""
     n = h.numel()
     if n > op5.MAX_KERNEL_ELEMENTS:
         codes, scale = gelu_quantize_fp8_dynamic_reference(h)
@@ -168,7 +170,10 @@ def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False,
     out, written = new_output(source, out_fp32)
     grid_setting = _gelu_launch_cached(n, launch)
     grid, iterations, max_partials = grid_setting
-    stats = torch.empty(grid[0] + 1, device=h.device, dtype=torch.float32)
+    if scratch is None or launch is not LAUNCH:
+        stats, scale = torch.empty(grid[0] + 1, device=h.device, dtype=torch.float32), None
+    else:
+        stats, scale = scratch
     use_libdevice = _libdevice_tanh(h.device)
     block, num_warps = launch.elements_per_iteration, launch.num_warps
     # the launches' specialisation, as in op5.quantize_dynamic_triton (see fused_dit.launch): the grid tuple
@@ -180,7 +185,7 @@ def gelu_quantize_dynamic_triton(h: torch.Tensor, out_fp32: bool = False,
     run_kernel(_gelu_quantize_kernel, grid, key, source, written, stats, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
                True, False, use_libdevice, not out_fp32, block, max_partials, num_warps=num_warps)
     # slot 0 of the stats buffer: the scale (see op5.new_stats)
-    return out, stats[0]
+    return out, (stats[0] if scale is None else scale)
 
 
 def gelu_quantize_comfy_triton(h: torch.Tensor, scale_input: torch.Tensor | None = None,

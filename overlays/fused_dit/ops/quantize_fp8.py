@@ -396,8 +396,31 @@ def _dynamic_launch_cached(n: int, device: torch.device, element_size: int, laun
     return cached
 
 
-def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False,
-                            launch: QuantizeLaunch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
+_gemm_stats: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def gemm_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stats buffer for any grid of the default launch setting, its slot 0 as the 0-dim scale) for the FP8 GEMM
+    path on the current stream of `device`: allocated once per (device, stream) instead of per call.
+
+    The scale a quantiser leaves in slot 0 is read only by the torch._scaled_mm queued right after it on the same
+    stream, and the next quantisation on that stream runs after that GEMM, so one buffer per stream serves every
+    call without a race; it saves an allocation and a select per FP8 Linear call. The public quantisers keep
+    returning a fresh scale (their callers may keep it).
+    """
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None
+    key = (device, stream)
+    scratch = _gemm_stats.get(key)
+    if scratch is None:
+        scratch = _gemm_stats[key] = new_stats(LAUNCH.max_programs, device)
+    return scratch
+
+
+def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False, launch: QuantizeLaunch = LAUNCH,
+                            scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Op 5's dynamic kernels. scratch: a (stats, scale) pair from gemm_stats (default launch only) to reuse
+    instead of a fresh stats buffer; the returned scale is then that pair's scale."""
     n = x.numel()
     if n > MAX_KERNEL_ELEMENTS:
         codes, scale = quantize_fp8_dynamic_reference(x)
@@ -407,7 +430,11 @@ def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False,
     grid_setting = _dynamic_launch_cached(n, device, x.element_size(), launch)
     grid, iterations, keep_from, block, hints, num_warps, max_partials = grid_setting
     out, written = new_output(source, out_fp32)
-    stats = torch.empty(grid[0] + 1, device=device, dtype=torch.float32)
+    if scratch is None or launch is not LAUNCH:
+        stats = torch.empty(grid[0] + 1, device=device, dtype=torch.float32)
+        scale = None
+    else:
+        stats, scale = scratch
     # what the two launches specialise on: source's dtype and alignment, n and the grid derived from it (every
     # other int argument and constexpr); out and stats are fresh allocations, always aligned. See fused_dit.launch
     key = (source.dtype, source.data_ptr() % 16 == 0, n, out_fp32, grid_setting)
@@ -415,7 +442,7 @@ def quantize_dynamic_triton(x: torch.Tensor, out_fp32: bool = False,
     run_kernel(_quantize_dynamic_kernel, grid, key, source, written, stats, n, iterations, ABSMAX_FLOOR, E4M3_MAX,
                not out_fp32, block, max_partials, hints, num_warps=num_warps)
     # slot 0 of the stats buffer: the scale (see new_stats)
-    return out, stats[0]
+    return out, (stats[0] if scale is None else scale)
 
 
 def comfy_reciprocal(scale_input: torch.Tensor | None, source: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,189 @@
+"""FP8 linears on weights ComfyUI casts per call: DynamicVRAM, low VRAM, LoRA functions, its quantized layers.
+
+`fp8_modules` runs the FP8 GEMM on a weight that sits on the input's device as a plain tensor. ComfyUI's 2026
+weight system often hands a Linear no such weight until the call:
+- DynamicVRAM (`ModelPatcherDynamic`, main.py's default on NVIDIA since 0.13): weights stay in host memory and are
+  streamed to the GPU on demand; every module has `comfy_cast_weights` set, LoRA rides `weight_lowvram_function`;
+- the legacy ModelPatcher's low-VRAM mode, and LoRA applied on the fly (`weight_function` / `bias_function`);
+- quantized checkpoints (fp8 and others) load as mixed-precision ops whose weight is a comfy-kitchen
+  `QuantizedTensor` (codes and a `scale`); they are not `nn.Linear`.
+In each case ComfyUI's own op forward gets its weight from the cast function of the ops module that defines it
+(`comfy.ops.cast_bias_weight`, with `uncast_bias_weight` after the GEMM since 0.8): it streams the weight in,
+applies LoRA and the weight functions and gives back a tensor on the input's device. `cast_forward_for` builds the
+same call for the FP8 path, so nothing of ComfyUI's streaming, offload or LoRA is bypassed:
+- the cast gives a QuantizedTensor of ComfyUI's per-tensor e4m3 layout (its fp8 checkpoint, LoRA already requantised
+  into it by the cast): its codes and scale go to torch._scaled_mm as they are; the activations get the overlay's
+  dynamic per-tensor scale;
+- the cast gives a plain bf16/fp16/fp32 weight (with LoRA and weight functions applied by ComfyUI): it is quantised
+  for this call only (op 5) and dropped after the GEMM, so no second copy of any weight stays on the GPU.
+Everything else runs the op's own forward, said once (logger `fused_dit`): other layouts (nvfp4, mxfp8, int8),
+ComfyUI's full-precision or forced-cast flags, AWQ `pre_quant_scale`, inputs the FP8 GEMM cannot take. The pack's
+own `fp8_codes.Fp8CodesLinear` keeps its own forward (its weight functions see the codes' values).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .. import dispatch
+from ..ops import fp8_linear as op
+from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
+
+OP = op.OP
+# comfy-kitchen / ComfyUI layout names of a per-tensor e4m3 weight (comfy/quant_ops.py since 0.8)
+FP8_LAYOUTS = frozenset({"TensorCoreFP8Layout", "TensorCoreFP8E4M3Layout"})
+PLAIN_WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class CastSeam:
+    """ComfyUI's cast functions for one op class, and which arguments they take in that release."""
+    cast: Callable                 # cast_bias_weight(s, input, dtype, device, bias_dtype, ...)
+    uncast: Callable | None        # uncast_bias_weight(s, weight, bias, offload_stream), 0.8 onward
+    offloadable: bool              # cast takes offloadable= and then returns (weight, bias, offload_stream)
+    requant: bool                  # cast takes compute_dtype= / want_requant= (0.24 onward)
+    quantized_type: type | None    # the QuantizedTensor class that namespace uses, when it has one
+
+
+def _namespace_of(cls: type) -> dict | None:
+    method = getattr(cls, "forward_comfy_cast_weights", None)
+    namespace = getattr(method, "__globals__", None)
+    if namespace is None and cls.__module__ in sys.modules:
+        namespace = vars(sys.modules[cls.__module__])
+    return namespace
+
+
+@functools.lru_cache(maxsize=64)
+def cast_seam_of(cls: type) -> CastSeam | None:
+    """The cast seam of a ComfyUI op class (found through its forward_comfy_cast_weights' module), else None."""
+    namespace = _namespace_of(cls)
+    cast = None if namespace is None else namespace.get("cast_bias_weight")
+    if not callable(cast):
+        return None
+    try:
+        parameters = inspect.signature(cast).parameters
+    except (TypeError, ValueError):
+        return None
+    if not {"s", "input", "dtype", "device", "bias_dtype"} <= set(parameters):
+        return None
+    quantized = namespace.get("QuantizedTensor")
+    uncast = namespace.get("uncast_bias_weight")
+    return CastSeam(cast=cast, uncast=uncast if callable(uncast) else None,
+                    offloadable="offloadable" in parameters,
+                    requant={"compute_dtype", "want_requant"} <= set(parameters),
+                    quantized_type=quantized if isinstance(quantized, type) else None)
+
+
+def is_comfy_linear_op(module: torch.nn.Module) -> bool:
+    """A ComfyUI Linear op, nn.Linear or not (mixed-precision ops' Linear is a plain nn.Module): it casts its weight
+    through forward_comfy_cast_weights and has Linear's features."""
+    return (hasattr(type(module), "forward_comfy_cast_weights") and isinstance(getattr(module, "in_features", None), int)
+            and isinstance(getattr(module, "out_features", None), int) and "weight" in module._parameters)
+
+
+def quantized_layout(weight) -> str | None:
+    """The layout name of a QuantizedTensor-like weight (its `_layout_cls`, a name in ComfyUI's registry), else None."""
+    layout = getattr(weight, "_layout_cls", None)
+    if layout is None:
+        return None
+    return layout if isinstance(layout, str) else getattr(layout, "__name__", str(layout))
+
+
+def fp8_codes_and_scale(weight, out_features: int, in_features: int):
+    """(codes [N, K] e4m3, fp32 0-dim scale) of a per-tensor e4m3 QuantizedTensor, or (None, why not)."""
+    layout = quantized_layout(weight)
+    if layout not in FP8_LAYOUTS:
+        return None, f"quantized layout {layout} (the FP8 path reads per-tensor e4m3 only)"
+    codes = getattr(weight, "_qdata", None)
+    scale = getattr(getattr(weight, "_params", None), "scale", None)
+    if not isinstance(codes, torch.Tensor) or not isinstance(scale, torch.Tensor):
+        return None, f"{layout} without _qdata / _params.scale tensors"
+    if codes.dtype != FP8_DTYPE or tuple(codes.shape) != (out_features, in_features) or scale.numel() != 1:
+        return None, (f"{layout} codes {codes.dtype}{tuple(codes.shape)} with a scale of {scale.numel()} "
+                      f"elements (expected e4m3 [{out_features}, {in_features}] and one scale)")
+    return codes, scale.reshape(()).float()
+
+
+def static_decline(module: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """Why the cast seam must leave this call to the op's own forward, from what is known before casting."""
+    from ..integration.fp8_codes import Fp8CodesLinear
+    if isinstance(module, Fp8CodesLinear):
+        return "the pack's own FP8 codes Linear keeps its forward for cast weights"
+    if not is_comfy_linear_op(module):
+        return f"{type(module).__name__} has no ComfyUI cast (forward_comfy_cast_weights)"
+    seam = cast_seam_of(type(module))
+    if seam is None:
+        return f"{type(module).__name__}: its ops module has no cast_bias_weight this seam knows"
+    if torch.is_grad_enabled() and (x.requires_grad or any(
+            p is not None and p.requires_grad for p in (module._parameters.get("weight"),
+                                                         module._parameters.get("bias")))):
+        return "autograd records this call"
+    if x.dtype not in op.SUPPORTED_ACTIVATION_DTYPES:
+        return f"input dtype {x.dtype} (FP8 GEMM output needs bf16/fp16)"
+    if module.in_features % 16 or module.out_features % 16:
+        return f"features {module.in_features}x{module.out_features} not divisible by 16 (torch._scaled_mm)"
+    for flag, why in (("_full_precision_mm", "ComfyUI runs this layer in full precision"),
+                      ("comfy_force_cast_weights", "ComfyUI forces a cast of this layer"),
+                      ("pre_quant_scale", "AWQ pre_quant_scale smoothing")):
+        if getattr(module, flag, None) not in (None, False):
+            return why
+    weight = module._parameters.get("weight")
+    layout = quantized_layout(weight)
+    if layout is not None:
+        if seam.quantized_type is None or not isinstance(weight, seam.quantized_type):
+            return f"weight {type(weight).__name__} is not the QuantizedTensor of {type(module).__name__}'s ops"
+        if layout not in FP8_LAYOUTS:
+            return f"quantized layout {layout} (the FP8 path reads per-tensor e4m3 only)"
+    elif weight is not None and weight.dtype not in PLAIN_WEIGHT_DTYPES:
+        return f"weight dtype {weight.dtype}"
+    choice = dispatch.choose(OP, x, min_capability=FP8_MIN_CAPABILITY)
+    return None if choice.triton else choice.reason
+
+
+def cast_forward_for(module: torch.nn.Module, x: torch.Tensor) -> Callable | None:
+    """The FP8 forward through ComfyUI's cast for this module and inputs like x, or None (said once why) where
+    the op's own forward must run. Built once per plan (fp8_modules), not per call."""
+    reason = static_decline(module, x)
+    if reason is not None:
+        dispatch.say_once(OP, "stock forward (cast seam)", reason)
+        return None
+    seam = cast_seam_of(type(module))
+    return functools.partial(cast_forward, module, seam)
+
+
+def _cast(module, seam: CastSeam, x: torch.Tensor):
+    """ComfyUI's cast as its own Linear forwards call it: (weight, bias, offload_stream or None)."""
+    kwargs = {}
+    if seam.offloadable:
+        kwargs["offloadable"] = True
+    if seam.requant:
+        # as ComfyUI's mixed-precision Linear does for a quantized input: LoRA requantised into the layout
+        kwargs.update(compute_dtype=x.dtype, want_requant=True)
+    result = seam.cast(module, x, **kwargs)
+    return (*result, None) if len(result) == 2 else result
+
+
+def cast_forward(module: torch.nn.Module, seam: CastSeam, x: torch.Tensor) -> torch.Tensor:
+    """One call: the weight from ComfyUI's cast, the FP8 GEMM on it, ComfyUI's uncast after."""
+    weight, bias, offload_stream = _cast(module, seam, x)
+    try:
+        if seam.quantized_type is not None and isinstance(weight, seam.quantized_type):
+            codes, scale = fp8_codes_and_scale(weight, module.out_features, module.in_features)
+            if codes is None:           # a layout the cast produced that the static check could not see
+                dispatch.say_once(OP, "stock forward (cast seam)", scale)
+                return module.forward_comfy_cast_weights(x)
+        else:
+            # the weight as ComfyUI made it for this call (LoRA and weight functions applied): codes for this call only
+            codes, scale = op.quantize_weight_fp8(weight)
+        fp8_weight = op.Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=())
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        return op.linear_fp8_triton(x, fp8_weight, bias)
+    finally:
+        if seam.uncast is not None and offload_stream is not None:
+            seam.uncast(module, weight, bias, offload_stream)
