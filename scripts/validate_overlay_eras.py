@@ -197,6 +197,28 @@ def _count_kernel_launches() -> dict[str, int]:
     return counts
 
 
+def _attention_seam(run, inputs) -> dict:
+    """What ComfyUI's attention seam hands an `optimized_attention_override` in this tree (the attention family's
+    contract: the function's name, and the comfy.ops it reaches with or without SDPA_BACKEND_PRIORITY)."""
+    import torch
+    from fused_dit.integration import attention
+    seen = []
+
+    def recorder(func, *args, **kwargs):
+        ops_module = attention._ops_module(func)
+        seen.append((getattr(func, "__name__", "?"), getattr(ops_module, "__name__", None),
+                     isinstance(getattr(ops_module, attention.PRIORITY, None), list)))
+        return func(*args, **kwargs)
+
+    with torch.inference_mode():
+        run(inputs, {"optimized_attention_override": recorder})
+    return {"calls": len(seen), "functions": sorted({s[0] for s in seen}),
+            "ops_module": sorted({str(s[1]) for s in seen}), "sdpa_priority_list": sorted({s[2] for s in seen}),
+            "note": "with --cpu ComfyUI picks attention_sub_quad and comfy.ops has SDPA_BACKEND_PRIORITY only with "
+                    "CUDA, so the attention family passes every call through here; it acts on attention_pytorch "
+                    "with CUDA tensors"}
+
+
 def runtime_child(tree: Path) -> dict:
     """In this (child) process: import the tree's model code and check the node's recognition on it."""
     import os
@@ -256,6 +278,7 @@ def runtime_child(tree: Path) -> dict:
                                  bit_identical=bool(torch.equal(overlaid, stock)))
             entry[setting] = run_entry
         os.environ.pop("FUSED_DIT_SEAMS", None)
+        entry["attention_seam"] = _attention_seam(run, inputs)
         result["models"][name] = entry
     return result
 

@@ -10,7 +10,8 @@ caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per p
 persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
 anything else raises a clear error when the node runs. Each op family runs only the variant verified for the code
 the loaded model runs (fused_dit.variants); the node says once, per family, which variant runs or why it stays
-stock (logger `fused_dit`, shown on ComfyUI's console).
+stock (logger `fused_dit`, shown on ComfyUI's console). The `attention` toggle (off by default) sets the clone's
+`optimized_attention_override` to the fastest exact SDPA backend per shape (fused_dit.integration.attention).
 
 ComfyUI is imported lazily inside the node so the package imports without it (tests use fakes).
 """
@@ -81,13 +82,18 @@ class FusedDiTOps:
             "fp8_linear": ("BOOLEAN", {"default": False,
                                        "tooltip": "FP8 GEMMs for the blocks' Linear layers (sm_89+; lossy)"}),
         }, "optional": {
+            "attention": ("BOOLEAN", {
+                "default": False,
+                "tooltip": "run ComfyUI's own attention with the fastest exact SDPA backend for each shape "
+                           "(measured once per shape on the GPU; off: stock)"}),
             "fp8_weights": (list(FP8_WEIGHTS), {
                 "default": "replace",
                 "tooltip": "with fp8_linear: 'replace' keeps only FP8 codes of those Linears on the GPU (half "
                            "their memory); 'alongside' keeps the bf16 weights too (exact bf16 where FP8 declines)"}),
         }}
 
-    def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False, fp8_weights="replace"):
+    def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False, fp8_weights="replace",
+              attention=False):
         import fused_dit
         from fused_dit.integration import supported_blocks
 
@@ -105,6 +111,9 @@ class FusedDiTOps:
         patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
         if ops:
             patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(ops))
+        if attention:
+            from fused_dit.integration import attention as attention_family
+            say_once(f"attention: {attention_family.install(patched.model_options)}")
         if fp8_linear and fp8_weights == "replace":
             from fused_dit.integration import fp8_linear_modules
             from fused_dit.integration.fp8_codes import add_object_patches

@@ -1,0 +1,123 @@
+"""The attention family (issue 21): ComfyUI's own attention call, run by the fastest exact SDPA backend per shape.
+
+It goes through ComfyUI's attention seam: the node puts `FastestSdpa` into the model's
+`transformer_options["optimized_attention_override"]`, which ComfyUI's `wrap_attn` calls as `override(func, *args,
+**kwargs)` for every attention of that model (0.3.64 and later). Where `func` is ComfyUI's `attention_pytorch` on
+CUDA tensors and the release orders SDPA backends through `comfy.ops.SDPA_BACKEND_PRIORITY`, the call runs with that
+list reordered so the backend measured fastest for this shape comes first: flash, cuDNN and memory-efficient are
+all exact attention (they differ from one another at the output dtype's rounding), and a backend whose output
+differs from the release's own order by more than `TOLERANCE` (relative to the output's scale) is never chosen.
+Each shape (q, k, v shapes, dtype, device, mask or not) is measured once, on its first call, and the choice cached.
+
+Everything else is ComfyUI's call as it was: another attention function (sage, flash-attn, split, sub-quadratic),
+CPU tensors, a release without the priority list, or another node's override already in place (then this one
+steps aside, so that node's choice stands). With the toggle off nothing is installed: stock bits.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+log = logging.getLogger("fused_dit")
+PRIORITY = "SDPA_BACKEND_PRIORITY"
+TOLERANCE = 2 ** -7          # bf16's ulp at 1: rounding-level differences only
+REPEATS = 3
+
+
+def _ops_module(func):
+    """comfy.ops as `func` (ComfyUI's attention_pytorch) reaches it, or None."""
+    comfy = getattr(func, "__globals__", {}).get("comfy")
+    return getattr(comfy, "ops", None)
+
+
+@contextlib.contextmanager
+def first_in_priority(ops_module, backend):
+    """comfy.ops.SDPA_BACKEND_PRIORITY with `backend` moved first, for the span of one call (the function that reads
+    it looks the list up at call time); the very list object is put back."""
+    saved = getattr(ops_module, PRIORITY)
+    setattr(ops_module, PRIORITY, [backend, *(b for b in saved if b != backend)])
+    try:
+        yield
+    finally:
+        setattr(ops_module, PRIORITY, saved)
+
+
+def cuda_timer(fn) -> float:
+    """Median milliseconds of fn() over REPEATS runs after one warm-up, by CUDA events."""
+    fn()
+    times = []
+    for _ in range(REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+class FastestSdpa:
+    """An `optimized_attention_override` that picks the fastest exact SDPA backend per shape (see the module)."""
+
+    def __init__(self, timer=cuda_timer, devices=("cuda",)):
+        self.timer = timer
+        self.devices = devices
+        self.choices: dict[tuple, object] = {}      # shape key -> backend moved first (None: the release's order)
+
+    def _applies(self, func, args) -> object | None:
+        ops_module = _ops_module(func)
+        q = args[0] if args else None
+        if (getattr(func, "__name__", "") != "attention_pytorch" or ops_module is None
+                or not isinstance(getattr(ops_module, PRIORITY, None), list) or not isinstance(q, torch.Tensor)
+                or q.device.type not in self.devices):
+            return None
+        return ops_module
+
+    def __call__(self, func, *args, **kwargs):
+        ops_module = self._applies(func, args)
+        if ops_module is None:
+            return func(*args, **kwargs)
+        key = (tuple(tuple(t.shape) for t in args[:3] if isinstance(t, torch.Tensor)), args[0].dtype,
+               args[0].device, kwargs.get("mask") is None, kwargs.get("skip_reshape", False))
+        if key not in self.choices:
+            self.choices[key] = self._measure(ops_module, func, args, kwargs, key)
+        backend = self.choices[key]
+        if backend is None:
+            return func(*args, **kwargs)
+        with first_in_priority(ops_module, backend):
+            return func(*args, **kwargs)
+
+    def _measure(self, ops_module, func, args, kwargs, key):
+        """The backend to put first for this shape: the fastest whose output stays within TOLERANCE of the
+        release's own order (None where the release's order is the fastest)."""
+        stock = func(*args, **kwargs)
+        scale = float(stock.abs().max()) or 1.0
+        best, best_ms = None, self.timer(lambda: func(*args, **kwargs))
+        timings = {"release order": best_ms}
+        for backend in list(getattr(ops_module, PRIORITY)):
+            try:
+                with first_in_priority(ops_module, backend):
+                    out = func(*args, **kwargs)
+                    if float((out - stock).abs().max()) > TOLERANCE * scale:
+                        timings[str(backend)] = "not exact"
+                        continue
+                    ms = self.timer(lambda: func(*args, **kwargs))
+            except RuntimeError as exc:           # a backend that cannot take this shape
+                timings[str(backend)] = f"unavailable ({exc})"[:80]
+                continue
+            timings[str(backend)] = ms
+            if ms < best_ms:
+                best, best_ms = backend, ms
+        log.info("fused_dit: attention %s -> %s first (%s)", key[0], best or "the release's order", timings)
+        return best
+
+
+def install(model_options: dict, override: FastestSdpa | None = None) -> str:
+    """Put the override into a (cloned) ModelPatcher's model_options; returns what it did, in words."""
+    transformer_options = model_options.setdefault("transformer_options", {})
+    if "optimized_attention_override" in transformer_options:
+        return "stock: another node's attention override is in place and keeps its choice"
+    transformer_options["optimized_attention_override"] = override or FastestSdpa()
+    return "fastest exact SDPA backend per shape, measured once"
