@@ -96,6 +96,9 @@ KINDS: dict[str, Kind] = {
     "gpu-tests.txt": Kind(
         "pytest's summary of tests/overlays on the GPU for the code of gates.json and blocks.json",
         "python -m pytest tests/overlays -q -rs", "h200-2026-11-30-run34/pytest-overlays.txt", H200),
+    "fp8-eras.json": Kind(
+        "the FP8 seam on real ComfyUI trees (0.3.64 to 0.33.0): ComfyUI's cast found, LoRA weight functions kept, "
+        "mixed-precision fp8 layers run on their own codes and scale (CPU, FP8 GEMM emulated)", "", "", CPU),
     "fp8-host-calls.json": Kind(
         "aten ops, launches and host microseconds per FP8 Linear call, and FP8 plans rebuilt per step through the "
         "node, before and after issue 21.3 (CPU, the GPU work stubbed)", "", "", CPU),

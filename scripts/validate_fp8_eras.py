@@ -1,0 +1,174 @@
+"""Maintainer script: the FP8 seam's reach into ComfyUI's weight system, checked against real trees of several eras.
+
+For each tree (a folder of ComfyUI's code, never committed), in a child process on the CPU with the FP8 GEMM
+emulated from the same codes (fused_dit.testing.fp8_emulated), through the tree's own comfy.ops and comfy-kitchen:
+1. the cast seam fused_dit.integration.fp8_weights finds for the tree's Linear ops (cast_bias_weight's arguments,
+   uncast_bias_weight, the QuantizedTensor class);
+2. a LoRA as the legacy ModelPatcher's low-VRAM mode attaches it (`weight_function` on a `manual_cast.Linear`): the
+   FP8 forward runs through the tree's cast and its output moves by the LoRA's effect;
+3. where the tree has mixed-precision ops (0.8 on), an fp8 layer loaded by the tree's own `_load_from_state_dict`
+   from a `.comfy_quant` state dict: the FP8 forward gives torch._scaled_mm that layer's own codes and scale (no
+   re-quantisation; output equal to the emulated GEMM of those codes) and is compared with ComfyUI's own forward;
+4. whether the tree has ModelPatcherDynamic (DynamicVRAM) and `is_dynamic`, which the node's replace path reads;
+5. whether each Linear op class's forward is one the FP8 seam was verified on (variants.json), as the node decides.
+DynamicVRAM's streaming itself needs comfy-aimdo and a CUDA device (on a CPU ComfyUI's cast takes its CPU branch):
+the JSON says so; benchmarks/generation.py's overlay_fp8 / overlay_all_fp8 configs measure it on the GPU.
+Modules the trees import that this machine lacks and that have nothing to do with the ops are stubbed (as in
+validate_overlay_eras.py) and listed.
+
+    python scripts/validate_fp8_eras.py --tree 0.3.64=DIR --tree 0.33.0=DIR ... [--out benchmarks/results/fp8-eras.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEPS = REPO / ".cache" / "eras-deps"      # comfy-kitchen and friends for the child (pip --target), never committed
+
+
+def _error(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def runtime_child(tree: Path) -> dict:
+    import os
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path[:0] = [str(REPO / "scripts"), str(tree), str(REPO / "overlays"), str(DEPS)]
+    from validate_overlay_eras import _install_stubs
+    stubbed: list[str] = []
+    _install_stubs(stubbed)
+    sys.argv = ["main.py", "--cpu"]
+    import comfy.options
+    comfy.options.enable_args_parsing()
+    import comfyui_version
+    import torch
+    import comfy.model_patcher
+    import comfy.ops
+    from fused_dit.integration import eras, fp8_modules, fp8_weights
+    from fused_dit.ops import fp8_linear as fl
+    from fused_dit.testing import fp8_emulated
+
+    result: dict = {"comfyui_version": comfyui_version.__version__, "stubbed_unrelated_modules": stubbed}
+    generator = torch.Generator().manual_seed(0)
+    seam = fp8_weights.cast_seam_of(comfy.ops.manual_cast.Linear)
+    result["cast_seam"] = None if seam is None else {
+        "offloadable": seam.offloadable, "compute_dtype_and_want_requant": seam.requant,
+        "uncast_bias_weight": seam.uncast is not None,
+        "quantized_tensor": None if seam.quantized_type is None else
+        f"{seam.quantized_type.__module__}.{seam.quantized_type.__name__}"}
+    with torch.inference_mode():
+        base = torch.nn.Linear(64, 48).bfloat16()
+        layer = comfy.ops.manual_cast.Linear(64, 48, dtype=torch.bfloat16)
+        layer.load_state_dict(base.state_dict())
+        x = torch.randn(4, 64, generator=generator).bfloat16()
+        delta = 0.1 * torch.randn(48, 64, generator=generator)
+        layer.weight_function = [lambda w: w + delta.to(w.dtype)]
+        with fp8_emulated([]) as calls:
+            lora_fp8 = fp8_modules.fp8_linear_forward(layer, x, layer.forward)
+        lora_stock, plain = layer(x), base(x)
+        result["lora_weight_function"] = {
+            "fp8_gemms": len(calls), "rel_error_vs_stock_with_lora": round(_error(lora_fp8, lora_stock), 4),
+            "rel_error_vs_stock_without_lora": round(_error(lora_fp8, plain), 4),
+            "lora_kept": _error(lora_fp8, lora_stock) < _error(lora_fp8, plain)}
+        result["mixed_precision"] = _mixed_precision(torch, comfy.ops, fp8_modules, fl, fp8_emulated, base, x)
+    mp = comfy.model_patcher
+    result["dynamic_vram"] = {
+        "ModelPatcherDynamic": hasattr(mp, "ModelPatcherDynamic"),
+        "ModelPatcher.is_dynamic": hasattr(mp.ModelPatcher, "is_dynamic"),
+        "streaming_checked_here": False,
+        "why": "DynamicVRAM streams through comfy-aimdo on a CUDA device; on a CPU ComfyUI's cast takes its CPU branch "
+               "(benchmarks/generation.py overlay_fp8 / overlay_all_fp8 count the FP8 GEMMs there)"}
+    classes = {"disable_weight_init.Linear": comfy.ops.disable_weight_init.Linear,
+               "manual_cast.Linear": comfy.ops.manual_cast.Linear}
+    if hasattr(comfy.ops, "mixed_precision_ops"):
+        classes["mixed_precision_ops().Linear"] = comfy.ops.mixed_precision_ops({}, torch.bfloat16).Linear
+    result["linear_seam_verified"] = {}
+    for name, cls in classes.items():
+        verdict = eras._verdict(eras.LINEAR_VARIANT, {eras.LINEAR_FORWARD: cls.forward})
+        result["linear_seam_verified"][name] = verdict.verified_on or f"not verified: {verdict.reason}"
+    return result
+
+
+def _mixed_precision(torch, ops, fp8_modules, fl, fp8_emulated, base, x) -> dict:
+    if not hasattr(ops, "mixed_precision_ops"):
+        return {"present": False}
+    layer = ops.mixed_precision_ops({}, torch.bfloat16).Linear(64, 48)
+    scale = base.weight.detach().float().abs().amax() / 448.0
+    codes = (base.weight.detach().float() / scale).to(torch.float8_e4m3fn)
+    state = {"weight": codes, "weight_scale": scale.reshape(()), "bias": base.bias.detach(),
+             "comfy_quant": torch.tensor(list(json.dumps({"format": "float8_e4m3fn"}).encode()), dtype=torch.uint8)}
+    layer.load_state_dict(state, strict=False)
+    weight = layer._parameters["weight"]
+    quantised = []
+    real = fl.quantize_weight_fp8
+    fl.quantize_weight_fp8 = lambda w: quantised.append(w) or real(w)
+    try:
+        with fp8_emulated([]) as calls:
+            out = fp8_modules.fp8_linear_forward(layer, x, layer.forward)
+    finally:
+        fl.quantize_weight_fp8 = real
+    row = {"present": True, "weight_type": type(weight).__name__, "layout": getattr(weight, "_layout_cls", None),
+           "fp8_gemms": len(calls), "weights_requantised": len(quantised)}
+    if hasattr(weight, "_qdata"):
+        expected = fl.linear_fp8(x, fl.Fp8Weight(weight._qdata, weight._params.scale.float(), False, None, ()),
+                                 layer.bias)
+        row["equals_gemm_of_its_codes_and_scale"] = bool(torch.equal(out, expected))
+    row["rel_error_vs_bf16_linear"] = round(_error(out, base(x)), 4)
+    try:
+        row["rel_error_vs_comfyui_own_forward"] = round(_error(out, layer(x)), 4)
+    except Exception as exc:         # ComfyUI's own fp8 path may need a GPU backend
+        row["comfyui_own_forward"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    return row
+
+
+def run_tree(tree: Path, timeout: float) -> dict:
+    child = [sys.executable, str(Path(__file__)), "--runtime-child", str(tree)]
+    try:
+        done = subprocess.run(child, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"ran": False, "reason": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"ran": False, "reason": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-3:]}"}
+    return {"ran": True, **json.loads(lines[-1])}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", default=[], help="VERSION=DIR")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fp8-eras.json")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--runtime-child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.runtime_child:
+        print(json.dumps(runtime_child(args.runtime_child), default=str))
+        return 0
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from results_io import dumps
+    import datetime
+    import torch
+    trees = {}
+    for spec in args.tree:
+        version, _, folder = spec.partition("=")
+        trees[version] = run_tree(Path(folder), args.timeout)
+    report = {"benchmark": "fp8-eras", "script": "scripts/validate_fp8_eras.py",
+              "about": __doc__.split("\n\n")[1].replace("\n", " "),
+              "environment": {"gpu": "none (CPU, FP8 GEMM emulated)", "torch": torch.__version__,
+                              "python": platform.python_version(),
+                              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                              # the trees' folders are this machine's: the command names them by release only
+                              "command": " ".join(["python scripts/validate_fp8_eras.py",
+                                                   *(f"--tree {v}=TREE-{v}" for v in trees)])},
+              "trees": trees}
+    args.out.write_text(dumps(report) + "\n")
+    print(json.dumps(trees, indent=1, default=str))
+    return 0 if all(t.get("ran") for t in trees.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
