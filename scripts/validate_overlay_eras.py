@@ -101,7 +101,7 @@ def _install_stubs(stubbed: list[str]) -> None:
     class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, name, path=None, target=None):
             root = name.split(".")[0]
-            if root not in UNRELATED or root in stubbed and name != root and False:
+            if root not in UNRELATED:
                 return None
             if root not in stubbed:
                 sys.meta_path.remove(self)
@@ -352,7 +352,7 @@ def gpu_rope() -> dict:
     return out
 
 
-def runtime_check(version: str, tree: Path, timeout: float) -> dict:
+def runtime_check(tree: Path, timeout: float) -> dict:
     """The child process's JSON (this script with --runtime-child), or why there is none."""
     child = [sys.executable, str(Path(__file__)), "--runtime-child", str(tree)]
     try:
@@ -365,7 +365,8 @@ def runtime_check(version: str, tree: Path, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
-def summary(report: dict, runtime: dict) -> dict:
+def summary(report: dict) -> dict:
+    """{model: {op family: what runs, or why stock}} of a check report, one line each."""
     out = {}
     for model in report["models"]:
         out[model["model"]] = {family: ("runs " + v["variant"] + f" (verified on {v['matched']})") if v["matched"]
@@ -399,11 +400,11 @@ def main(argv=None) -> int:
         version, _, folder = item.partition("=")
         report = overlay_check.check_tree(Path(folder), version)
         runtime = {"ran": False, "reason": "--no-runtime"} if args.no_runtime else runtime_check(
-            version, Path(folder), args.timeout)
+            Path(folder), args.timeout)
         if runtime.get("ran"):
             runtime["fingerprints_against_check"] = compare_prints(static_prints(report), runtime["fingerprints"])
         report.pop("comfyui_root")
-        eras.append({"comfyui_version": version, "summary": summary(report, runtime), "check": report,
+        eras.append({"comfyui_version": version, "summary": summary(report), "check": report,
                      "runtime": runtime})
         print(json.dumps({"comfyui_version": version, "summary": eras[-1]["summary"]}, indent=1))
     if args.out and eras:
