@@ -113,18 +113,8 @@ def detect_target(target: Path, python: Path | None, *, gpu: bool = True):
     """The target as detected, with the interpreter --python names, else the one recorded for this install (a
     conda env, a shared venv: given once with --python, reused by every later command), else the one found by
     layout."""
-    from applier.detect import detect, with_interpreter
-    from applier.state import read_interpreter
-    found = detect(target, python=python, gpu=gpu)
-    if python is None:
-        recorded = read_interpreter(found.state_dir)
-        if recorded is not None and recorded != found.python:
-            if os.path.lexists(recorded):
-                found = with_interpreter(found, recorded, source="state")
-            else:
-                found.notes.append(f"the interpreter recorded for this install ({recorded}) is gone: pass --python "
-                                   "PATH to record another")
-    return found
+    from applier.detect import detect
+    return detect(target, python=python, gpu=gpu)
 
 
 def remember_interpreter(found, catalog, python: Path | None) -> None:

@@ -21,6 +21,8 @@ from packaging.version import Version
 
 from applier.errors import ApplierError, BadInterpreterError, BadTargetError, ChildFailure
 from applier.fsutil import read_regular
+from applier.paths import STATE_DIR_NAME
+from applier.state import read_interpreter
 from applier.subproc import PYTHON_FLAGS, child_env, path_from_child, run_bounded, timeout_from_env
 from applier.target import GPU, Target
 
@@ -95,10 +97,17 @@ def detect(target: str | Path, *, python: str | Path | None = None, gpu: bool = 
     version, source, commit = (None, "unknown", None)
     if comfy_root is not None:
         version, source, commit = comfyui_version(comfy_root, notes)
+    recorded = read_interpreter(root / STATE_DIR_NAME) if python is None else None
     if python is not None:
         interp, interp_source = given_interpreter(python), "--python"
+    elif recorded is not None and os.path.lexists(recorded):
+        # given once with --python (a conda env, a shared venv): used before any found by layout is even asked
+        interp, interp_source = recorded, "state"
     else:
         interp, interp_source = find_interpreter(root, comfy_root, None)
+        if recorded is not None:
+            notes.append(f"the interpreter recorded for this install ({recorded}) is gone: pass --python PATH to "
+                         "record another")
     found = Target(
         root=root, layout=layout, comfyui_root=comfy_root, comfyui_version=version,
         comfyui_version_source=source, comfyui_commit=commit, python=None, python_source="none",

@@ -359,3 +359,21 @@ def test_the_startup_warning_tells_an_edit_from_an_update_and_never_hangs(applie
     state.unlink()
     os.mkfifo(state)
     assert prestartup.warn_if_lost(applied.comfy, io.StringIO()) == []
+
+
+def test_the_recorded_interpreter_is_used_before_the_install_venv_is_even_asked(tmp_path):
+    comfy = make_comfy(tmp_path / "c")
+    catalog = make_catalog(tmp_path)
+    marker = tmp_path / "venv-python-was-run"
+    fake = comfy / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\nsleep 30\n")
+    fake.chmod(0o755)
+    env = tmp_path / "shared-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
+    base = ("--target", comfy, "--patches", catalog)
+    assert_clean(cli("apply", *base, "--python", env / "bin" / "python"), allowed=(0,))
+    marker.unlink(missing_ok=True)
+    out = assert_clean(cli("status", *base, "--json"), allowed=(0,))
+    assert out.json()["python"] == str(env / "bin" / "python")
+    assert not marker.exists(), "the install's own (hanging) venv python was asked first"
