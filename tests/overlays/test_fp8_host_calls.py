@@ -6,6 +6,7 @@ reshapes of a 3-D input; the node's enable around every model call rebuilds no p
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 import blocks
@@ -63,3 +64,18 @@ def test_the_nodes_enable_around_every_model_call_rebuilds_no_fp8_plan(monkeypat
         patched.sample(inputs)
     assert first == len(patched.object_patches) > 0     # one plan per FP8 Linear, built on the first call
     assert len(built) == first                           # none rebuilt by the later steps' enable
+
+
+def _fp8_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.skipif(not _fp8_gpu(), reason="real FP8 GEMMs need an sm_89+ CUDA device")
+def test_the_streams_shared_stats_buffer_gives_the_bits_of_a_fresh_one():
+    from fused_dit.ops import fp8_linear as fl
+    weight = fl.Fp8Weight(*fl.quantize_weight_fp8(torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)),
+                          static_input=False, input_scale=None, source_key=())
+    inputs = [torch.randn(64, 128, device="cuda", dtype=torch.bfloat16) * scale for scale in (1.0, 30.0, 0.01)]
+    shared = [fl.linear_fp8_triton(x, weight, None) for x in inputs]       # queued back to back on one stream
+    fresh = [fl.linear_fp8(x, weight, None) for x in inputs]
+    assert all(torch.equal(a, b) for a, b in zip(shared, fresh))

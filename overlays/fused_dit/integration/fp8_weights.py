@@ -153,24 +153,24 @@ def cast_forward_for(module: torch.nn.Module, x: torch.Tensor) -> Callable | Non
         dispatch.say_once(OP, "stock forward (cast seam)", reason)
         return None
     seam = cast_seam_of(type(module))
-    return functools.partial(cast_forward, module, seam)
+    return functools.partial(cast_forward, module, seam, cast_arguments(seam, x.dtype))
 
 
-def _cast(module, seam: CastSeam, x: torch.Tensor):
-    """ComfyUI's cast as its own Linear forwards call it: (weight, bias, offload_stream or None)."""
+def cast_arguments(seam: CastSeam, dtype: torch.dtype) -> dict:
+    """The keyword arguments ComfyUI's own Linear forwards give that release's cast (made once per plan)."""
     kwargs = {}
     if seam.offloadable:
         kwargs["offloadable"] = True
     if seam.requant:
         # as ComfyUI's mixed-precision Linear does for a quantized input: LoRA requantised into the layout
-        kwargs.update(compute_dtype=x.dtype, want_requant=True)
-    result = seam.cast(module, x, **kwargs)
-    return (*result, None) if len(result) == 2 else result
+        kwargs.update(compute_dtype=dtype, want_requant=True)
+    return kwargs
 
 
-def cast_forward(module: torch.nn.Module, seam: CastSeam, x: torch.Tensor) -> torch.Tensor:
+def cast_forward(module: torch.nn.Module, seam: CastSeam, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
     """One call: the weight from ComfyUI's cast, the FP8 GEMM on it, ComfyUI's uncast after."""
-    weight, bias, offload_stream = _cast(module, seam, x)
+    result = seam.cast(module, x, **kwargs)
+    weight, bias, offload_stream = (*result, None) if len(result) == 2 else result
     try:
         if seam.quantized_type is not None and isinstance(weight, seam.quantized_type):
             codes, scale = fp8_codes_and_scale(weight, module.out_features, module.in_features)

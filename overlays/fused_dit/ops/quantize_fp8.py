@@ -384,7 +384,8 @@ _LAUNCH_CACHE_CAP = 4096
 
 
 def _dynamic_launch_cached(n: int, device: torch.device, element_size: int, launch: QuantizeLaunch = LAUNCH) -> tuple:
-    key = (n, device, element_size, launch)
+    # the default setting is left out of the key: hashing the frozen dataclass costs a microsecond per call
+    key = (n, device, element_size) if launch is LAUNCH else (n, device, element_size, launch)
     cached = _dynamic_launches.get(key)
     if cached is None:
         grid = dynamic_launch(n, device, element_size, launch)
