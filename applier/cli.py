@@ -640,7 +640,8 @@ def overlay_check(target, python, patches_dir, as_json):
     """Per model family and op family, which overlay variant this ComfyUI's code matches, or why none does.
 
     Reads the target's ComfyUI files (no torch, no GPU). Exit 0 with the report, whatever stays stock; 9 when the
-    target holds no ComfyUI code. Example: applier overlay check --target ComfyUI/
+    target holds no ComfyUI code; 3 when the overlay pack's variants.json is unreadable.
+    Example: applier overlay check --target ComfyUI/
     """
     from applier.overlay_check import check_tree
     from applier.errors import BadTargetError

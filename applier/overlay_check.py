@@ -184,7 +184,12 @@ def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_
     """The report of `applier overlay check` for one ComfyUI folder (see the module docstring)."""
     fingerprint = load_pack_module("fingerprint", overlays_dir)
     variants_module = load_pack_module("variants", overlays_dir)
-    specs = variants_module.load(variants_file or overlays_dir / PACK_PACKAGE / "variants.json")
+    data_file = variants_file or overlays_dir / PACK_PACKAGE / "variants.json"
+    try:
+        specs = variants_module.load(data_file)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RefusedError(f"the overlay pack's {data_file} is unreadable ({type(exc).__name__}: {exc})",
+                           hint="reinstall applier") from exc
     tree = SourceTree(Path(comfyui_root), fingerprint)
     if not tree.exists("comfy/model_base.py") and not tree.exists("comfy/ops.py"):
         raise BadTargetError(f"{comfyui_root} holds no ComfyUI code (comfy/model_base.py, comfy/ops.py)",

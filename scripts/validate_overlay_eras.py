@@ -365,6 +365,25 @@ def runtime_check(tree: Path, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+NODE_USES = ("clone", "add_wrapper_with_key", "remove_wrappers_with_key", "add_callback_with_key",
+             "remove_callbacks_with_key", "add_object_patch")
+
+
+def node_api(tree: Path) -> dict:
+    """What the node calls on ComfyUI, as the tree defines it: ModelPatcher's methods, the wrapper and callback
+    names, and whether attention's wrapper reads `optimized_attention_override` (read with ast, nothing imported)."""
+    import ast
+    patcher = ast.parse((tree / "comfy" / "model_patcher.py").read_text())
+    methods = {n.name for c in patcher.body if isinstance(c, ast.ClassDef) and c.name == "ModelPatcher"
+               for n in c.body if isinstance(n, ast.FunctionDef)}
+    extension = (tree / "comfy" / "patcher_extension.py").read_text()
+    attention_py = (tree / "comfy" / "ldm" / "modules" / "attention.py").read_text()
+    return {"model_patcher_methods": {name: name in methods for name in NODE_USES},
+            "apply_model_wrapper": 'APPLY_MODEL = "apply_model"' in extension,
+            "on_cleanup_callback": 'ON_CLEANUP = "on_cleanup"' in extension,
+            "attention_override_seam": '"optimized_attention_override" in transformer_options' in attention_py}
+
+
 def summary(report: dict) -> dict:
     """{model: {op family: what runs, or why stock}} of a check report, one line each."""
     out = {}
@@ -404,7 +423,8 @@ def main(argv=None) -> int:
         if runtime.get("ran"):
             runtime["fingerprints_against_check"] = compare_prints(static_prints(report), runtime["fingerprints"])
         report.pop("comfyui_root")
-        eras.append({"comfyui_version": version, "summary": summary(report), "check": report,
+        eras.append({"comfyui_version": version, "summary": summary(report), "node_api": node_api(Path(folder)),
+                     "check": report,
                      "runtime": runtime})
         print(json.dumps({"comfyui_version": version, "summary": eras[-1]["summary"]}, indent=1))
     if args.out and eras:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from applier import overlay_check
-from applier.errors import BadTargetError
+from applier.errors import BadTargetError, RefusedError
 from tests.shelltools import REPO, cli_json
 
 LAYERS_03 = '''
@@ -256,3 +256,10 @@ def test_the_check_never_imports_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "4"
+
+
+def test_an_unreadable_variants_file_is_a_refusal_not_a_traceback(tmp_path):
+    broken = tmp_path / "variants.json"
+    broken.write_text("{")
+    with pytest.raises(RefusedError, match="variants.json is unreadable"):
+        overlay_check.check_tree(write_tree(tmp_path / "t", "0.3"), variants_file=broken)

@@ -62,8 +62,8 @@ class Match:
         return self.verified_on is not None
 
 
-def load(path: Path = DATA) -> dict[str, Variant]:
-    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+def load(path: Path | None = None) -> dict[str, Variant]:
+    raw = json.loads(Path(path or DATA).read_text(encoding="utf-8"))
     return {name: Variant(name=name, kind=spec["kind"], families=tuple(spec["families"]),
                           depends_on=tuple(spec["depends_on"]),
                           verified_on={v: dict(prints) for v, prints in spec["verified_on"].items()},
@@ -73,14 +73,26 @@ def load(path: Path = DATA) -> dict[str, Variant]:
 
 
 _VARIANTS: dict[str, Variant] | None = None
+LOAD_PROBLEM: list[str] = []      # why the shipped data could not be read (then no variant is verified anywhere)
 
 
 def all_variants() -> dict[str, Variant]:
-    """The shipped variants (loaded once), with any fingerprint sets added by add_verified."""
+    """The shipped variants (loaded once), with any fingerprint sets added by add_verified. An unreadable
+    variants.json (an edited install) gives no variants: every family stays stock, never an error in a prompt."""
     global _VARIANTS
     if _VARIANTS is None:
-        _VARIANTS = load()
+        try:
+            _VARIANTS = load()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            LOAD_PROBLEM.append(f"{DATA.name} unreadable ({type(exc).__name__}: {exc})")
+            _VARIANTS = {}
     return _VARIANTS
+
+
+def unknown(name: str) -> Match:
+    """The verdict for a variant the data does not hold."""
+    why = LOAD_PROBLEM[0] if LOAD_PROBLEM else f"{DATA.name} has no variant {name}"
+    return Match(name, None, why)
 
 
 def add_verified(variant: str, label: str, fingerprints: dict[str, str]) -> None:

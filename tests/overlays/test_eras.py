@@ -317,3 +317,47 @@ def test_the_rope_seam_is_off_by_default_with_its_measured_reason(monkeypatch, c
     assert report["seams"]["rope_ck_seam"].startswith("stock: off by default: exact (the eager chain's bits) but "
                                                       "slower than stock on the H200")
     assert "FUSED_DIT_SEAMS=rope_ck_seam turns it on" in recognition(model, ("norm_rope",))["norm_rope"]
+
+
+@pytest.mark.parametrize("make", [lambda: era_blocks.make_flux(), lambda: era_blocks.make_flux(modulation=False),
+                                  era_blocks.make_wan], ids=["flux", "flux2", "wan"])
+def test_a_lora_comfy_bakes_into_the_weights_is_kept_with_the_node_on(make):
+    model, inputs = make()
+    plain = era_blocks.run_with(model, inputs, {})
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features > 64)
+    with torch.no_grad():                    # ComfyUI's ModelPatcher adds the LoRA's delta in place before the call
+        linear.weight += 0.05 * torch.ones_like(linear.weight)
+    lora_stock = era_blocks.run_with(model, inputs, {})
+    with_node = enabled_run(model, inputs, {}, ops=("norm_rope", "adaln", "gate"))
+    assert not torch.equal(lora_stock, plain) and torch.equal(with_node, lora_stock)
+
+
+def test_a_lora_on_the_fly_makes_the_fp8_seam_decline_that_linear(fp8_calls, caplog):
+    model, inputs = era_blocks.make_flux()
+    model = model.to(torch.bfloat16)          # FP8 GEMMs take bf16/fp16 activations
+    inputs = {k: v if k == "pe" else v.to(torch.bfloat16) for k, v in inputs.items()}
+    linear = model.double_blocks[0].img_attn.qkv
+    linear.weight_function = [lambda w: w]   # ComfyUI's low-VRAM LoRA rides weight_function
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        enabled_run(model, inputs, {}, ops=("fp8_linear",))
+    assert fp8_calls                          # the other Linears ran FP8
+    assert any("weight_function/bias_function present" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unreadable_variants_file_leaves_every_family_stock_without_an_error(monkeypatch, tmp_path):
+    broken = tmp_path / "variants.json"
+    broken.write_text("{not json")
+    monkeypatch.setattr(variants, "DATA", broken)
+    monkeypatch.setattr(variants, "_VARIANTS", None)
+    monkeypatch.setattr(variants, "LOAD_PROBLEM", [])
+    eras.clear_caches()
+    try:
+        model, inputs = blocks.make_flux_stack()
+        stock = blocks.run(model, inputs)
+        report = fused_dit.enable(model, ops=ALL_OPS)
+        fused_dit.disable(model)
+        assert torch.equal(blocks.run(model, inputs, ops=ALL_OPS), stock)
+    finally:
+        eras.clear_caches()
+    assert report["blocks"] == 0 and report["fp8_linears"] == 0
+    assert all("variants.json unreadable (JSONDecodeError" in line for line in report["skipped"])

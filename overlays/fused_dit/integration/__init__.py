@@ -317,7 +317,7 @@ def add_verified_model(model: torch.nn.Module, label: str) -> dict[str, dict[str
     fixtures); returns what was accepted."""
     known = variants.all_variants()
     prints = {variant: found for variant, found in model_fingerprints(model).items()
-              if set(found) == set(known[variant].depends_on) and None not in found.values()}
+              if variant in known and set(found) == set(known[variant].depends_on) and None not in found.values()}
     for variant, found in prints.items():
         variants.add_verified(variant, label, found)
     eras.clear_caches()

@@ -51,7 +51,10 @@ def module_namespace(cls) -> dict:
     """The globals a class's methods see (the module that defines it)."""
     forward = getattr(cls, "forward", None)
     namespace = getattr(forward, "__globals__", None)
-    return vars(sys.modules[cls.__module__]) if namespace is None else namespace
+    if namespace is None:
+        module = sys.modules.get(cls.__module__)
+        namespace = vars(module) if module is not None else {}
+    return namespace
 
 
 def _method(obj, class_name: str, method: str = "forward"):
@@ -101,7 +104,9 @@ def wan_dependencies(block: torch.nn.Module) -> dict[str, object]:
 
 
 def _verdict(variant_name: str, objects: dict[str, object]) -> variants.Match:
-    spec = variants.all_variants()[variant_name]
+    spec = variants.all_variants().get(variant_name)
+    if spec is None:
+        return variants.unknown(variant_name)
     key = (variant_name, tuple((k, id(v)) for k, v in sorted(objects.items())),
            tuple(sorted(spec.verified_on)))
     cached = _VERDICTS.get(key)

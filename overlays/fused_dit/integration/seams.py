@@ -102,7 +102,7 @@ def install(model: torch.nn.Module, ops) -> dict:
     ck = kitchen(namespace)
     if not verdict.matched:
         return {ROPE_VARIANT: f"stock: {verdict.reason}"}
-    off = variants.all_variants()[ROPE_VARIANT].switched_off()
+    off = variants.all_variants()[ROPE_VARIANT].switched_off()   # present: it matched
     if off:
         eras.say_once(ROPE_VARIANT, off)
         return {ROPE_VARIANT: f"stock: {off}"}
