@@ -9,6 +9,7 @@ emulated from the same codes (fused_dit.testing.fp8_emulated), through the tree'
 3. where the tree has mixed-precision ops (0.8 on), an fp8 layer loaded by the tree's own `_load_from_state_dict`
    from a `.comfy_quant` state dict: the FP8 forward gives torch._scaled_mm that layer's own codes and scale (no
    re-quantisation; output equal to the emulated GEMM of those codes) and is compared with ComfyUI's own forward;
+   with a LoRA weight function on it, the cast dequantises and the FP8 path quantises that call's weight;
 4. whether the tree has ModelPatcherDynamic (DynamicVRAM) and `is_dynamic`, which the node's replace path reads;
 5. whether each Linear op class's forward is one the FP8 seam was verified on (variants.json), as the node decides.
 DynamicVRAM's streaming itself needs comfy-aimdo and a CUDA device (on a CPU ComfyUI's cast takes its CPU branch):
@@ -61,6 +62,7 @@ def runtime_child(tree: Path) -> dict:
         "uncast_bias_weight": seam.uncast is not None,
         "quantized_tensor": None if seam.quantized_type is None else
         f"{seam.quantized_type.__module__}.{seam.quantized_type.__name__}"}
+    torch.manual_seed(0)
     with torch.inference_mode():
         base = torch.nn.Linear(64, 48).bfloat16()
         layer = comfy.ops.manual_cast.Linear(64, 48, dtype=torch.bfloat16)
@@ -119,6 +121,16 @@ def _mixed_precision(torch, ops, fp8_modules, fl, fp8_emulated, base, x) -> dict
                                  layer.bias)
         row["equals_gemm_of_its_codes_and_scale"] = bool(torch.equal(out, expected))
     row["rel_error_vs_bf16_linear"] = round(_error(out, base(x)), 4)
+    # a LoRA as a weight function on the quantized layer: the cast dequantises, the FP8 path quantises per call
+    delta = 0.1 * torch.randn(48, 64, generator=torch.Generator().manual_seed(2))
+    layer.weight_function = [lambda w: w + delta.to(w.dtype)]
+    with fp8_emulated([]) as lora_calls:
+        lora_out = fp8_modules.fp8_linear_forward(layer, x, layer.forward)
+    with_lora = torch.nn.functional.linear(x.float(), weight.dequantize().float() + delta, layer.bias.float())
+    row["lora_weight_function"] = {"fp8_gemms": len(lora_calls),
+                                   "rel_error_vs_with_lora": round(_error(lora_out, with_lora), 4),
+                                   "rel_error_vs_without_lora": round(_error(lora_out, out), 4)}
+    layer.weight_function = []
     try:
         row["rel_error_vs_comfyui_own_forward"] = round(_error(out, layer(x)), 4)
     except Exception as exc:         # ComfyUI's own fp8 path may need a GPU backend

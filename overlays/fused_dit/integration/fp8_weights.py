@@ -153,16 +153,18 @@ def cast_forward_for(module: torch.nn.Module, x: torch.Tensor) -> Callable | Non
         dispatch.say_once(OP, "stock forward (cast seam)", reason)
         return None
     seam = cast_seam_of(type(module))
-    return functools.partial(cast_forward, module, seam, cast_arguments(seam, x.dtype))
+    quantized = quantized_layout(module._parameters.get("weight")) is not None
+    return functools.partial(cast_forward, module, seam, cast_arguments(seam, x.dtype, quantized))
 
 
-def cast_arguments(seam: CastSeam, dtype: torch.dtype) -> dict:
-    """The keyword arguments ComfyUI's own Linear forwards give that release's cast (made once per plan)."""
+def cast_arguments(seam: CastSeam, dtype: torch.dtype, quantized: bool) -> dict:
+    """The keyword arguments ComfyUI's own Linear forwards give that release's cast (made once per plan): a plain
+    weight is cast as disable_weight_init.Linear casts it; a quantized one as the mixed-precision Linear does for
+    a quantized input (LoRA computed in the input's dtype and requantised into the layout)."""
     kwargs = {}
     if seam.offloadable:
         kwargs["offloadable"] = True
-    if seam.requant:
-        # as ComfyUI's mixed-precision Linear does for a quantized input: LoRA requantised into the layout
+    if seam.requant and quantized:
         kwargs.update(compute_dtype=dtype, want_requant=True)
     return kwargs
 
