@@ -79,3 +79,21 @@ def test_the_streams_shared_stats_buffer_gives_the_bits_of_a_fresh_one():
     shared = [fl.linear_fp8_triton(x, weight, None) for x in inputs]       # queued back to back on one stream
     fresh = [fl.linear_fp8(x, weight, None) for x in inputs]
     assert all(torch.equal(a, b) for a, b in zip(shared, fresh))
+
+
+def test_a_bias_in_another_dtype_is_refreshed_alone_when_edited_in_place(monkeypatch):
+    # an fp32 bias under bf16 inputs (a model loaded in fp32, cast per call): the plan copies it in bf16
+    linear = torch.nn.Linear(64, 32).bfloat16()
+    linear.bias = torch.nn.Parameter(torch.zeros(32), requires_grad=False)
+    built = []
+    real = fp8_modules.Fp8Plan
+    monkeypatch.setattr(fp8_modules, "Fp8Plan", lambda *a, **kw: built.append(a[0]) or real(*a, **kw))
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with host_only_fp8(), torch.inference_mode():
+        first = fp8_modules.fp8_plan_of(linear, x)
+        fp8_modules.new_enable_epoch()                      # the node's enable before the next model call
+        assert fp8_modules.fp8_plan_of(linear, x) is first  # nothing changed for a tensor that tracks its edits
+        linear.bias.add_(1.0)                               # e.g. ComfyUI baking a bias patch in place
+        refreshed = fp8_modules.fp8_plan_of(linear, x)
+    assert len(built) == 1                                  # the plan itself was never rebuilt
+    assert torch.equal(refreshed.bias, torch.ones(32, dtype=torch.bfloat16)) and refreshed.weight is first.weight

@@ -32,6 +32,7 @@ traces the plans, the dispatch or the launches.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from dataclasses import dataclass
@@ -269,6 +270,7 @@ class Fp8Plan:
     bias: torch.Tensor | None        # in the input's dtype and device
     # declined for the weight in place, but ComfyUI's cast gives one the FP8 GEMM takes (fp8_weights): x -> output
     cast_forward: object = None
+    bias_version: object = None        # _version_of the bias `bias` copies (None: not a copy)
 
 
 # Per module class: whether `module.weight` / `module.bias` can be read straight from module._parameters. True
@@ -340,17 +342,24 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
     # stored in host memory by store_fp8_only: only then must the key see in-place edits
     key = (_tensor_key(weight, weight is not None and weight.dtype != FP8_DTYPE
                        and (weight.device == x.device or _STORED_ATTR in attrs)),
-           _tensor_key(bias, bias is not None and (bias.dtype != dtype or bias.device != x.device)),
+           _tensor_key(bias, False),
            x.device, dtype,
            _grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)
                                 or (bias is not None and bias.requires_grad)),
            bool(functions) or cast_by_comfy(attrs), _backend_env())
+    # a bias in another dtype is copied into the plan: an in-place edit (or, for inference tensors, a new enable)
+    # refreshes that copy alone, not the whole plan (fp32 biases under bf16 inputs, e.g. Wan loaded in fp32)
+    bias_version = _version_of(bias) if bias is not None and (bias.dtype != dtype or bias.device != x.device) \
+        else None
     plan = attrs.get(_PLAN_ATTR)
     if plan is not None and plan.key == key:
+        if plan.bias_version != bias_version and plan.weight is not None:
+            plan = attrs[_PLAN_ATTR] = dataclasses.replace(plan, bias=module_bias(module, x),
+                                                           bias_version=bias_version)
         return plan
     reason = decline_reason(module, x)
     if reason is None:
-        plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x))
+        plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x), bias_version=bias_version)
     else:
         plan = Fp8Plan(key, reason, None, None,
                        fp8_weights.cast_forward_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None)

@@ -398,6 +398,8 @@ def _dynamic_launch_cached(n: int, device: torch.device, element_size: int, laun
 
 
 _gemm_stats: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def gemm_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,7 +411,7 @@ def gemm_stats(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     call without a race; it saves an allocation and a select per FP8 Linear call. The public quantisers keep
     returning a fresh scale (their callers may keep it).
     """
-    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else None
+    stream = _raw_stream(device.index) if device.type == "cuda" else None
     key = (device, stream)
     scratch = _gemm_stats.get(key)
     if scratch is None:
