@@ -50,8 +50,11 @@ after every run, so a call cut off by a time limit still leaves what it measured
 Examples:
     python benchmarks/generation.py --comfyui DIR --tiny --out /tmp/generation-tiny.json        # CPU smoke test
     python benchmarks/generation.py --comfyui DIR --models flux-dev --work-dir /tmp/gen --save-checkpoint \\
-        --configs stock,overlay,overlay_fp8,comfy_fp8,comfy_fp8_fast --out benchmarks/results/generation.json
-    python benchmarks/generation.py --combine A.json B.json --out benchmarks/results/generation.json
+        --configs stock,overlay,overlay_fp8,overlay_all_fp8,comfy_fp8_fast --out /tmp/gen-flux.json
+    python benchmarks/generation.py --combine A.json B.json --out benchmarks/results/generation-0.33.0.json
+One current file per ComfyUI release: benchmarks/results/generation-<release>.json (combine keys every run by its
+comfyui_version, so each speedup is against its own release's stock).
+On the device machine: scripts/comfy_kitchen_for_device.sh --kit, then scripts/generation_for_device.sh.
 """
 from __future__ import annotations
 
@@ -422,17 +425,25 @@ class Session:
             # eager configs are probed during the warm-up call (FP8 GEMMs and SDPA backends per step); a compiled
             # graph's calls never reach the Python functions the probes wrap, so compile configs get a separate
             # one-step call after the timed one, as --count profiler does
+            # (only its last step: the attention family measures the SDPA backends in its first step, so with it on
+            # the warm-up takes two steps)
             probe_warmup = self.options.count == "wrapper" and run.config not in COMPILE_CONFIGS
+            if probe_warmup and (record.get("node_inputs") or {}).get("attention"):
+                warmup = max(warmup, 2)
             with torch.inference_mode():
                 started = time.perf_counter()
-                warm = lambda: sample(patched, noise, latent, positive, warmup, self.options.seed)  # noqa: E731
+                gate = ProbeGate(open=warmup == 1)
+
+                def opened(step, *_):
+                    gate.open = gate.open or step == warmup - 2
+                warm = lambda: sample(patched, noise, latent, positive, warmup, self.options.seed,  # noqa: E731
+                                      callback=opened)
                 if probe_warmup:
-                    with SdpaProbe() as sdpa:
-                        fp8_calls = count_scaled_mm(warm)
-                    record["fp8_linear_calls"] = round(fp8_calls / warmup)
-                    record["sdpa_backends"] = {k: round(v / warmup) for k, v in sdpa.counts.items()}
+                    with SdpaProbe(gate) as sdpa:
+                        record["fp8_linear_calls"] = count_scaled_mm(warm, gate)
+                    record["sdpa_backends"] = sdpa.counts
                     record["sdpa_backend"] = sdpa.main_backend()
-                    record["probed"] = "the warm-up call, per step"
+                    record["probed"] = "the warm-up call's last step"
                 else:
                     warm()
                 synchronize(self.device)
@@ -573,11 +584,20 @@ def sample(model, noise, latent, positive, steps, seed, callback=None):
                                disable_pbar=True, seed=seed)
 
 
+@dataclasses.dataclass
+class ProbeGate:
+    """Whether the probes count now (the sampler's callback opens it before the step to be counted)."""
+    open: bool = True
+
+
 class SdpaProbe:
-    """Counts, per SDPA backend, the torch scaled_dot_product_attention calls made while it is open: each call's
-    backend is torch._fused_sdp_choice on the call's own inputs, inside whatever backend priority the caller
-    (ComfyUI's comfy.ops) set around it, i.e. the backend that call runs. Calls that never reach torch's Python
-    function (sage attention, a compiled graph) are not seen."""
+    """Counts, per SDPA backend, the torch scaled_dot_product_attention calls made while it is open and its gate
+    is: each call's backend is torch._fused_sdp_choice on the call's own inputs, inside whatever backend priority
+    the caller (ComfyUI's comfy.ops) set around it, i.e. the backend that call runs. Calls that never reach torch's
+    Python function (sage attention, a compiled graph) are not seen."""
+
+    def __init__(self, gate: ProbeGate | None = None):
+        self.gate = gate or ProbeGate()
 
     def __enter__(self):
         import torch
@@ -587,6 +607,8 @@ class SdpaProbe:
         original = self.original
 
         def probed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+            if not self.gate.open:
+                return original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
             name = "unknown"
             try:
                 options = {k: kwargs[k] for k in ("scale", "enable_gqa") if k in kwargs}
@@ -607,7 +629,7 @@ class SdpaProbe:
         return comfy_release.main_backend(self.counts)
 
 
-def count_scaled_mm(call) -> int:
+def count_scaled_mm(call, gate: ProbeGate | None = None) -> int:
     """FP8 GEMMs in one call, by wrapping the Python attributes they are called through: torch._scaled_mm
     (ComfyUI 0.3's fp8_linear, the overlay's FP8 linears) and torch.nn.functional.scaled_mm (torch >= 2.10's
     scaled-mm API, which comfy-kitchen's QuantizedTensor calls from ComfyUI 0.8 on); a call made inside another
@@ -622,7 +644,7 @@ def count_scaled_mm(call) -> int:
 
     def counting(original):
         def counted(*args, **kwargs):
-            calls[0] += depth[0] == 0
+            calls[0] += depth[0] == 0 and (gate is None or gate.open)
             depth[0] += 1
             try:
                 return original(*args, **kwargs)

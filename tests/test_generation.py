@@ -277,3 +277,16 @@ def test_fp8_gemms_are_counted_once_through_either_api(generation, monkeypatch):
     assert generation.count_scaled_mm(step) == 3
     assert seen == ["v1"] * 3
     assert generation.count_scaled_mm(lambda: None) == 0
+
+
+def test_a_closed_gate_counts_nothing(generation, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: None, raising=False)
+    gate = generation.ProbeGate(open=False)
+
+    def two_steps():
+        torch._scaled_mm()          # the first step: not counted
+        gate.open = True
+        torch._scaled_mm()
+        torch._scaled_mm()
+    assert generation.count_scaled_mm(two_steps, gate) == 2
