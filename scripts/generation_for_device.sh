@@ -9,7 +9,7 @@
 #           '0.3.64|flux-dev|240|stock,overlay,comfy_fp8_fast:eval|1024x1024,2048x2048'
 #   CONFIGS and RESOLUTIONS are generation.py's comma lists (RESOLUTIONS empty: all of the model's);
 #   EXTRA is more generation.py arguments, words separated by '+', e.g. --tiny+--steps+2 or
-#   --skip+flux-dev/2048x2048/comfy_sage. Each phase stops starting runs after 3/4 of its SECONDS.
+#   --skip+flux-dev/2048x2048/comfy_sage. Each phase starts no run in its last 35 seconds.
 # Environment: STEPS (4), WARMUP (1), CHECKPOINT (file: load from a safetensors file as UNETLoader does; else from
 # a state dict); the work folder /tmp/generation keeps checkpoints and stock latents between phases.
 set -uo pipefail
@@ -26,7 +26,7 @@ log="$out/gen.log"
 for phase in "$@"; do
     IFS="|" read -r era model seconds configs resolutions tag extra <<<"$phase"
     args=(--comfyui "$trees/$era" --models "$model" --configs "$configs" --steps "${STEPS:-4}"
-          --warmup-steps "${WARMUP:-1}" --work-dir "$work" --time-budget "$((seconds * 3 / 4))")
+          --warmup-steps "${WARMUP:-1}" --work-dir "$work" --time-budget "$((seconds - 35))")
     [ -n "$resolutions" ] && args+=(--resolutions "$resolutions")
     [ "${CHECKPOINT:-file}" = file ] && args+=(--save-checkpoint)
     [ -n "$extra" ] && IFS=+ read -r -a more <<<"$extra" && args+=("${more[@]}")
