@@ -14,7 +14,6 @@ was verified on, or why the family stays stock.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from types import ModuleType
 
 from applier.errors import BadTargetError, RefusedError
 from applier.fsutil import read_bytes_or_none
-from applier.resources import OVERLAYS_DIR
+from applier.resources import OVERLAYS_DIR, load_module
 
 PACK_PACKAGE = "fused_dit"
 BLOCKS = "{blocks}"
@@ -62,17 +61,9 @@ def load_pack_module(name: str, overlays_dir: Path = OVERLAYS_DIR) -> ModuleType
     path = overlays_dir / PACK_PACKAGE / f"{name}.py"
     if loaded is not None and getattr(loaded, "__file__", None) == str(path):
         return loaded
-    spec = importlib.util.spec_from_file_location(qualified, path)
-    if spec is None or spec.loader is None or not path.is_file():
+    if not path.is_file():
         raise RefusedError(f"the overlay pack is missing {path}", hint="reinstall applier")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[qualified] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(qualified, None)
-        raise
-    return module
+    return load_module(qualified, path)
 
 
 class SourceTree:

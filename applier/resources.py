@@ -74,16 +74,21 @@ def load_verify() -> ModuleType:
     if not init.is_file():
         raise RefusedError(f"the verify suite is missing: {init} does not exist",
                            hint="reinstall applier (a wheel carries it as applier/_data/verify)")
-    spec = importlib.util.spec_from_file_location(
-        VERIFY_MODULE_NAME, init, submodule_search_locations=[str(VERIFY_DIR)])
+    return load_module(VERIFY_MODULE_NAME, init, package_dir=VERIFY_DIR)
+
+
+def load_module(name: str, path: Path, *, package_dir: Path | None = None) -> ModuleType:
+    """The file at path executed as module `name` (a package when package_dir is given), registered in
+    sys.modules before it runs (so that relative imports find their parent) and removed again if it fails."""
+    locations = [str(package_dir)] if package_dir is not None else None
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=locations)
     if spec is None or spec.loader is None:  # pragma: no cover - spec_from_file_location of an existing .py
-        raise ImportError(f"cannot load the verify suite from {VERIFY_DIR}")
+        raise ImportError(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
-    # Registered before executing so that the package's relative imports find their parent.
-    sys.modules[VERIFY_MODULE_NAME] = module
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        sys.modules.pop(VERIFY_MODULE_NAME, None)
+        sys.modules.pop(name, None)
         raise
     return module

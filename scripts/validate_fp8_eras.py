@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -139,15 +138,8 @@ def _mixed_precision(torch, ops, fp8_modules, fl, fp8_emulated, base, x) -> dict
 
 
 def run_tree(tree: Path, timeout: float) -> dict:
-    child = [sys.executable, str(Path(__file__)), "--runtime-child", str(tree)]
-    try:
-        done = subprocess.run(child, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    except subprocess.TimeoutExpired:
-        return {"ran": False, "reason": f"timed out after {timeout:.0f} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        return {"ran": False, "reason": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-3:]}"}
-    return {"ran": True, **json.loads(lines[-1])}
+    from validate_overlay_eras import child_json   # this script's folder is on sys.path when it runs
+    return child_json(Path(__file__), tree, timeout)
 
 
 def main(argv=None) -> int:

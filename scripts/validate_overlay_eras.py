@@ -354,7 +354,13 @@ def gpu_rope() -> dict:
 
 def runtime_check(tree: Path, timeout: float) -> dict:
     """The child process's JSON (this script with --runtime-child), or why there is none."""
-    child = [sys.executable, str(Path(__file__)), "--runtime-child", str(tree)]
+    return child_json(Path(__file__), tree, timeout)
+
+
+def child_json(script: Path, tree: Path, timeout: float) -> dict:
+    """The last JSON line `script --runtime-child TREE` prints (each tree's ComfyUI is imported in a process of its
+    own), or {"ran": False, "reason": ...}."""
+    child = [sys.executable, str(script), "--runtime-child", str(tree)]
     try:
         done = subprocess.run(child, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
@@ -362,7 +368,7 @@ def runtime_check(tree: Path, timeout: float) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         return {"ran": False, "reason": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-3:]}"}
-    return json.loads(lines[-1])
+    return {"ran": True, **json.loads(lines[-1])}
 
 
 NODE_USES = ("clone", "add_wrapper_with_key", "remove_wrappers_with_key", "add_callback_with_key",
