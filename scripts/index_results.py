@@ -130,10 +130,11 @@ KINDS: dict[str, Kind] = {
         "apply / status / revert on ComfyUI commits spread over a mirror's history plus every release tag, with "
         "byte identity after revert: every commit where a patch refuses, and why",
         "python scripts/sweep_comfyui.py --mirror MIRROR -n N --work DIR", "", CPU),
-    "generation.json": Kind(
-        "whole generations through ComfyUI's own models (seeded random weights): speed, memory and which code ran, "
-        "stock against the overlays and torch.compile",
-        "python benchmarks/generation.py --comfyui .realcomfy/ComfyUI --out benchmarks/results/generation.json", ""),
+    "generation-*.json": Kind(
+        "whole generations through one ComfyUI release's own loader and sampler, started as its main.py starts "
+        "(the release in the name; seeded random weights): speed, memory, VRAM mode, SDPA backend and which code "
+        "ran, stock against the overlays, ComfyUI's fp8 --fast, sage attention and torch.compile",
+        "python benchmarks/generation.py --comfyui TREE --out benchmarks/results/generation-RELEASE.json", ""),
     "step-profile.json": Kind(
         "one sampling step of stock / overlay / overlay_fp8 by kernel category (GEMM, FP8 GEMM, attention, fused_dit, "
         "other) and idle gap, and the no-FP8 ceiling with GEMMs and attention untouched",
