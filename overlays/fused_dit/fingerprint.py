@@ -8,8 +8,11 @@ same code" means:
   loading this file by path.
 
 Normalised means parsed with `ast`, docstrings dropped (comments and formatting never reach the tree), positions
-left out, then `ast.dump`: reformatting or re-commenting upstream code keeps its fingerprint, any change to what it
-does (a new statement, another name, another constant) changes it. A definition is the node itself (decorators
+left out, then written out by `stable_dump`: reformatting or re-commenting upstream code keeps its fingerprint, any
+change to what it does (a new statement, another name, another constant) changes it. Not `ast.dump`, whose text
+changes with the Python that runs it (3.12 adds `type_params=[]` to every def, 3.13 leaves empty fields out): a
+ComfyUI on Python 3.12 must match fingerprints recorded on 3.11. `stable_dump` writes each node's type and its
+fields that hold something, leaving out empty lists, None, and the `ctx` / `kind` / `type_comment` fields. A definition is the node itself (decorators
 included), so a method fingerprints the same whether it is read from its file or from its live function.
 
 A name that is not bound by exactly one `def` or `class` in its module (an assignment, an import, several bindings
@@ -37,9 +40,26 @@ def _drop_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+_SKIPPED_FIELDS = frozenset({"ctx", "kind", "type_comment", "type_params"})
+
+
+def stable_dump(node) -> str:
+    """The tree as text that is the same on every Python this pack supports (3.10 to 3.14)."""
+    if isinstance(node, ast.AST):
+        fields = []
+        for name, value in ast.iter_fields(node):
+            if name in _SKIPPED_FIELDS or value is None or value == []:
+                continue
+            fields.append(f"{name}={stable_dump(value)}")
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(stable_dump(item) for item in node) + "]"
+    return repr(node)
+
+
 def of_node(node: ast.AST) -> str:
     """sha256 (hex) of one parsed definition, normalised."""
-    dumped = ast.dump(_drop_docstrings(node), annotate_fields=True, include_attributes=False)
+    dumped = stable_dump(_drop_docstrings(node))
     return hashlib.sha256(dumped.encode("utf-8")).hexdigest()
 
 

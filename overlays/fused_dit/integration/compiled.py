@@ -7,7 +7,7 @@ about as well as our kernels do, so keeping them opaque under compile costs more
 RoPE is ~2.2x slower than our kernel (FACTS.md), so that family stays. A family left to Inductor traces the stock
 math of ComfyUI's block, which is what the eager overlay computes bit for bit, so only the speed changes.
 
-The default is decided by the GPU measurement in benchmarks/results/generation.json: config overlay_compile runs
+The default is decided by the GPU measurement in benchmarks/results/generation-0.3.64.json: config overlay_compile runs
 this default, overlay_compile_allops sets UNDER_COMPILE to all three families. FP8 linears are governed
 separately (fp8_modules) and are not read here. In eager mode (not tracing) every enabled family runs its kernel.
 
