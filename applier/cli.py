@@ -121,11 +121,15 @@ def remember_interpreter(found, catalog, python: Path | None) -> None:
     """After a command that wrote with --python: record that interpreter for this install's later commands."""
     from applier.allowlist import store_for
     from applier.lock import target_lock
+    from applier.state import read_interpreter
     if python is None or found.python is None:
+        return
+    chosen = Path(os.path.abspath(found.python))
+    if read_interpreter(found.state_dir) == chosen:   # already recorded: no lock, no write
         return
     store = store_for(found, catalog)
     with target_lock(store):
-        store.record_interpreter(Path(os.path.abspath(found.python)))
+        store.record_interpreter(chosen)
 
 
 def say_interpreter(found) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -207,12 +208,12 @@ class StateStore:
             return
         except OSError as exc:
             raise io_failure(exc, self.dir, "read") from exc
-        if os.path.islink(self.dir):
+        if stat.S_ISLNK(st.st_mode):
             raise StateCorruptError(f"{self.dir} is a symbolic link: applier's state, lock and backups would land "
                                     f"where it points ({os.readlink(self.dir)})",
                                     hint="nothing was changed; replace the link by a real folder (move the "
                                          "folder it points to in its place if it holds this install's state)")
-        if not os.path.isdir(self.dir) or st is None:
+        if not stat.S_ISDIR(st.st_mode):
             raise StateCorruptError(f"{self.dir} is not a folder",
                                     hint="applier keeps its state in that folder: move the file aside")
         try:
