@@ -6,7 +6,8 @@ forwards in `finally`, so the original MODEL output, other branches of the graph
 With FP8 on, `fp8_weights` says where the bf16 weights stay: "replace" (the default) swaps each FP8 Linear for
 FP8 codes through ComfyUI's object patches on the clone (fused_dit.integration.fp8_codes: 1 byte per parameter on
 the GPU instead of 2, restored by ComfyUI when it unloads the clone); "alongside" keeps the bf16 weights and
-caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per parameter more). The cached codes
+caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per parameter more). Where every
+family asked for stays stock on the loaded model, no wrapper is added at all. The cached codes
 persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
 anything else raises a clear error when the node runs. Each op family runs only the variant verified for the code
 the loaded model runs (fused_dit.variants); the node says once, per family, which variant runs or why it stays
@@ -103,14 +104,19 @@ class FusedDiTOps:
             raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHTS)}")
         flags = {"norm_rope": norm_rope, "adaln": adaln, "gate": gate, "fp8_linear": fp8_linear}
         ops = tuple(name for name in fused_dit.OP_FAMILIES if flags[name])
-        from fused_dit.integration import recognition
-        for family, line in recognition(model.model.diffusion_model, ops).items():
+        from fused_dit.integration import is_active, recognition
+        diffusion_model = model.model.diffusion_model
+        for family, line in recognition(diffusion_model, ops).items():
             say_once(f"{family}: {line}")
         apply_model, on_cleanup = _hook_names()
         patched = model.clone()
         patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
-        if ops:
+        if ops and is_active(diffusion_model, ops):
             patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(ops))
+        elif ops:
+            # a wrapper that installs nothing still costs a call per step: the model runs as ComfyUI's own
+            say_once(f"{', '.join(ops)}: every one stays stock on {type(diffusion_model).__name__} (above), so the "
+                     f"node adds no wrapper to its model calls")
         if attention:
             from fused_dit.integration import attention as attention_family
             say_once(f"attention: {attention_family.install(patched.model_options)}")

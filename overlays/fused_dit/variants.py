@@ -102,10 +102,21 @@ def add_verified(variant: str, label: str, fingerprints: dict[str, str]) -> None
     if unknown:
         raise ValueError(f"{variant} does not depend on {sorted(unknown)}")
     spec.verified_on[label] = dict(fingerprints)
+    _CHANGES[0] += 1
 
 
 def remove_verified(variant: str, label: str) -> None:
     all_variants()[variant].verified_on.pop(label, None)
+    _CHANGES[0] += 1
+
+
+_CHANGES = [0]
+
+
+def changes() -> int:
+    """How many times a verified fingerprint set was added or removed in this process (plans made before are
+    stale)."""
+    return _CHANGES[0]
 
 
 def match(spec: Variant, found: dict[str, str | None], missing_reason: dict[str, str] | None = None,

@@ -127,21 +127,28 @@ def _fp8_seam_units(block: torch.nn.Module, skip_prefixes: tuple[str, ...]):
             yield module, is_ffn
 
 
-def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
-    """FP8 forwards for a block's Linear layers (FFNs get the fused GELU path); modulation Linears stay stock, and
-    so do Linear ops whose forward the FP8 seam was not verified on.
-
-    Returns the Linear modules that now run in FP8.
-    """
+def planned_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> tuple[list, list]:
+    """(installs, linears): the FP8 forwards for a block's Linear layers as (module, overlay forward, key) to hand
+    to install_forward (FFNs get the fused GELU path), and the Linear modules they run in FP8. Modulation Linears
+    stay stock, and so do Linear ops whose forward the FP8 seam was not verified on."""
+    installs: list = []
     linears: list[torch.nn.Module] = []
     for module, is_ffn in _fp8_seam_units(block, skip_prefixes):
         slot_of(module)
         if is_ffn:
-            install_forward(module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock), "fp8_ffn")
+            installs.append((module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock), "fp8_ffn"))
             linears += [module[0], module[2]]
         else:
-            install_forward(module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock), "fp8_linear")
+            installs.append((module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock), "fp8_linear"))
             linears.append(module)
+    return installs, linears
+
+
+def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
+    """Install planned_fp8_linears on a block; returns the Linear modules that now run in FP8."""
+    installs, linears = planned_fp8_linears(block, skip_prefixes)
+    for module, forward, key in installs:
+        install_forward(module, forward, key)
     return linears
 
 
@@ -156,15 +163,19 @@ class BlockSpec:
     dependencies: Callable            # block -> {dependency key: the live function/class it runs}
 
 
-def install_block_overlays(block: torch.nn.Module, spec: BlockSpec, ops: frozenset,
-                           forward_verified: bool = True) -> list[torch.nn.Module]:
-    """Swap one recognised block's forward in (where its code is the verified one) and its Linears for FP8;
-    returns the Linears now in FP8."""
+def planned_block_overlays(block: torch.nn.Module, spec: BlockSpec, ops: frozenset,
+                           forward_verified: bool = True) -> tuple[list, list]:
+    """(installs, FP8 Linears) for one recognised block: its forward overlay (where its code is the verified one)
+    and its Linears' FP8 forwards, as (module, overlay forward, key) for install_forward."""
+    installs: list = []
     block_ops = ops - {"fp8_linear"}
     if block_ops and forward_verified:
-        install_forward(block, lambda stock, *a, **kw: spec.forward(block, block_ops, stock, *a, **kw),
-                        ("block", block_ops))
-    return install_fp8_linears(block, spec.linear_skip) if "fp8_linear" in ops else []
+        installs.append((block, lambda stock, *a, **kw: spec.forward(block, block_ops, stock, *a, **kw),
+                         ("block", block_ops)))
+    if "fp8_linear" not in ops:
+        return installs, []
+    fp8_installs, linears = planned_fp8_linears(block, spec.linear_skip)
+    return installs + fp8_installs, linears
 
 
 def _block_specs() -> dict[str, BlockSpec]:
@@ -207,11 +218,83 @@ def supported_blocks(model: torch.nn.Module) -> int:
 def fp8_linear_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """(name in model, module) of every Linear `enable(model, ops=("fp8_linear",))` would run in FP8, in model
     order, without installing anything; raises UnsupportedModelError like enable."""
-    supported_blocks(model)
-    chosen = {id(linear) for block, spec, _ in _recognised_blocks(model, [])
-              for unit, is_ffn in _fp8_seam_units(block, spec.linear_skip)
-              for linear in ((unit[0], unit[2]) if is_ffn else (unit,))}
+    chosen = {id(linear) for linear in plan(model, ("fp8_linear",)).fp8_modules}
     return [(name, module) for name, module in model.named_modules() if id(module) in chosen]
+
+
+@dataclass
+class Plan:
+    """What `enable` installs on one model for one set of op families, worked out once and kept on the model
+    (ComfyUI's node enables and disables around every model call: recognising blocks, matching fingerprints and
+    walking every block's Linears each time cost tens of milliseconds of host time per step). It is used again
+    while the model has the same modules in the same places (`structure`; `modules` holds them, so no id is
+    reused while the plan lives), the recognised blocks' classes have the same forward and no verified era was
+    added or removed (eras.epoch)."""
+    key: tuple
+    structure: list[int]
+    modules: list[torch.nn.Module]
+    class_forwards: tuple
+    installs: list                       # (module, overlay forward, key) for install_forward
+    fp8_modules: list[torch.nn.Module]
+    report: dict
+    rope_namespace: dict | None
+
+
+_PLAN_ATTR = "_fused_dit_install_plans"   # {op families: Plan}
+_ENABLED_ATTR = "_fused_dit_enabled"     # the plan the last enable installed, for disable
+
+
+def _walk(model: torch.nn.Module) -> tuple[list[int], list[torch.nn.Module]]:
+    """(ids, modules) of the model and every submodule, in a fixed order: a walk of `_modules` without
+    named_modules' prefixes and set (a quarter of its cost)."""
+    ids: list[int] = []
+    modules: list[torch.nn.Module] = []
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if module is None:
+            continue
+        ids.append(id(module))
+        modules.append(module)
+        stack.extend(module._modules.values())
+    return ids, modules
+
+
+def _class_forwards(blocks) -> tuple:
+    return tuple((type(block), type(block).forward) for block in blocks)
+
+
+def plan(model: torch.nn.Module, ops=OP_FAMILIES) -> Plan:
+    """The install plan for `model` and `ops` (frozenset), the cached one while it still holds; raises
+    UnsupportedModelError like enable."""
+    ops = frozenset(ops)
+    key = (ops, eras.epoch())
+    structure, modules = _walk(model)
+    plans = model.__dict__.setdefault(_PLAN_ATTR, {})
+    cached = plans.get(ops)
+    if (cached is not None and cached.key == key and cached.structure == structure
+            and all(type(block).forward is forward for block, (_, forward)
+                    in zip((m for m, *_ in cached.installs), cached.class_forwards))):
+        return cached
+    supported_blocks(model)
+    report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
+    installs: list = []
+    fp8_modules: list[torch.nn.Module] = []
+    for block, spec, forward_verified in _recognised_blocks(model, report["skipped"]):
+        block_installs, linears = planned_block_overlays(block, spec, ops, forward_verified)
+        installs += block_installs
+        fp8_modules += linears
+        report["blocks"] += forward_verified
+    report["fp8_linears"] = len(fp8_modules)
+    # blocks that run their block-forward variant apply RoPE themselves; the seam serves the others
+    wants_seams = "norm_rope" in ops and (report["skipped"] or not report["blocks"])
+    fresh = Plan(key=key, structure=structure, modules=modules,
+                 class_forwards=_class_forwards(m for m, *_ in installs), installs=installs,
+                 fp8_modules=fp8_modules, report=report,
+                 rope_namespace=seams.rope_module_globals(model) if wants_seams else None)
+    fresh.report["seams"] = {} if not wants_seams else None
+    plans[ops] = fresh
+    return fresh
 
 
 def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongside") -> dict:
@@ -227,27 +310,44 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
         raise ValueError(f"unknown op families {sorted(unknown)}; known: {', '.join(OP_FAMILIES)}")
     if fp8_weights not in FP8_WEIGHT_STORAGE:
         raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHT_STORAGE)}")
-    supported_blocks(model)
+    chosen = plan(model, ops)
     new_enable_epoch()
-    report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
-    fp8_modules: list[torch.nn.Module] = []
-    for block, spec, forward_verified in _recognised_blocks(model, report["skipped"]):
-        fp8_modules += install_block_overlays(block, spec, ops, forward_verified)
-        report["blocks"] += forward_verified
-    report["fp8_linears"] = len(fp8_modules)
-    # blocks that run their block-forward variant apply RoPE themselves; the seam serves the others
-    report["seams"] = seams.install(model, ops) if report["skipped"] or not report["blocks"] else {}
+    for module, forward, key in chosen.installs:
+        install_forward(module, forward, key)
+    model.__dict__[_ENABLED_ATTR] = chosen
+    report = {**chosen.report, "skipped": list(chosen.report["skipped"])}
+    if report["seams"] is None:
+        report["seams"] = seams.install(model, ops, chosen.rope_namespace)
     if fp8_weights == "replace":
-        freed = [store_fp8_only(module) for module in fp8_modules]
+        freed = [store_fp8_only(module) for module in chosen.fp8_modules]
         report["fp8_weights_stored_in_host_memory"] = sum(1 for b in freed if b)
         report["gpu_bytes_freed"] = sum(freed)
     return report
 
 
+def is_active(model: torch.nn.Module, ops=OP_FAMILIES) -> bool:
+    """Whether enabling `ops` on `model` would change anything it runs: a forward to install or an op seam
+    that would run (the node adds no per-call wrapper where nothing would)."""
+    chosen = plan(model, ops)
+    if chosen.installs:
+        return True
+    if chosen.report["seams"] is not None:
+        return False
+    return seams.would_install(chosen.rope_namespace)
+
+
 def disable(model: torch.nn.Module, drop_fp8_weights: bool = False) -> int:
     """Restore every forward and op seam the overlays replaced and move weights stored in host memory back; returns
-    how many forwards and seams. FP8 weight copies are kept unless asked."""
+    how many forwards and seams. FP8 weight copies are kept unless asked. After an enable of this process it
+    visits only what that enable installed; otherwise (and when dropping FP8 copies) every module."""
     restored = seams.restore(model)
+    enabled = model.__dict__.pop(_ENABLED_ATTR, None)
+    if enabled is not None and not drop_fp8_weights:
+        for module, _, _ in enabled.installs:
+            restored += restore_forward(module)
+        for module in enabled.fp8_modules:
+            restore_stored_weight(module)
+        return restored
     for module in model.modules():
         restored += restore_forward(module)
         restore_stored_weight(module)

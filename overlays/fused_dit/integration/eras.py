@@ -164,8 +164,17 @@ def say_once(subject: str, reason: str) -> None:
         log.warning("fused_dit: %s stays stock (%s)", subject, reason)
 
 
+_CLEARED = [0]
+
+
+def epoch() -> tuple[int, int]:
+    """Changes whenever a verdict could: caches cleared, verified sets added or removed (install plans key on it)."""
+    return _CLEARED[0], variants.changes()
+
+
 def clear_caches() -> None:
     """Forget verdicts (tests that add or remove verified fingerprint sets)."""
+    _CLEARED[0] += 1
     _VERDICTS.clear()
     _LINEAR_VERDICTS.clear()
     _SAID.clear()

@@ -91,24 +91,42 @@ def _replacement(namespace, name: str, original):
     return cached[1]
 
 
-def install(model: torch.nn.Module, ops) -> dict:
-    """Swap the seams of the enabled families in for this model; returns {seam: what runs, or why not}."""
-    if "norm_rope" not in ops or _INSTALLED_ATTR in model.__dict__:
-        return {}
-    namespace = rope_module_globals(model)
+_NOT_GIVEN = object()
+
+
+def _verdict(namespace: dict | None) -> tuple[str | None, object]:
+    """(why the RoPE seam stays stock or None, the ck namespace) for the math module a model's blocks call."""
     if namespace is None:
-        return {ROPE_VARIANT: "stock: the model's blocks call no apply_rope of a module the seam knows"}
+        return "the model's blocks call no apply_rope of a module the seam knows", None
     verdict = eras.seam_match(ROPE_VARIANT, rope_dependencies(namespace))
-    ck = kitchen(namespace)
     if not verdict.matched:
-        return {ROPE_VARIANT: f"stock: {verdict.reason}"}
+        return verdict.reason, None
     off = variants.all_variants()[ROPE_VARIANT].switched_off()   # present: it matched
     if off:
         eras.say_once(ROPE_VARIANT, off)
-        return {ROPE_VARIANT: f"stock: {off}"}
+        return off, None
+    ck = kitchen(namespace)
     if ck is None or not all(callable(getattr(ck, name, None)) for name in _SEAMS):
         eras.say_once(ROPE_VARIANT, "comfy.quant_ops.ck has no apply_rope/apply_rope1 (comfy-kitchen missing)")
-        return {ROPE_VARIANT: "stock: comfy.quant_ops.ck has no apply_rope/apply_rope1"}
+        return "comfy.quant_ops.ck has no apply_rope/apply_rope1", None
+    return None, ck
+
+
+def would_install(namespace: dict | None) -> bool:
+    """Whether install would swap the RoPE seam in for a model whose blocks call this math module."""
+    return _verdict(namespace)[0] is None
+
+
+def install(model: torch.nn.Module, ops, namespace=_NOT_GIVEN) -> dict:
+    """Swap the seams of the enabled families in for this model; returns {seam: what runs, or why not}.
+    `namespace`: rope_module_globals(model) when the caller has it (its walk of the model is skipped)."""
+    if "norm_rope" not in ops or _INSTALLED_ATTR in model.__dict__:
+        return {}
+    if namespace is _NOT_GIVEN:
+        namespace = rope_module_globals(model)
+    why, ck = _verdict(namespace)
+    if why is not None:
+        return {ROPE_VARIANT: f"stock: {why}"}
     ours = {id(replacement) for _, replacement in _REPLACEMENTS.values()}
     if any(id(getattr(ck, name)) in ours for name in _SEAMS):
         return {ROPE_VARIANT: "runs (installed for another model)"}
@@ -119,7 +137,8 @@ def install(model: torch.nn.Module, ops) -> dict:
         setattr(ck, name, replacement)
         installed.append((ck, name, original, replacement))
     model.__dict__[_INSTALLED_ATTR] = installed
-    return {ROPE_VARIANT: f"runs (verified on ComfyUI {verdict.verified_on})"}
+    verified_on = eras.seam_match(ROPE_VARIANT, rope_dependencies(namespace)).verified_on
+    return {ROPE_VARIANT: f"runs (verified on ComfyUI {verified_on})"}
 
 
 def restore(model: torch.nn.Module) -> int:
