@@ -768,31 +768,60 @@ def is_reference(run: dict) -> bool:
 
 def run_key(run: dict) -> tuple:
     return (run.get("comfyui_version"), run["model"], run["resolution"], run["weights"], run["config"],
-            model_mode(run), run.get("weights_loaded", WEIGHTS_LOADED[False]))
+            model_mode(run), run.get("weights_loaded", WEIGHTS_LOADED[False]), run.get("vram_mode"))
+
+
+def reference_group(run: dict) -> tuple:
+    """What a run's speedup is taken against: the stock run of the same release, model, resolution, way of
+    loading the weights and VRAM mode (DynamicVRAM and --disable-dynamic-vram are two different stocks)."""
+    return (run.get("comfyui_version"), run["model"], run["resolution"],
+            run.get("weights_loaded", WEIGHTS_LOADED[False]), run.get("vram_mode"))
 
 
 def combine(reports: list[dict]) -> dict:
-    """One report from several calls' reports: later runs replace earlier ones with the same key; speedups are
-    recomputed against the stock run of the same model, resolution and way of loading the weights."""
+    """One report from several calls' reports: later runs replace earlier ones with the same key. A run's speedup
+    is against the stock run of its own call where that call has one (timings of two calls differ by more than
+    some overlays gain), else against the newest stock of its group; `speedup_reference` says which. Runs of a
+    report that is itself combined keep the speedup and reference they were given there."""
     combined = dict(reports[-1])
     runs: dict = {}
     for report in reports:
         version = ((report.get("environment") or {}).get("comfyui") or {}).get("comfyui_version")
+        own_stock: dict = {}
+        already_combined = "calls" in report
         for run in report["runs"]:
             run = {**run, "model_mode": model_mode(run)}
             run.setdefault("comfyui_version", version)
+            if is_reference(run) and run.get("s_per_step"):
+                own_stock[reference_group(run)] = run
+        for run in report["runs"]:
+            run = {**run, "model_mode": model_mode(run)}
+            run.setdefault("comfyui_version", version)
+            stock = own_stock.get(reference_group(run))
+            if already_combined and run.get("speedup_reference"):
+                run["_kept"] = True
+            elif stock is not None:
+                run["_own_stock"] = stock
             runs[run_key(run)] = run
+    newest = {reference_group(r): r for r in runs.values() if is_reference(r) and r.get("s_per_step")}
+    for run in runs.values():
+        stock = run.pop("_own_stock", None)
+        if run.pop("_kept", False):
+            continue
+        if stock is not None:
+            run["speedup_reference"] = f"stock of its own call ({stock['s_per_step']} s/step, {stock.get('date')})"
+        else:
+            stock = newest.get(reference_group(run))
+            if stock is not None:
+                run["speedup_reference"] = (f"newest stock of its group ({stock['s_per_step']} s/step, "
+                                            f"{stock.get('date')})")
+        reference = stock and stock.get("s_per_step")
+        run["speedup_vs_stock"] = (round(reference / run["s_per_step"], 3)
+                                   if reference and run.get("s_per_step") else None)
     combined["runs"] = list(runs.values())
     # a report that is itself combined brings its own calls along
     combined["calls"] = [call for r in reports for call in (r.get("calls") or [
         {"environment": r.get("environment"), "settings": r.get("settings"), "setup": r.get("setup")}])]
-    loaded = lambda r: r.get("weights_loaded", WEIGHTS_LOADED[False])  # noqa: E731
-    stock = {(r["comfyui_version"], r["model"], r["resolution"], loaded(r)): r.get("s_per_step")
-             for r in combined["runs"] if is_reference(r)}
-    for run in combined["runs"]:
-        reference = stock.get((run["comfyui_version"], run["model"], run["resolution"], loaded(run)))
-        run["speedup_vs_stock"] = (round(reference / run["s_per_step"], 3)
-                                   if reference and run.get("s_per_step") else None)
     return combined
 
 

@@ -241,6 +241,34 @@ def test_a_later_run_replaces_an_earlier_one_of_the_same_key(generation):
     assert len(fp8) == 1 and fp8[0]["speedup_vs_stock"] == 2.0
 
 
+def test_a_run_keeps_the_stock_of_its_own_call(generation):
+    first = {"runs": [_run("stock", 0.2, "0.33.0", date="d1"), _run("overlay_all", 0.1, "0.33.0", date="d1")]}
+    second = {"runs": [_run("stock", 0.1, "0.33.0", date="d2"), _run("overlay_fp8", 0.2, "0.33.0", date="d2")]}
+    runs = {r["config"]: r for r in generation.combine([first, second])["runs"]}
+    assert runs["overlay_all"]["speedup_vs_stock"] == 2.0          # not 1.0 against the second call's stock
+    assert runs["overlay_all"]["speedup_reference"] == "stock of its own call (0.2 s/step, d1)"
+    assert runs["overlay_fp8"]["speedup_vs_stock"] == 0.5 and runs["stock"]["s_per_step"] == 0.1
+
+
+def test_runs_of_a_combined_report_keep_their_speedups(generation):
+    first = {"runs": [_run("stock", 0.2, "0.33.0", date="d1"), _run("overlay_all", 0.1, "0.33.0", date="d1")]}
+    combined = generation.combine([first])
+    later = {"runs": [_run("stock", 0.1, "0.33.0", date="d2")]}
+    again = {r["config"]: r for r in generation.combine([combined, later])["runs"]}
+    assert again["overlay_all"]["speedup_vs_stock"] == 2.0 and again["stock"]["s_per_step"] == 0.1
+
+
+def test_dynamic_vram_and_legacy_runs_are_kept_apart(generation):
+    dynamic = {"runs": [_run("stock", 0.2, "0.33.0", vram_mode="dynamic"),
+                        _run("overlay_fp8", 0.25, "0.33.0", vram_mode="dynamic")]}
+    legacy = {"runs": [_run("stock", 0.16, "0.33.0", vram_mode="legacy"),
+                       _run("overlay_fp8", 0.08, "0.33.0", vram_mode="legacy")]}
+    runs = {(r["vram_mode"], r["config"]): r["speedup_vs_stock"]
+            for r in generation.combine([dynamic, legacy])["runs"]}
+    assert runs == {("dynamic", "stock"): 1.0, ("dynamic", "overlay_fp8"): 0.8,
+                    ("legacy", "stock"): 1.0, ("legacy", "overlay_fp8"): 2.0}
+
+
 def test_forced_eval_and_fp8_weights_are_not_the_reference(generation):
     assert generation.is_reference(_run("stock", 0.2))
     assert generation.is_reference(_run("stock", 0.2, mode="train"))

@@ -125,7 +125,7 @@ class FusedDiTOps:
             from fused_dit.integration.fp8_codes import add_object_patches
             replaced = add_object_patches(patched, fp8_linear_modules(model.model.diffusion_model))
             if replaced.reason:
-                log.info("fused_dit: fp8_weights=replace left the bf16 weights (%s)", replaced.reason)
+                say_once(f"fp8_weights=replace left the bf16 weights ({replaced.reason})")
             else:
                 log.info("fused_dit: %d Linears hold FP8 codes in place of their weights (%.1f GiB less)",
                          replaced.linears, replaced.bytes_saved / 2 ** 30)

@@ -76,6 +76,7 @@ def test_fp8_gemms_run_under_dynamic_vram_on_weights_comfys_cast_streams_in(name
 
 def test_replace_under_dynamic_vram_swaps_nothing_and_says_why(fp8_calls, caplog):
     model, _ = _model("flux")
+    node_pack._SAID.clear()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         patched = _node(ops.DynamicPatcher(model))
     assert not patched.object_patches
@@ -167,3 +168,18 @@ def test_the_plan_sees_a_lora_attached_by_a_later_load(fp8_calls):
         layer.weight_lowvram_function = lambda w: w + 1.0                # a DynamicVRAM load with a LoRA
         fp8_modules.fp8_linear_forward(layer, x, layer.forward)
     assert ops.CASTS                                                     # through the cast: LoRA applied
+
+
+def test_the_node_says_once_why_fp8_under_dynamic_vram_is_slow_and_the_way_out(monkeypatch, caplog):
+    """On a GPU the FP8 forward could run on, DynamicVRAM keeps the bf16 weights (per-call quantisation, measured
+    slower than stock on the H200): the node says so with the measured figures and --disable-dynamic-vram."""
+    from fused_dit.integration import fp8_codes
+    monkeypatch.setattr(fp8_codes, "codes_can_run", lambda device: None)
+    model, _ = _model(sorted(MAKERS)[0])
+    node_pack._SAID.clear()
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        first = _node(ops.DynamicPatcher(model))
+        _node(ops.DynamicPatcher(model))
+    assert not first.object_patches
+    lines = [r.getMessage() for r in caplog.records if "--disable-dynamic-vram" in r.getMessage()]
+    assert len(lines) == 1 and "0.79x" in lines[0] and "fp8_weights=replace left the bf16 weights" in lines[0]

@@ -22,10 +22,12 @@ The swap goes through ComfyUI's own machinery, so that ModelPatcher's loading, o
   codes to the input's device and dtype per call, applies `weight_function` / `bias_function`, and multiplies by
   the scale, as ComfyUI's scaled-fp8 Linear does.
 
-Under ComfyUI's DynamicVRAM (`ModelPatcherDynamic`, is_dynamic() true) nothing is swapped: its loader streams
-each weight to the GPU per call and holds none resident for the model, so codes would save no GPU memory, and its
-LoRA path (weight_lowvram_function, applied to the streamed weight's plain values) would miss the codes' scale. The
-FP8 forward then runs through ComfyUI's cast instead (`fp8_weights`).
+Under ComfyUI's DynamicVRAM (`ModelPatcherDynamic`, is_dynamic() true) nothing is swapped: comfy-aimdo owns the
+weights (resident in its own VRAM allocation or streamed per call, at its choice) and ComfyUI's cast hands each
+Linear its bf16 weight per call; its LoRA path (weight_lowvram_function, applied to that weight's plain values)
+would miss the codes' scale. The FP8 forward then runs through ComfyUI's cast (`fp8_weights`), quantising each
+weight for its call: on the H200 that costs more than FP8 saves (DYNAMIC_REASON has the figures), and the node
+says so once with the way out, `--disable-dynamic-vram`.
 
 The overlay's FP8 forward (`fp8_modules`) reads the codes as they are, with dynamic per-tensor activation scales
 (`fused_dit_dynamic_input`): the same codes, scales and GEMM as with the weights alongside, so the output is the
@@ -136,9 +138,12 @@ def codes_can_run(device) -> str | None:
     return None if choice.triton else choice.reason
 
 
-DYNAMIC_REASON = ("ComfyUI's DynamicVRAM streams the weights to the GPU per call and keeps none resident for "
-                  "the model: the FP8 forward quantises each streamed weight for its call (fp8_weights), and codes "
-                  "in the weights' place would take LoRA (weight_lowvram_function) in the codes' unscaled values")
+DYNAMIC_REASON = ("ComfyUI's DynamicVRAM (comfy-aimdo) owns the weights and hands each Linear its bf16 weight per "
+                  "call, so the FP8 forward quantises that weight for its call, and codes in the weights' place "
+                  "would take LoRA (weight_lowvram_function) in the codes' unscaled values. Measured on the H200, "
+                  "ComfyUI 0.33.0, Flux-dev 1024: FP8 under DynamicVRAM 0.79x stock; started with "
+                  "--disable-dynamic-vram the codes take the weights' place: FP8 1.11x, with the attention toggle "
+                  "1.36x, 14.6 GiB against 22.6 (benchmarks/results/generation-0.33.0.json)")
 
 
 def dynamic_reason(patcher) -> str | None:
