@@ -798,7 +798,7 @@ def combine(reports: list[dict]) -> dict:
             run = {**run, "model_mode": model_mode(run)}
             run.setdefault("comfyui_version", version)
             stock = own_stock.get(reference_group(run))
-            if already_combined and run.get("speedup_reference"):
+            if already_combined and (run.get("speedup_reference") or run.get("speedup_vs_stock") is not None):
                 run["_kept"] = True
             elif stock is not None:
                 run["_own_stock"] = stock
