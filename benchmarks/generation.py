@@ -27,6 +27,8 @@ Configs (the MODEL a workflow hands to KSampler):
     overlay_attention  the node with its attention family alone (issue 21)
     overlay_all      the node with every exact family it offers (attention included where it has one), FP8 off
     overlay_all_fp8  the same with fp8_linear on (fp8_weights "replace")
+    overlay_all_fp8_alongside  the same with fp8_weights "alongside" (under DynamicVRAM: the codes of resident
+                     weights kept between calls instead of quantised per call)
     comfy_sage       what `--use-sage-attention` selects: ComfyUI's attention_sage bound as optimized_attention in
                      every loaded comfy module for the run (the flag binds it so at import); needs sageattention
 A family the node does not offer is recorded in the run (families_absent); a config none of whose families

@@ -13,7 +13,7 @@ import time
 
 CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
            "overlay_fp8_alongside", "overlay_compile_allops", "overlay_attention", "overlay_all", "overlay_all_fp8",
-           "comfy_sage")
+           "overlay_all_fp8_alongside", "comfy_sage")
 COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops")
 # configs that only exist on ComfyUI's fp8 weights
 FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
@@ -29,6 +29,7 @@ OVERLAY_FAMILIES = {
     "overlay_attention": ("attention",),
     "overlay_all": EXACT_FAMILIES,
     "overlay_all_fp8": EXACT_FAMILIES + ("fp8_linear",),
+    "overlay_all_fp8_alongside": EXACT_FAMILIES + ("fp8_linear",),
 }
 # what comfy_sage rebinds, and how to put it back (module, attribute, previous value)
 _UNDO: list = []
@@ -59,7 +60,7 @@ def node_inputs(config: str, offered: tuple, input_types: dict | None = None) ->
         raise ConfigSkipped(f"the node offers none of {', '.join(wanted)} (it offers: {', '.join(offered)})")
     optional = (input_types or {}).get("optional") or {}
     if inputs.get("fp8_linear") and "fp8_weights" in optional:
-        inputs["fp8_weights"] = "alongside" if config == "overlay_fp8_alongside" else "replace"
+        inputs["fp8_weights"] = "alongside" if config.endswith("_alongside") else "replace"
     return inputs, absent
 
 

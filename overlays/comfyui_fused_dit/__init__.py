@@ -6,7 +6,9 @@ forwards in `finally`, so the original MODEL output, other branches of the graph
 With FP8 on, `fp8_weights` says where the bf16 weights stay: "replace" (the default) swaps each FP8 Linear for
 FP8 codes through ComfyUI's object patches on the clone (fused_dit.integration.fp8_codes: 1 byte per parameter on
 the GPU instead of 2, restored by ComfyUI when it unloads the clone); "alongside" keeps the bf16 weights and
-caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per parameter more). Where every
+caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per parameter more); under DynamicVRAM,
+where nothing is swapped, "alongside" keeps the codes of the weights comfy-aimdo holds resident between calls
+instead of quantising them per call. Where every
 family asked for stays stock on the loaded model, no wrapper is added at all. The cached codes
 persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
 anything else raises a clear error when the node runs. Each op family runs only the variant verified for the code
@@ -37,14 +39,18 @@ def _hook_names() -> tuple[str, str]:
     return WrappersMP.APPLY_MODEL, CallbacksMP.ON_CLEANUP
 
 
-def make_apply_model_wrapper(ops: tuple[str, ...]):
+def make_apply_model_wrapper(ops: tuple[str, ...], keep_resident_codes: bool = False):
+    """keep_resident_codes: fp8_weights "alongside" under DynamicVRAM keeps the FP8 codes of weights comfy-aimdo
+    holds resident between calls (fused_dit.integration.fp8_weights)."""
     import fused_dit
+    from fused_dit.integration.fp8_weights import keep_resident_codes as keeping
 
     def fused_dit_apply_model(executor, *args, **kwargs):
         diffusion_model = executor.class_obj.diffusion_model
         fused_dit.enable(diffusion_model, ops=ops)
         try:
-            return executor(*args, **kwargs)
+            with keeping(keep_resident_codes):
+                return executor(*args, **kwargs)
         finally:
             fused_dit.disable(diffusion_model)
     return fused_dit_apply_model
@@ -90,7 +96,9 @@ class FusedDiTOps:
             "fp8_weights": (list(FP8_WEIGHTS), {
                 "default": "replace",
                 "tooltip": "with fp8_linear: 'replace' keeps only FP8 codes of those Linears on the GPU (half "
-                           "their memory); 'alongside' keeps the bf16 weights too (exact bf16 where FP8 declines)"}),
+                           "their memory); 'alongside' keeps the bf16 weights too (exact bf16 where FP8 declines; under "
+                           "DynamicVRAM it keeps the codes of resident weights between calls, 1 byte per "
+                           "parameter more)"}),
         }}
 
     def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False, fp8_weights="replace",
@@ -112,7 +120,8 @@ class FusedDiTOps:
         patched = model.clone()
         patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
         if ops and is_active(diffusion_model, ops):
-            patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(ops))
+            patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(
+                ops, keep_resident_codes=fp8_linear and fp8_weights == "alongside"))
         elif ops:
             # a wrapper that installs nothing still costs a call per step: the model runs as ComfyUI's own
             say_once(f"{', '.join(ops)}: every one stays stock on {type(diffusion_model).__name__} (above), so the "

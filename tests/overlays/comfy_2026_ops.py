@@ -12,7 +12,9 @@ What fused_dit's FP8 seam relies on in comfy/ops.py and comfy/model_patcher.py o
   `_layout_cls` (the layout's name), `dequantize()`; its `dtype` is the original dtype, as comfy-kitchen reports.
 - `DynamicPatcher`: what ModelPatcherDynamic's load leaves on a model: every cast op gets `comfy_cast_weights`, a vbar
   slot `_v`, empty function lists and, for weights with patches, a `weight_lowvram_function`; weights stay where
-  they were (host memory) and are streamed in by the cast. `is_dynamic()` is true.
+  they were (host memory) and are streamed in by the cast. `is_dynamic()` is true. With `resident` set, a weight
+  streamed in stays: the cast hands back that same tensor (`_v_weight`, with a fresh `_v_signature` when it faults
+  in), as ComfyUI 0.33.0's cast does for a resident vbar weight.
 """
 from __future__ import annotations
 
@@ -78,10 +80,14 @@ def cast_bias_weight(s, input=None, dtype=None, device=None, bias_dtype=None, of
             value = lowvram(weight.dequantize().to(compute_dtype or dtype)) if lowvram is not None else \
                 weight.dequantize()
             weight = QuantizedTensor.quantize(value) if want_requant and not s.weight_function else value
+    elif getattr(s, "_resident", False) and "_v_weight" in s.__dict__ and s._v_weight.dtype == dtype:
+        weight = s._v_weight      # aimdo's resident copy, handed back itself (a LoRA went in when it faulted in)
     else:
         weight = weight.to(device=device, dtype=dtype, copy=True)
         if lowvram is not None:
             weight = lowvram(weight)
+        if getattr(s, "_resident", False):
+            s._v_weight, s._v_signature = weight, object()
     for function in s.weight_function:
         weight = function(weight if not isinstance(weight, QuantizedTensor) else weight.dequantize())
     bias = s._parameters.get("bias")
@@ -163,6 +169,8 @@ class DynamicPatcher(LifecyclePatcher):
     """The load ModelPatcherDynamic does, as far as the ops see it (clone, patches and sample as the lifecycle
     fake of test_fp8_codes.py has them)."""
 
+    resident = False     # True: weights stay in VRAM once streamed in (comfy-aimdo's vbar with room to spare)
+
     def is_dynamic(self) -> bool:
         return True
 
@@ -172,6 +180,9 @@ class DynamicPatcher(LifecyclePatcher):
                 continue
             module.comfy_cast_weights, module.seed_key = True, name
             module._v, module._streamed_from_host = ("vbar slot", name), True
+            module._resident = self.resident
+            if "_v_weight" in module.__dict__ and not self.resident:
+                del module._v_weight
             module.weight_function, module.bias_function = [], []
             patches = self.patches.get(f"diffusion_model.{name}.weight")
             module.weight_lowvram_function = None if not patches else _AddDelta(patches)

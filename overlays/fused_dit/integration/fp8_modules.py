@@ -205,6 +205,7 @@ def drop_fp8_cache(module: torch.nn.Module) -> None:
     restore_stored_weight(module)
     module.__dict__.pop(_CACHE_ATTR, None)
     module.__dict__.pop(_PLAN_ATTR, None)
+    module.__dict__.pop(fp8_weights.RESIDENT_CODES_ATTR, None)
 
 
 def store_fp8_only(module: torch.nn.Module, host: torch.device = torch.device("cpu")) -> int:

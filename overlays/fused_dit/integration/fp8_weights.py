@@ -16,12 +16,18 @@ same call for the FP8 path, so nothing of ComfyUI's streaming, offload or LoRA i
   dynamic per-tensor scale;
 - the cast gives a plain bf16/fp16/fp32 weight (with LoRA and weight functions applied by ComfyUI): it is quantised
   for this call only (op 5) and dropped after the GEMM, so no second copy of any weight stays on the GPU.
+With the node's `fp8_weights` "alongside" (`keep_resident_codes`), a weight DynamicVRAM holds resident (the cast
+hands back comfy-aimdo's `_v_weight` itself, no LoRA or weight function on the module) keeps its codes between
+calls, keyed by that tensor and its vbar signature: no quantisation per call, one byte per parameter more on the
+GPU beside aimdo's weights (what "alongside" means). Anything else, or a module that gets a LoRA, drops them.
 Everything else runs the op's own forward, said once (logger `fused_dit`): other layouts (nvfp4, mxfp8, int8),
 ComfyUI's full-precision or forced-cast flags, AWQ `pre_quant_scale`, inputs the FP8 GEMM cannot take. The pack's
 own `fp8_codes.Fp8CodesLinear` keeps its own forward (its weight functions see the codes' values).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import sys
@@ -169,6 +175,44 @@ def cast_arguments(seam: CastSeam, dtype: torch.dtype, quantized: bool) -> dict:
     return kwargs
 
 
+_KEEP_RESIDENT_CODES: contextvars.ContextVar[bool] = contextvars.ContextVar("fused_dit_keep_resident_codes",
+                                                                         default=False)
+RESIDENT_CODES_ATTR = "_fused_dit_resident_codes"
+
+
+@contextlib.contextmanager
+def keep_resident_codes(keep: bool = True):
+    """For the calls inside: keep the codes of weights DynamicVRAM holds resident (the node's fp8_weights
+    "alongside", set around each model call)."""
+    token = _KEEP_RESIDENT_CODES.set(keep)
+    try:
+        yield
+    finally:
+        _KEEP_RESIDENT_CODES.reset(token)
+
+
+def _resident_codes(module: torch.nn.Module, weight: torch.Tensor):
+    """(codes, scale) kept for the resident weight the cast handed back, quantised on the first call; None where
+    nothing may be kept (not asked, not aimdo's resident tensor, LoRA or weight functions on the module), and then
+    codes kept before are dropped."""
+    attrs = module.__dict__
+    if not _KEEP_RESIDENT_CODES.get():
+        return None
+    if (weight is not attrs.get("_v_weight") or attrs.get("weight_lowvram_function") is not None
+            or attrs.get("bias_lowvram_function") is not None or getattr(module, "weight_function", None)
+            or getattr(module, "bias_function", None)):
+        attrs.pop(RESIDENT_CODES_ATTR, None)
+        return None
+    key = (id(weight), weight.data_ptr(), weight.dtype, tuple(weight.shape), weight.device,
+           id(attrs.get("_v_signature")))
+    kept = attrs.get(RESIDENT_CODES_ATTR)
+    if kept is not None and kept[0] == key:
+        return kept[1], kept[2]
+    codes, scale = op.quantize_weight_fp8(weight)
+    attrs[RESIDENT_CODES_ATTR] = (key, codes, scale)
+    return codes, scale
+
+
 def cast_forward(module: torch.nn.Module, seam: CastSeam, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
     """One call: the weight from ComfyUI's cast, the FP8 GEMM on it, ComfyUI's uncast after."""
     result = seam.cast(module, x, **kwargs)
@@ -180,8 +224,10 @@ def cast_forward(module: torch.nn.Module, seam: CastSeam, kwargs: dict, x: torch
                 dispatch.say_once(OP, "stock forward (cast seam)", scale)
                 return module.forward_comfy_cast_weights(x)
         else:
-            # the weight as ComfyUI made it for this call (LoRA and weight functions applied): codes for this call only
-            codes, scale = op.quantize_weight_fp8(weight)
+            # the weight as ComfyUI made it for this call (LoRA and weight functions applied): codes for this call
+            # only, or kept with aimdo's resident weight where asked
+            kept = _resident_codes(module, weight)
+            codes, scale = kept if kept is not None else op.quantize_weight_fp8(weight)
         fp8_weight = op.Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=())
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
