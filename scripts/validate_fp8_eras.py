@@ -18,6 +18,8 @@ Modules the trees import that this machine lacks and that have nothing to do wit
 validate_overlay_eras.py) and listed.
 
     python scripts/validate_fp8_eras.py --tree 0.3.64=DIR --tree 0.33.0=DIR ... [--out benchmarks/results/fp8-eras.json]
+        [--record-mixed]      # each tree's mixed_precision_ops().Linear, where its checks passed, becomes a verified
+                              # era of the FP8 Linear seam (variants.json: VERSION:mixed_precision_ops().Linear)
 """
 from __future__ import annotations
 
@@ -89,10 +91,47 @@ def runtime_child(tree: Path) -> dict:
     if hasattr(comfy.ops, "mixed_precision_ops"):
         classes["mixed_precision_ops().Linear"] = comfy.ops.mixed_precision_ops({}, torch.bfloat16).Linear
     result["linear_seam_verified"] = {}
+    result["linear_forward_fingerprints"] = {}
     for name, cls in classes.items():
         verdict = eras._verdict(eras.LINEAR_VARIANT, {eras.LINEAR_FORWARD: cls.forward})
         result["linear_seam_verified"][name] = verdict.verified_on or f"not verified: {verdict.reason}"
+        result["linear_forward_fingerprints"][name] = eras.fingerprint_of(cls.forward)[0]
     return result
+
+
+MIXED = "mixed_precision_ops().Linear"
+
+
+def mixed_checks_passed(tree: dict) -> str | None:
+    """None when a tree's run shows the FP8 seam correct on its mixed-precision Linear (its own codes and scale to
+    the GEMM, none re-quantised, a LoRA weight function kept), else why not."""
+    row = tree.get("mixed_precision") or {}
+    if not tree.get("ran") or not row.get("present"):
+        return "no mixed-precision ops in this tree (or the run failed)"
+    lora = row.get("lora_weight_function") or {}
+    checks = {"an FP8 GEMM ran": row.get("fp8_gemms", 0) >= 1, "no weight re-quantised": row.get(
+        "weights_requantised") == 0, "the GEMM got its own codes and scale": row.get(
+        "equals_gemm_of_its_codes_and_scale") is True, "a LoRA weight function was kept": lora.get(
+        "fp8_gemms", 0) >= 1 and lora.get("rel_error_vs_with_lora", 1) < lora.get("rel_error_vs_without_lora", 0)}
+    failed = [name for name, ok in checks.items() if not ok]
+    return f"failed: {', '.join(failed)}" if failed else None
+
+
+def record_mixed(trees: dict, variants_json: Path) -> list[str]:
+    """Accept each tree's mixed-precision Linear forward as a verified era of the FP8 Linear seam (label
+    'VERSION:mixed_precision_ops().Linear'), where that tree's checks passed; returns the labels written."""
+    data = json.loads(variants_json.read_text())
+    spec = data["variants"]["linear_fp8_seam"]
+    (dependency,) = spec["depends_on"]
+    written = []
+    for version, tree in trees.items():
+        fingerprint = (tree.get("linear_forward_fingerprints") or {}).get(MIXED)
+        if fingerprint and mixed_checks_passed(tree) is None:
+            label = f"{version}:{MIXED}"
+            spec["verified_on"][label] = {dependency: fingerprint}
+            written.append(label)
+    variants_json.write_text(json.dumps(data, indent=2) + "\n")
+    return written
 
 
 def _mixed_precision(torch, ops, fp8_modules, fl, fp8_emulated, base, x) -> dict:
@@ -147,6 +186,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tree", action="append", default=[], help="VERSION=DIR")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fp8-eras.json")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--record-mixed", action="store_true",
+                        help="accept each tree's mixed_precision_ops().Linear forward as a verified era of the FP8 "
+                             "Linear seam in overlays/fused_dit/variants.json, where its checks passed")
     parser.add_argument("--runtime-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.runtime_child:
@@ -171,6 +213,9 @@ def main(argv=None) -> int:
               "trees": trees}
     args.out.write_text(dumps(report) + "\n")
     print(json.dumps(trees, indent=1, default=str))
+    if args.record_mixed:
+        labels = record_mixed(trees, REPO / "overlays" / "fused_dit" / "variants.json")
+        print(f"recorded {', '.join(labels) or 'nothing'}")
     return 0 if all(t.get("ran") for t in trees.values()) else 1
 
 
