@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +67,23 @@ def test_where_the_release_order_is_fastest_it_is_kept():
     ran_first.clear()
     override(attention_pytorch, *qkv(), 2, skip_reshape=True)
     assert list(override.choices.values()) == [None]
+
+
+@pytest.mark.parametrize("ms, chosen", [(4.9, None), (4.0, "cudnn")], ids=["within-noise", "clear-gain"])
+def test_a_backend_is_put_first_only_for_a_gain_above_noise(ms, chosen):
+    timings = {"flash": 5.0, "cudnn": ms, "efficient": 9.0, "math": 9.0}
+    override = attention.FastestSdpa(timer=lambda fn: (fn(), timings[ran_first[-1]])[1], devices=("cpu",))
+    ran_first.clear()
+    override(attention_pytorch, *qkv(), 2, skip_reshape=True)
+    assert list(override.choices.values()) == [chosen]
+
+
+def test_the_backend_already_first_in_the_release_order_is_no_reorder(monkeypatch):
+    monkeypatch.setattr(comfy.ops, "SDPA_BACKEND_PRIORITY", ["cudnn", "flash", "efficient", "math"])
+    override = attention.FastestSdpa(timer=fake_timer, devices=("cpu",))
+    ran_first.clear()
+    override(attention_pytorch, *qkv(), 2, skip_reshape=True)
+    assert list(override.choices.values()) == [None]          # as 0.3.64 orders them: the call stays ComfyUI's
 
 
 def test_other_attention_functions_and_devices_pass_through_untouched():
