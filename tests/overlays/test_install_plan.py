@@ -153,3 +153,26 @@ def test_node_adds_its_wrapper_where_a_family_runs():
     assert integration.is_active(model, ("adaln",))
     (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), False, True, False, False)
     assert patched.wrappers["apply_model"][node_pack.WRAPPER_KEY]
+
+
+def test_dropping_fp8_weights_forgets_the_plans_and_the_modules_they_hold(count_recognitions):
+    """ComfyUI's cleanup (the node's ON_CLEANUP: disable with drop_fp8_weights) leaves no plan holding a module, so
+    FP8 codes Linears a clone swapped in and ComfyUI took out again are not kept alive by a plan."""
+    import gc
+    import weakref
+
+    model, _ = blocks.make_flux_stack(depth=1, depth_single=1)
+    block = model.double_blocks[0]
+    swapped_in = torch.nn.Linear(block.img_mlp[0].in_features, block.img_mlp[0].out_features)
+    original, block.img_mlp[0] = block.img_mlp[0], swapped_in       # an object patch while the clone is loaded
+    fused_dit.enable(model, ops=("fp8_linear",))
+    fused_dit.disable(model)
+    block.img_mlp[0] = original                                      # ComfyUI unloads the clone
+    watched = weakref.ref(swapped_in)
+    del swapped_in
+    fused_dit.disable(model, drop_fp8_weights=True)
+    gc.collect()
+    assert watched() is None and integration._PLAN_ATTR not in model.__dict__
+    fused_dit.enable(model, ops=("fp8_linear",))                    # a new plan for the model as it is now
+    fused_dit.disable(model)
+    assert len(count_recognitions) == 2

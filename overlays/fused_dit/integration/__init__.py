@@ -339,15 +339,22 @@ def is_active(model: torch.nn.Module, ops=OP_FAMILIES) -> bool:
 def disable(model: torch.nn.Module, drop_fp8_weights: bool = False) -> int:
     """Restore every forward and op seam the overlays replaced and move weights stored in host memory back; returns
     how many forwards and seams. FP8 weight copies are kept unless asked. After an enable of this process it
-    visits only what that enable installed; otherwise (and when dropping FP8 copies) every module."""
+    visits only what that enable installed; otherwise (and when dropping FP8 copies) every module. Dropping FP8
+    copies also forgets the model's install plans: they hold the modules they were made for, among them a clone's
+    FP8 codes Linears that ComfyUI has taken out of the model again."""
     restored = seams.restore(model)
     enabled = model.__dict__.pop(_ENABLED_ATTR, None)
-    if enabled is not None and not drop_fp8_weights:
+    if enabled is not None:
         for module, _, _ in enabled.installs:
             restored += restore_forward(module)
         for module in enabled.fp8_modules:
             restore_stored_weight(module)
-        return restored
+        if not drop_fp8_weights:
+            return restored
+    if drop_fp8_weights:
+        for stale in model.__dict__.pop(_PLAN_ATTR, {}).values():
+            for module in stale.fp8_modules:
+                drop_fp8_cache(module)
     for module in model.modules():
         restored += restore_forward(module)
         restore_stored_weight(module)
