@@ -786,29 +786,19 @@ def combine(reports: list[dict]) -> dict:
     some overlays gain), else against the newest stock of its group; `speedup_reference` says which. Runs of a
     report that is itself combined keep the speedup and reference they were given there."""
     combined = dict(reports[-1])
-    runs: dict = {}
+    runs: dict = {}          # run key -> (run, its own call's stock or None, keeps the speedup it has)
     for report in reports:
         version = ((report.get("environment") or {}).get("comfyui") or {}).get("comfyui_version")
-        own_stock: dict = {}
-        already_combined = "calls" in report
-        for run in report["runs"]:
-            run = {**run, "model_mode": model_mode(run)}
+        normalised = [{**run, "model_mode": model_mode(run)} for run in report["runs"]]
+        for run in normalised:
             run.setdefault("comfyui_version", version)
-            if is_reference(run) and run.get("s_per_step"):
-                own_stock[reference_group(run)] = run
-        for run in report["runs"]:
-            run = {**run, "model_mode": model_mode(run)}
-            run.setdefault("comfyui_version", version)
-            stock = own_stock.get(reference_group(run))
-            if already_combined and (run.get("speedup_reference") or run.get("speedup_vs_stock") is not None):
-                run["_kept"] = True
-            elif stock is not None:
-                run["_own_stock"] = stock
-            runs[run_key(run)] = run
-    newest = {reference_group(r): r for r in runs.values() if is_reference(r) and r.get("s_per_step")}
-    for run in runs.values():
-        stock = run.pop("_own_stock", None)
-        if run.pop("_kept", False):
+        own_stock = {reference_group(r): r for r in normalised if is_reference(r) and r.get("s_per_step")}
+        for run in normalised:
+            kept = "calls" in report and (run.get("speedup_reference") or run.get("speedup_vs_stock") is not None)
+            runs[run_key(run)] = (run, own_stock.get(reference_group(run)), kept)
+    newest = {reference_group(r): r for r, _, _ in runs.values() if is_reference(r) and r.get("s_per_step")}
+    for run, stock, kept in runs.values():
+        if kept:
             continue
         if stock is not None:
             run["speedup_reference"] = f"stock of its own call ({stock['s_per_step']} s/step, {stock.get('date')})"
@@ -820,7 +810,7 @@ def combine(reports: list[dict]) -> dict:
         reference = stock and stock.get("s_per_step")
         run["speedup_vs_stock"] = (round(reference / run["s_per_step"], 3)
                                    if reference and run.get("s_per_step") else None)
-    combined["runs"] = list(runs.values())
+    combined["runs"] = [run for run, _, _ in runs.values()]
     # a report that is itself combined brings its own calls along
     combined["calls"] = [call for r in reports for call in (r.get("calls") or [
         {"environment": r.get("environment"), "settings": r.get("settings"), "setup": r.get("setup")}])]

@@ -8,9 +8,9 @@ FP8 codes through ComfyUI's object patches on the clone (fused_dit.integration.f
 the GPU instead of 2, restored by ComfyUI when it unloads the clone); "alongside" keeps the bf16 weights and
 caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per parameter more); under DynamicVRAM,
 where nothing is swapped, "alongside" keeps the codes of the weights comfy-aimdo holds resident between calls
-instead of quantising them per call. Where every
-family asked for stays stock on the loaded model, no wrapper is added at all. The cached codes
-persist between steps and are dropped by an ON_CLEANUP callback when ComfyUI cleans the patcher up. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
+instead of quantising them per call. The cached codes persist between steps and are dropped by an ON_CLEANUP
+callback when ComfyUI cleans the patcher up. Where every family asked for stays stock on the loaded model, no
+wrapper is added at all. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
 anything else raises a clear error when the node runs. Each op family runs only the variant verified for the code
 the loaded model runs (fused_dit.variants); the node says once, per family, which variant runs or why it stays
 stock (logger `fused_dit`, shown on ComfyUI's console). The `attention` toggle (off by default) sets the clone's

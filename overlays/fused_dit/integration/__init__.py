@@ -144,14 +144,6 @@ def planned_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) 
     return installs, linears
 
 
-def install_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) -> list[torch.nn.Module]:
-    """Install planned_fp8_linears on a block; returns the Linear modules that now run in FP8."""
-    installs, linears = planned_fp8_linears(block, skip_prefixes)
-    for module, forward, key in installs:
-        install_forward(module, forward, key)
-    return linears
-
-
 @dataclass(frozen=True)
 class BlockSpec:
     """A ComfyUI block class the overlays know (flux.BLOCKS, wan.BLOCKS)."""
@@ -233,11 +225,12 @@ class Plan:
     key: tuple
     structure: list[int]
     modules: list[torch.nn.Module]
-    class_forwards: tuple
     installs: list                       # (module, overlay forward, key) for install_forward
+    class_forwards: tuple                # type(module).forward of each install, in order
     fp8_modules: list[torch.nn.Module]
-    report: dict
-    rope_namespace: dict | None
+    report: dict                         # enable's report, "seams" filled in per enable where wants_seams
+    wants_seams: bool                    # norm_rope asked for and some block runs no block-forward variant
+    rope_namespace: dict | None          # seams.rope_module_globals(model) where wants_seams
 
 
 _PLAN_ATTR = "_fused_dit_install_plans"   # {op families: Plan}
@@ -260,10 +253,6 @@ def _walk(model: torch.nn.Module) -> tuple[list[int], list[torch.nn.Module]]:
     return ids, modules
 
 
-def _class_forwards(blocks) -> tuple:
-    return tuple((type(block), type(block).forward) for block in blocks)
-
-
 def plan(model: torch.nn.Module, ops=OP_FAMILIES) -> Plan:
     """The install plan for `model` and `ops` (frozenset), the cached one while it still holds; raises
     UnsupportedModelError like enable."""
@@ -273,8 +262,8 @@ def plan(model: torch.nn.Module, ops=OP_FAMILIES) -> Plan:
     plans = model.__dict__.setdefault(_PLAN_ATTR, {})
     cached = plans.get(ops)
     if (cached is not None and cached.key == key and cached.structure == structure
-            and all(type(block).forward is forward for block, (_, forward)
-                    in zip((m for m, *_ in cached.installs), cached.class_forwards))):
+            and all(type(module).forward is forward
+                    for (module, _, _), forward in zip(cached.installs, cached.class_forwards))):
         return cached
     supported_blocks(model)
     report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
@@ -287,12 +276,12 @@ def plan(model: torch.nn.Module, ops=OP_FAMILIES) -> Plan:
         report["blocks"] += forward_verified
     report["fp8_linears"] = len(fp8_modules)
     # blocks that run their block-forward variant apply RoPE themselves; the seam serves the others
-    wants_seams = "norm_rope" in ops and (report["skipped"] or not report["blocks"])
-    fresh = Plan(key=key, structure=structure, modules=modules,
-                 class_forwards=_class_forwards(m for m, *_ in installs), installs=installs,
-                 fp8_modules=fp8_modules, report=report,
+    wants_seams = "norm_rope" in ops and bool(report["skipped"] or not report["blocks"])
+    report["seams"] = {}
+    fresh = Plan(key=key, structure=structure, modules=modules, installs=installs,
+                 class_forwards=tuple(type(module).forward for module, _, _ in installs),
+                 fp8_modules=fp8_modules, report=report, wants_seams=wants_seams,
                  rope_namespace=seams.rope_module_globals(model) if wants_seams else None)
-    fresh.report["seams"] = {} if not wants_seams else None
     plans[ops] = fresh
     return fresh
 
@@ -316,7 +305,7 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
         install_forward(module, forward, key)
     model.__dict__[_ENABLED_ATTR] = chosen
     report = {**chosen.report, "skipped": list(chosen.report["skipped"])}
-    if report["seams"] is None:
+    if chosen.wants_seams:
         report["seams"] = seams.install(model, ops, chosen.rope_namespace)
     if fp8_weights == "replace":
         freed = [store_fp8_only(module) for module in chosen.fp8_modules]
@@ -329,11 +318,7 @@ def is_active(model: torch.nn.Module, ops=OP_FAMILIES) -> bool:
     """Whether enabling `ops` on `model` would change anything it runs: a forward to install or an op seam
     that would run (the node adds no per-call wrapper where nothing would)."""
     chosen = plan(model, ops)
-    if chosen.installs:
-        return True
-    if chosen.report["seams"] is not None:
-        return False
-    return seams.would_install(chosen.rope_namespace)
+    return bool(chosen.installs) or (chosen.wants_seams and seams.would_install(chosen.rope_namespace))
 
 
 def disable(model: torch.nn.Module, drop_fp8_weights: bool = False) -> int:

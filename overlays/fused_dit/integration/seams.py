@@ -91,25 +91,23 @@ def _replacement(namespace, name: str, original):
     return cached[1]
 
 
-_NOT_GIVEN = object()
-
-
-def _verdict(namespace: dict | None) -> tuple[str | None, object]:
-    """(why the RoPE seam stays stock or None, the ck namespace) for the math module a model's blocks call."""
+def _verdict(namespace: dict | None) -> tuple[str | None, object, str | None]:
+    """(why the RoPE seam stays stock or None, the ck namespace, the release it was verified on) for the math module
+    a model's blocks call."""
     if namespace is None:
-        return "the model's blocks call no apply_rope of a module the seam knows", None
+        return "the model's blocks call no apply_rope of a module the seam knows", None, None
     verdict = eras.seam_match(ROPE_VARIANT, rope_dependencies(namespace))
     if not verdict.matched:
-        return verdict.reason, None
+        return verdict.reason, None, None
     off = variants.all_variants()[ROPE_VARIANT].switched_off()   # present: it matched
     if off:
         eras.say_once(ROPE_VARIANT, off)
-        return off, None
+        return off, None, None
     ck = kitchen(namespace)
     if ck is None or not all(callable(getattr(ck, name, None)) for name in _SEAMS):
         eras.say_once(ROPE_VARIANT, "comfy.quant_ops.ck has no apply_rope/apply_rope1 (comfy-kitchen missing)")
-        return "comfy.quant_ops.ck has no apply_rope/apply_rope1", None
-    return None, ck
+        return "comfy.quant_ops.ck has no apply_rope/apply_rope1", None, None
+    return None, ck, verdict.verified_on
 
 
 def would_install(namespace: dict | None) -> bool:
@@ -117,14 +115,12 @@ def would_install(namespace: dict | None) -> bool:
     return _verdict(namespace)[0] is None
 
 
-def install(model: torch.nn.Module, ops, namespace=_NOT_GIVEN) -> dict:
+def install(model: torch.nn.Module, ops, namespace: dict | None) -> dict:
     """Swap the seams of the enabled families in for this model; returns {seam: what runs, or why not}.
-    `namespace`: rope_module_globals(model) when the caller has it (its walk of the model is skipped)."""
+    `namespace`: rope_module_globals(model), which the caller's install plan holds."""
     if "norm_rope" not in ops or _INSTALLED_ATTR in model.__dict__:
         return {}
-    if namespace is _NOT_GIVEN:
-        namespace = rope_module_globals(model)
-    why, ck = _verdict(namespace)
+    why, ck, verified_on = _verdict(namespace)
     if why is not None:
         return {ROPE_VARIANT: f"stock: {why}"}
     ours = {id(replacement) for _, replacement in _REPLACEMENTS.values()}
@@ -137,7 +133,6 @@ def install(model: torch.nn.Module, ops, namespace=_NOT_GIVEN) -> dict:
         setattr(ck, name, replacement)
         installed.append((ck, name, original, replacement))
     model.__dict__[_INSTALLED_ATTR] = installed
-    verified_on = eras.seam_match(ROPE_VARIANT, rope_dependencies(namespace)).verified_on
     return {ROPE_VARIANT: f"runs (verified on ComfyUI {verified_on})"}
 
 
