@@ -29,6 +29,8 @@ Configs (the MODEL a workflow hands to KSampler):
     overlay_all_fp8  the same with fp8_linear on (fp8_weights "replace")
     overlay_all_fp8_alongside  the same with fp8_weights "alongside" (under DynamicVRAM: the codes of resident
                      weights kept between calls instead of quantised per call)
+    overlay_all_compile  overlay_all, then TorchCompileModel (the attention family steps aside while Dynamo
+                     traces: the compiled graph keeps the release's SDPA order)
     comfy_sage       what `--use-sage-attention` selects: ComfyUI's attention_sage bound as optimized_attention in
                      every loaded comfy module for the run (the flag binds it so at import); needs sageattention
 A family the node does not offer is recorded in the run (families_absent); a config none of whose families

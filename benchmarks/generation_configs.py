@@ -13,8 +13,8 @@ import time
 
 CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
            "overlay_fp8_alongside", "overlay_compile_allops", "overlay_attention", "overlay_all", "overlay_all_fp8",
-           "overlay_all_fp8_alongside", "comfy_sage")
-COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops")
+           "overlay_all_fp8_alongside", "comfy_sage", "overlay_all_compile")
+COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops", "overlay_all_compile")
 # configs that only exist on ComfyUI's fp8 weights
 FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
 # the node's exact families (output at bf16 rounding of stock or bit-identical), in the order overlay_all asks
@@ -30,6 +30,7 @@ OVERLAY_FAMILIES = {
     "overlay_all": EXACT_FAMILIES,
     "overlay_all_fp8": EXACT_FAMILIES + ("fp8_linear",),
     "overlay_all_fp8_alongside": EXACT_FAMILIES + ("fp8_linear",),
+    "overlay_all_compile": EXACT_FAMILIES,
 }
 # what comfy_sage rebinds, and how to put it back (module, attribute, previous value)
 _UNDO: list = []

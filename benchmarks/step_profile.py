@@ -3,9 +3,10 @@
 that overlays which leave GEMMs and attention alone can reach.
 
 It reuses benchmarks/generation.py by import: the same random-weight Flux-dev (and Wan 2.1 T2V 14B) at full size,
-loaded by ComfyUI's own loader inside torch.inference_mode() and left in training mode as ComfyUI 0.3.64 leaves it,
-the same configs (stock, overlay, overlay_fp8, built with the nodes' calls) and the same comfy.sample.sample call
-(euler, cfg 1.0: one model forward per step).
+loaded by ComfyUI's own loader inside torch.inference_mode() and left in the mode the release leaves it in (0.3.64:
+training; later: eval), started as the release's main.py starts it (DynamicVRAM where it has it, unless
+--disable-dynamic-vram), the same configs (generation.py's, compile configs aside, built with the nodes' calls) and
+the same comfy.sample.sample call (euler, cfg 1.0: one model forward per step).
 
 Per model and config (built once, so FP8 copies are quantised once), two passes over the resolutions (every
 resolution is timed before any is profiled, since the profiler was seen to slow later runs on the H200):
@@ -29,7 +30,10 @@ The weights are random: the figures are for speed only, never image quality.
 Examples:
     python benchmarks/step_profile.py --comfyui DIR --tiny --out /tmp/step-profile-tiny.json     # CPU smoke test
     python benchmarks/step_profile.py --comfyui DIR --models flux-dev,wan2.1-t2v-14b \\
-        --out benchmarks/results/step-profile.json
+        --out benchmarks/results/step-profile-0.3.64.json
+    python benchmarks/step_profile.py --comfyui DIR --models flux-dev --resolutions 1024x1024 \\
+        --configs stock,overlay_all,overlay_all_fp8,overlay_all_fp8_alongside --out benchmarks/results/step-profile-0.33.0.json
+One current file per ComfyUI release: benchmarks/results/step-profile-<release>.json.
 """
 from __future__ import annotations
 
@@ -45,7 +49,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 CATEGORIES = ("gemm", "fp8_gemm", "attention", "fused_dit", "other")
-CONFIGS = ("stock", "overlay", "overlay_fp8")
+import generation_configs  # noqa: E402
+
+# generation.py's configs but the compiled ones (the profiler's step would include recompiles)
+CONFIGS = tuple(c for c in generation_configs.CONFIGS if c not in generation_configs.COMPILE_CONFIGS)
 TOP = 15
 PROFILED_STEPS = 3          # the schedule: step 1 waits (sampler setup), step 2 warms the profiler, step 3 is kept
 NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed only, never image quality. "
@@ -317,6 +324,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="shrunk models on the CPU: a smoke test of the path")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--allocator", choices=("comfy", "native"), default="comfy")
+    parser.add_argument("--disable-dynamic-vram", action="store_true",
+                        help="start the release as `main.py --disable-dynamic-vram` does (legacy ModelPatcher)")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
     options = parser.parse_args(argv)
 
@@ -338,7 +347,8 @@ def main(argv=None) -> int:
     if device == "auto":
         device = "cpu" if options.tiny or not Path("/dev/nvidia0").exists() else "cuda"
 
-    comfyui = generation.import_comfyui(options.comfyui.resolve(), device, options.allocator)
+    comfyui = generation.import_comfyui(options.comfyui.resolve(), device, options.allocator,
+                                        options.disable_dynamic_vram)
     import torch
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch sees no CUDA device")
@@ -359,7 +369,8 @@ def main(argv=None) -> int:
                            "profiled_step": f"step 3 of a {PROFILED_STEPS}-step call, after the timing pass of the same build",
                            "order": "per model: configs in turn, each built once, timed at every resolution, "
                                     "then profiled at every resolution",
-                           "weights_loaded": generation.WEIGHTS_LOADED[False], "model_mode": "train",
+                           "weights_loaded": generation.WEIGHTS_LOADED[False], "model_mode": generation.AS_LOADED,
+                           "vram_mode": comfyui.get("vram_mode"),
                            "fused_dit_kernel_names": sorted(fused_names),
                            "activities": ["CPU", "CUDA"] if device == "cuda" else ["CPU"]},
               "definitions": DEFINITIONS, "setup": [], "results": []}

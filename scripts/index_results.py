@@ -135,11 +135,12 @@ KINDS: dict[str, Kind] = {
         "(the release in the name; seeded random weights): speed, memory, VRAM mode, SDPA backend and which code "
         "ran, stock against the overlays, ComfyUI's fp8 --fast, sage attention and torch.compile",
         "python benchmarks/generation.py --comfyui TREE --out benchmarks/results/generation-RELEASE.json", ""),
-    "step-profile.json": Kind(
-        "one sampling step of stock / overlay / overlay_fp8 by kernel category (GEMM, FP8 GEMM, attention, fused_dit, "
-        "other) and idle gap, and the no-FP8 ceiling with GEMMs and attention untouched",
-        "python benchmarks/step_profile.py --comfyui .realcomfy/ComfyUI --models flux-dev,wan2.1-t2v-14b --out "
-        "benchmarks/results/step-profile.json", "", H200),
+    "step-profile-*.json": Kind(
+        "one sampling step per config on one ComfyUI release (in the name), as its main.py starts it, by kernel "
+        "category (GEMM, FP8 GEMM, attention, fused_dit, other) and idle gap (host work and launch gaps), and the "
+        "no-FP8 ceiling with GEMMs and attention untouched",
+        "python benchmarks/step_profile.py --comfyui TREE --models flux-dev --out "
+        "benchmarks/results/step-profile-RELEASE.json", "", H200),
     "fp8-codes-comfyui.json": Kind(
         "the node's fp8_weights=replace through a real ComfyUI 0.3.64 ModelPatcher (tiny models): same bits as "
         "alongside, memory saved, stock restored bit for bit after every switch, LoRA baked, low-VRAM partial unload",

@@ -10,8 +10,9 @@ caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per p
 where nothing is swapped, "alongside" keeps the codes of the weights comfy-aimdo holds resident between calls
 instead of quantising them per call. The cached codes persist between steps and are dropped by an ON_CLEANUP
 callback when ComfyUI cleans the patcher up. Where every family asked for stays stock on the loaded model, no
-wrapper is added at all. Supported: ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
-anything else raises a clear error when the node runs. Each op family runs only the variant verified for the code
+wrapper is added at all. The block families and FP8 know ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
+on any other model they stay stock and the node says why once (never an error inside a prompt), while the attention
+family, which goes through ComfyUI's attention seam, applies to every model. Each op family runs only the variant verified for the code
 the loaded model runs (fused_dit.variants); the node says once, per family, which variant runs or why it stays
 stock (logger `fused_dit`, shown on ComfyUI's console). The `attention` toggle (off by default) sets the clone's
 `optimized_attention_override` to the fastest exact SDPA backend per shape (fused_dit.integration.attention).
@@ -104,16 +105,22 @@ class FusedDiTOps:
     def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False, fp8_weights="replace",
               attention=False):
         import fused_dit
-        from fused_dit.integration import supported_blocks
+        from fused_dit.integration import UnsupportedModelError, is_active, recognition, supported_blocks
 
-        # raises UnsupportedModelError (a ValueError) with the model's class name for anything but Flux / Wan
-        supported_blocks(model.model.diffusion_model)
         if fp8_weights not in FP8_WEIGHTS:
             raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHTS)}")
         flags = {"norm_rope": norm_rope, "adaln": adaln, "gate": gate, "fp8_linear": fp8_linear}
         ops = tuple(name for name in fused_dit.OP_FAMILIES if flags[name])
-        from fused_dit.integration import is_active, recognition
         diffusion_model = model.model.diffusion_model
+        try:
+            supported_blocks(diffusion_model)
+        except UnsupportedModelError as unknown:
+            # a model whose blocks the overlays do not know (Qwen-Image, Lumina, SD3, ...) runs stock in those
+            # families, said once; the attention family goes through ComfyUI's attention seam and fits any model
+            if ops:
+                say_once(f"{', '.join(ops)}: stock ({unknown})")
+            ops = ()
+        fp8_linear = "fp8_linear" in ops
         for family, line in recognition(diffusion_model, ops).items():
             say_once(f"{family}: {line}")
         apply_model, on_cleanup = _hook_names()

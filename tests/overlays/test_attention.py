@@ -109,3 +109,15 @@ def test_the_node_installs_it_only_when_asked_and_never_over_another_nodes_overr
     (kept,) = node_pack.FusedDiTOps().patch(theirs, attention=True)
     assert kept.model_options["transformer_options"]["optimized_attention_override"] is other
     assert "optimized_attention_override" not in FakeModelPatcher(model).model_options["transformer_options"]
+
+
+def test_under_torch_compile_the_override_steps_aside(monkeypatch):
+    """While Dynamo traces (ComfyUI's TorchCompileModel) nothing is measured or reordered: the call is the
+    release's own, so the compiled graph has no break at each attention."""
+    q, k, v = qkv()
+    fastest = attention.FastestSdpa(timer=fake_timer, devices=("cpu",))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    ran_first.clear()
+    out = fastest(attention_pytorch, q, k, v, 2)
+    assert ran_first == ["flash"] and fastest.choices == {}
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))

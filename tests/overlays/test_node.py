@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -80,9 +81,20 @@ def test_node_restores_forwards_when_the_model_call_raises():
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-def test_node_refuses_unsupported_models_clearly():
-    with pytest.raises(ValueError, match="supports ComfyUI's Flux .* and Wan"):
-        node_pack.FusedDiTOps().patch(FakeModelPatcher(torch.nn.Linear(4, 4)))
+def test_node_leaves_a_model_it_does_not_know_stock_and_says_why_once(caplog):
+    """Never an exception inside a user's prompt: a model without Flux or Wan blocks (Qwen-Image, SD3, ...) keeps
+    stock forwards in every block family, the node says why once, and the attention family (ComfyUI's attention
+    seam, model-agnostic) still applies."""
+    node_pack._SAID.clear()
+    unknown = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True, attention=True)
+        node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True)
+    said = [r.getMessage() for r in caplog.records if "supports ComfyUI's Flux" in r.getMessage()]
+    assert len(said) == 1 and "stock" in said[0] and "Sequential" in said[0]
+    assert not patched.wrappers.get("apply_model") and not patched.callbacks.get("on_cleanup")
+    assert "forward" not in unknown[0].__dict__
+    assert "optimized_attention_override" in patched.model_options["transformer_options"]
 
 
 def test_node_with_every_toggle_off_adds_no_wrapper():

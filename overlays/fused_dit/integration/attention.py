@@ -14,6 +14,10 @@ call as ComfyUI makes it (stock bits, no reorder per call).
 Everything else is ComfyUI's call as it was: another attention function (sage, flash-attn, split, sub-quadratic),
 CPU tensors, a release without the priority list, or another node's override already in place (then this one
 steps aside, so that node's choice stands). With the toggle off nothing is installed: stock bits.
+
+Under torch.compile (ComfyUI's TorchCompileModel) the override steps aside as well: measuring needs eager calls
+(CUDA events, a host read of the output's scale), and tracing the per-call reorder would break the graph at
+every attention call, which costs more than any backend saves. The compiled graph keeps the release's order.
 """
 from __future__ import annotations
 
@@ -82,6 +86,8 @@ class FastestSdpa:
         return ops_module
 
     def __call__(self, func, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return func(*args, **kwargs)
         ops_module = self._applies(func, args)
         if ops_module is None:
             return func(*args, **kwargs)
