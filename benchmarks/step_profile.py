@@ -238,6 +238,52 @@ def profile_step(generation, patched, inputs, seed: int, device: str) -> tuple:
     return wall_ms, kernel_events(profiler, device), cpu_ops
 
 
+# the host functions whose cumulative time host_profile reports by name (ComfyUI's cast, the FP8 seam, the GEMMs)
+HOST_FUNCTIONS = ("cast_bias_weight", "uncast_bias_weight", "forward_comfy_cast_weights", "cast_forward",
+                  "_quantized_gemm", "_resident_codes", "quantize_weight_fp8", "linear", "_scaled_mm",
+                  "scaled_dot_product_attention", "synchronize")
+
+
+def host_profile(generation, patched, inputs, seed: int, device: str, top: int = 25) -> dict:
+    """Where one sampling step's host time goes: step 2 of a 2-step call under cProfile (enabled by the sampler's
+    callback after step 1, disabled by the one after step 2, which synchronises: its wait for the GPU shows as
+    `synchronize`). cProfile slows Python-heavy code, so compare configs with each other, not with s_per_step."""
+    import cProfile
+    import pstats
+    latent, noise, positive = inputs
+    profiler = cProfile.Profile()
+    calls = []
+
+    def callback(*_):
+        if calls:
+            generation.synchronize(device)
+            profiler.disable()
+        else:
+            generation.synchronize(device)
+            profiler.enable()
+        calls.append(1)
+    generation.sample(patched, noise, latent, positive, 2, seed, callback=callback)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats       # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+    total = sum(value[2] for value in stats.values())
+
+    def where(key):
+        path, line, name = key
+        return f"{'/'.join(Path(path).parts[-2:])}:{line}({name})" if path != "~" else name
+    by_name: dict = {}
+    for key, (_, calls_n, tottime, cumtime, _) in stats.items():
+        name = key[2].split()[2] if key[2].startswith("<built-in method ") else key[2]
+        if name in HOST_FUNCTIONS:
+            entry = by_name.setdefault(name, {"calls": 0, "cumulative_ms": 0.0})
+            entry["calls"] += calls_n
+            entry["cumulative_ms"] = round(entry["cumulative_ms"] + cumtime * 1e3, 2)
+    ranked = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return {"host_profiled_ms": round(total * 1e3, 2),
+            "functions": by_name,
+            "top_by_own_time": [{"function": where(key), "calls": value[1], "own_ms": round(value[2] * 1e3, 2),
+                                 "cumulative_ms": round(value[3] * 1e3, 2)} for key, value in ranked]}
+
+
 def time_steps(generation, patched, inputs, steps: int, warmup: int, seed: int, device: str) -> dict:
     latent, noise, positive = inputs
     started = time.perf_counter()
@@ -276,7 +322,7 @@ def run_config(generation, session, spec, resolutions, config: str, fused_names,
         for record in records.values():
             record.update({"node_inputs": details.get("node_inputs"),
                            "training_mode": base.model.diffusion_model.training})
-        for phase in ("timing", "profile"):
+        for phase in ("timing", "profile") + (("host",) if options.host_profile else ()):
             for resolution in resolutions:
                 name = generation.resolution_name(resolution)
                 record = records[name]
@@ -290,6 +336,10 @@ def run_config(generation, session, spec, resolutions, config: str, fused_names,
                             record.update(time_steps(generation, patched, inputs, options.steps,
                                                      options.warmup_steps, options.seed, device))
                             print(f"  {record['s_per_step']} s/step", flush=True)
+                        elif phase == "host":
+                            record["host"] = host_profile(generation, patched, inputs, options.seed, device)
+                            print(f"  host {record['host']['host_profiled_ms']} ms under cProfile: "
+                                  f"{record['host']['functions']}", flush=True)
                         else:
                             record.update(profile_record(*profile_step(generation, patched, inputs, options.seed,
                                                                        device), fused_names))
@@ -324,6 +374,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tiny", action="store_true", help="shrunk models on the CPU: a smoke test of the path")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--allocator", choices=("comfy", "native"), default="comfy")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="also one step under cProfile per config: where the host time goes")
     parser.add_argument("--disable-dynamic-vram", action="store_true",
                         help="start the release as `main.py --disable-dynamic-vram` does (legacy ModelPatcher)")
     parser.add_argument("--out", type=Path, required=True, help="the JSON to write")

@@ -111,3 +111,23 @@ def test_ceilings_without_device_kernels_are_not_invented(step_profile):
     assert derived["ceiling_if_all_non_gemm_non_attention_work_were_free"] is None
     assert derived["ceiling_if_other_kernels_were_free_idle_kept"] is None
     assert step_profile.ceilings({"error": "failed"}, {}) == {}
+
+
+def test_host_profile_takes_the_second_step_and_names_the_functions_it_watches(step_profile):
+    """One step under cProfile, opened and closed by the sampler's callback; the functions of HOST_FUNCTIONS are
+    reported by name with their calls (here: the second step's two cast_bias_weight calls, not the first's)."""
+    from types import SimpleNamespace
+
+    def cast_bias_weight():
+        return sum(range(1000))
+
+    def sample(patched, noise, latent, positive, steps, seed, callback):
+        for step in range(steps):
+            cast_bias_weight()
+            cast_bias_weight()
+            callback(step)
+    generation = SimpleNamespace(sample=sample, synchronize=lambda device: None)
+    record = step_profile.host_profile(generation, None, (None, None, None), 0, "cpu")
+    assert record["functions"]["cast_bias_weight"]["calls"] == 2
+    assert record["host_profiled_ms"] >= record["functions"]["cast_bias_weight"]["cumulative_ms"] > 0
+    assert record["top_by_own_time"]
