@@ -295,6 +295,7 @@ def gpu_rope() -> dict:
     comfy-kitchen's CUDA backend in bf16 (differing elements, max ulp in bf16), and their times (CUDA events)."""
     import torch
     import comfy_kitchen as ck
+    from fused_dit.integration.attention import cuda_timer
     from fused_dit.ops import rope
 
     def ulps(a, b):
@@ -303,18 +304,8 @@ def gpu_rope() -> dict:
         bi = torch.where(bi < 0, -32768 - bi, bi)
         return (ai - bi).abs()
 
-    def timed(fn, repeats=50):
-        for _ in range(5):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(repeats):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
+    def timed(fn):
+        return cuda_timer(fn, repeats=50, warmup=5)
 
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "comfy_kitchen": getattr(ck, "__version__", None), "backends": {k: str(v) for k, v in

@@ -54,11 +54,12 @@ def first_in_priority(ops_module, backend):
         setattr(ops_module, PRIORITY, saved)
 
 
-def cuda_timer(fn) -> float:
-    """Median milliseconds of fn() over REPEATS runs after one warm-up, by CUDA events."""
-    fn()
+def cuda_timer(fn, repeats: int = REPEATS, warmup: int = 1) -> float:
+    """Median milliseconds of fn() over `repeats` runs after `warmup` runs, by CUDA events."""
+    for _ in range(warmup):
+        fn()
     times = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
