@@ -191,10 +191,14 @@ def keep_resident_codes(keep: bool = True):
         _KEEP_RESIDENT_CODES.reset(token)
 
 
-def _resident_codes(module: torch.nn.Module, weight: torch.Tensor):
-    """(codes, scale) kept for the resident weight the cast handed back, quantised on the first call; None where
-    nothing may be kept (not asked, not aimdo's resident tensor, LoRA or weight functions on the module), and then
-    codes kept before are dropped."""
+def _fp8_weight(codes: torch.Tensor, scale: torch.Tensor) -> op.Fp8Weight:
+    return op.Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=())
+
+
+def _resident_codes(module: torch.nn.Module, weight: torch.Tensor) -> op.Fp8Weight | None:
+    """The FP8 weight (codes, scale and the GEMM's operands derived from them) kept for the resident weight the
+    cast handed back, quantised on the first call; None where nothing may be kept (not asked, not aimdo's resident
+    tensor, LoRA or weight functions on the module), and then codes kept before are dropped."""
     attrs = module.__dict__
     if not _KEEP_RESIDENT_CODES.get():
         return None
@@ -207,10 +211,10 @@ def _resident_codes(module: torch.nn.Module, weight: torch.Tensor):
            id(attrs.get("_v_signature")))
     kept = attrs.get(RESIDENT_CODES_ATTR)
     if kept is not None and kept[0] == key:
-        return kept[1], kept[2]
-    codes, scale = op.quantize_weight_fp8(weight)
-    attrs[RESIDENT_CODES_ATTR] = (key, codes, scale)
-    return codes, scale
+        return kept[1]
+    fp8_weight = _fp8_weight(*op.quantize_weight_fp8(weight))
+    attrs[RESIDENT_CODES_ATTR] = (key, fp8_weight)
+    return fp8_weight
 
 
 def cast_forward(module: torch.nn.Module, seam: CastSeam, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
@@ -223,12 +227,11 @@ def cast_forward(module: torch.nn.Module, seam: CastSeam, kwargs: dict, x: torch
             if codes is None:           # a layout the cast produced that the static check could not see
                 dispatch.say_once(OP, "stock forward (cast seam)", scale)
                 return module.forward_comfy_cast_weights(x)
+            fp8_weight = _fp8_weight(codes, scale)
         else:
             # the weight as ComfyUI made it for this call (LoRA and weight functions applied): codes for this call
             # only, or kept with aimdo's resident weight where asked
-            kept = _resident_codes(module, weight)
-            codes, scale = kept if kept is not None else op.quantize_weight_fp8(weight)
-        fp8_weight = op.Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=())
+            fp8_weight = _resident_codes(module, weight) or _fp8_weight(*op.quantize_weight_fp8(weight))
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
         return op.linear_fp8_triton(x, fp8_weight, bias)
