@@ -7,7 +7,8 @@ steps in main.py's order: the cuda_malloc import (it sets PYTORCH_CUDA_ALLOC_CON
 `control.init` before torch, and after comfy.model_management is imported `control.init_devices` and
 `CoreModelPatcher = ModelPatcherDynamic`, unless DynamicVRAM is disabled or unsupported (the same conditions as
 main.py's). Also what a release's checkpoint looks like on disk (Flux's QK-norm keys end in `.scale` in the released
-files whatever the module calls them) and which SDPA backend a call took.
+files whatever the module calls them; Comfy-Org's Qwen-Image files carry ComfyUI's `model.diffusion_model.` prefix) and
+which SDPA backend a call took.
 """
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ from pathlib import Path
 # RMSNorm calls them `weight`, and ComfyUI renames `_norm.scale` to `_norm.weight` when it loads (Flux's
 # process_unet_state_dict)
 _FLUX_QK_NORM = re.compile(r"\.norm\.(query_norm|key_norm)\.(weight|scale)$")
+# Qwen-Image: the files Comfy-Org repackaged (split_files/diffusion_models/qwen_image_bf16.safetensors and its fp8 and
+# 2512 siblings) hold ComfyUI's own module names (diffusers' names: transformer_blocks.N.img_mod.1, txt_norm, img_in,
+# ...) under the prefix a ComfyUI checkpoint gives its diffusion model; the loader strips it
+# (model_detection.unet_prefix_from_state_dict, in load_diffusion_model_state_dict since before 0.3.64)
+QWEN_IMAGE_PREFIX = "model.diffusion_model."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +101,12 @@ def flux_arguments(base: dict, field_names) -> dict:
 
 
 def checkpoint_key(name: str, family: str) -> str:
-    """A state-dict key as the released checkpoint files spell it (Flux QK norms: `.scale`)."""
+    """A state-dict key as the released checkpoint files spell it (Flux QK norms: `.scale`; Qwen-Image: under
+    `model.diffusion_model.`); Wan's keys are the module's own."""
     if family == "flux":
         return _FLUX_QK_NORM.sub(lambda m: f".norm.{m.group(1)}.scale", name)
+    if family == "qwen_image":
+        return name if name.startswith(QWEN_IMAGE_PREFIX) else QWEN_IMAGE_PREFIX + name
     return name
 
 

@@ -3,14 +3,14 @@
 
 Given a ComfyUI checkout (--comfyui DIR), it starts that release the way its main.py does
 (benchmarks/comfy_release.py: cuda_malloc, and DynamicVRAM with comfy-aimdo and ModelPatcherDynamic where the
-release has it, unless --disable-dynamic-vram), builds seeded random weights for Flux-dev (12B) and Wan 2.1 T2V 14B
-at full size with that release's own model classes, in the key format of the released checkpoint files, loads them
-the way UNETLoader does (comfy.sd.load_diffusion_model from a safetensors file with --save-checkpoint, else
-comfy.sd.load_diffusion_model_state_dict; model_options {"dtype": torch.float8_e4m3fn} for fp8 weights), and samples
-with comfy.sample.sample (KSampler's call: euler, simple, cfg 1.0, so one model forward per step) under
-torch.inference_mode(), as ComfyUI's executor runs a prompt. The model stays in the mode the release leaves it in
-(0.3.64: training; since 0.3.65 BaseModel.__init__ calls .eval()); a run spec ending in ":eval" calls .eval() and
-requires_grad_(False) first.
+release has it, unless --disable-dynamic-vram), builds seeded random weights for Flux-dev (12B), Wan 2.1 T2V 14B and
+Qwen-Image (20B) at full size with that release's own model classes, in the key format of the released checkpoint
+files, loads them the way UNETLoader does (comfy.sd.load_diffusion_model from a safetensors file with
+--save-checkpoint, else comfy.sd.load_diffusion_model_state_dict; model_options {"dtype": torch.float8_e4m3fn} for fp8
+weights), and samples with comfy.sample.sample (KSampler's call: euler, simple, cfg 1.0, so one model forward per
+step) under torch.inference_mode(), as ComfyUI's executor runs a prompt. The model stays in the mode the release
+leaves it in (0.3.64: training; since 0.3.65 BaseModel.__init__ calls .eval()); a run spec ending in ":eval" calls
+.eval() and requires_grad_(False) first.
 
 Configs (the MODEL a workflow hands to KSampler):
     stock            UNETLoader's model as loaded
@@ -37,6 +37,13 @@ A family the node does not offer is recorded in the run (families_absent); a con
 exists is recorded as skipped, not run.
 A run spec is CONFIG[@WEIGHTS][:eval], e.g. `overlay_fp8@fp8_e4m3fn` (the node's FP8 on ComfyUI's fp8 weights) or
 `comfy_fp8_fast:eval`.
+
+Models (--models): flux-dev (1024x1024, 2048x2048; T5 256 tokens + CLIP pooled, guidance 3.5), wan2.1-t2v-14b
+(480x832, 33 frames; umT5 512 tokens) and qwen-image (1024x1024; 115 Qwen2.5-VL tokens, no pooled vector, no
+guidance; the 16-channel EmptySD3LatentImage latent with the frame axis ComfyUI adds for its Wan21 latent format).
+Qwen-Image's ComfyUI detection reads only in_channels and the depth from the weights (hidden 3072 = 24 x 128 and the
+text width 3584 are the class's defaults), so its --tiny model only loses depth, as Flux's does. A release without
+a model's code (comfy/ldm/qwen_image) records that model's runs as skipped, with the reason.
 
 Per run: comfyui_version and vram_mode (dynamic / legacy); s_per_step (median of the timed call's steps after its
 first, each closed by a CUDA synchronise in the sampler's callback, after a warm-up call), the first call's seconds
@@ -102,13 +109,14 @@ STARTED: dict = {}
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     key: str
-    family: str            # "flux" | "wan"
+    family: str            # "flux" | "wan" | "qwen_image"
     full: dict             # constructor arguments of ComfyUI's diffusion model class at full size
     tiny: dict             # the same, shrunk to what ComfyUI's model detection still recognises
     resolutions: tuple     # (height, width) or (height, width, frames)
     tiny_resolutions: tuple
-    text_tokens: int       # T5 tokens for Flux (FluxTokenizer min_length), umT5 tokens for Wan
+    text_tokens: int       # T5 tokens for Flux (FluxTokenizer min_length), umT5 tokens for Wan, Qwen2.5-VL for Qwen
     tiny_text_tokens: int
+    model_class: str = ""  # the comfy.model_base class ComfyUI's detection must pick for these weights
 
 
 FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=3072,
@@ -117,14 +125,31 @@ FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=
 WAN21_T2V_14B = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=16, dim=5120, ffn_dim=13824,
                      freq_dim=256, text_dim=4096, out_dim=16, num_heads=40, num_layers=40, window_size=(-1, -1),
                      qk_norm=True, cross_attn_norm=True, eps=1e-6)
+# Qwen-Image (Qwen/Qwen-Image, 20B; Comfy-Org's qwen_image_bf16.safetensors): what ComfyUI's detection yields for the
+# released weights (model_detection: image_model "qwen_image", in_channels = img_in.weight's 64 = 16 latent channels x
+# 2 x 2, num_layers = the 60 transformer_blocks; supported_models.QwenImage adds nothing), the rest being
+# QwenImageTransformer2DModel's defaults, which match the release's transformer config. Every argument here exists
+# in every release from 0.3.64 to 0.33.0; default_ref_method and use_additional_t_cond (there from 0.8.0 on) stay
+# default: detection sets them only for the Edit-2511 and Layered models, from keys the text-to-image file lacks.
+QWEN_IMAGE = dict(image_model="qwen_image", patch_size=2, in_channels=64, out_channels=16, num_layers=60,
+                  attention_head_dim=128, num_attention_heads=24, joint_attention_dim=3584, pooled_projection_dim=768,
+                  axes_dims_rope=(16, 56, 56))
+# Qwen-Image's text context: ComfyUI's QwenImageTokenizer wraps the prompt in its chat template and the text encoder
+# cuts the template off (QwenImageTEModel.encode_token_weights), with no padding and no attention mask for a single
+# prompt; the Qwen-Image release's own example prompt (the coffee-shop sign of its README) gives 115 tokens there
+# (a one-line prompt such as "A cat holding a sign that says hello world" gives 14)
+QWEN_IMAGE_TEXT_TOKENS = 115
 MODELS = {
     # ComfyUI's Flux detection fixes hidden 3072 / 24 heads, so the tiny Flux only loses depth
     "flux-dev": ModelSpec("flux-dev", "flux", FLUX_DEV, {**FLUX_DEV, "depth": 1, "depth_single_blocks": 1},
-                          ((1024, 1024), (2048, 2048)), ((64, 64),), 256, 8),
+                          ((1024, 1024), (2048, 2048)), ((64, 64),), 256, 8, "Flux"),
     # Wan's detection reads dim (heads = dim // 128), ffn_dim and the depth from the weights
     "wan2.1-t2v-14b": ModelSpec("wan2.1-t2v-14b", "wan", WAN21_T2V_14B,
                                 {**WAN21_T2V_14B, "dim": 256, "ffn_dim": 512, "num_heads": 2, "num_layers": 1},
-                                ((480, 832, 33),), ((64, 64, 5),), 512, 8),
+                                ((480, 832, 33),), ((64, 64, 5),), 512, 8, "WAN21"),
+    # Qwen-Image's detection reads in_channels and the depth only: the tiny Qwen-Image only loses depth
+    "qwen-image": ModelSpec("qwen-image", "qwen_image", QWEN_IMAGE, {**QWEN_IMAGE, "num_layers": 1},
+                            ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage"),
 }
 
 
@@ -233,10 +258,22 @@ def environment(device: str, comfyui: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- random weights
+class ModelUnavailable(Exception):
+    """This ComfyUI release has no code for the model (its runs are recorded as skipped, with this reason)."""
+
+
 def diffusion_model_class(spec: ModelSpec):
     if spec.family == "flux":
         from comfy.ldm.flux.model import Flux
         return Flux
+    if spec.family == "qwen_image":
+        try:
+            from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
+        except ModuleNotFoundError as error:
+            if error.name not in ("comfy.ldm.qwen_image", "comfy.ldm.qwen_image.model"):
+                raise
+            raise ModelUnavailable(f"this ComfyUI release has no Qwen-Image model (no {error.name})") from None
+        return QwenImageTransformer2DModel
     from comfy.ldm.wan.model import WanModel
     return WanModel
 
@@ -379,6 +416,9 @@ class Session:
                                                                     model_options=self.model_options(weights))
         if self.patcher is None:
             raise RuntimeError(f"ComfyUI did not recognise the {spec.key} weights")
+        detected = type(self.patcher.model).__name__
+        if spec.model_class and detected != spec.model_class:
+            raise RuntimeError(f"ComfyUI detected the {spec.key} weights as {detected}, not {spec.model_class}")
         diffusion_model = self.patcher.model.diffusion_model
         record.update({"load_s": round(time.perf_counter() - loaded, 1),
                        "model_class": type(self.patcher.model).__name__,
@@ -414,6 +454,7 @@ class Session:
         was_training = None
         captured = CapturedLog()
         try:
+            diffusion_model_class(spec)   # ModelUnavailable where the release has no code for this model
             base = self.load(spec, run)
             record["model_patcher"] = type(base).__name__
             patched, details = build_config(run.config, base)
@@ -495,7 +536,7 @@ class Session:
             record["output_finite"] = bool(torch.isfinite(out).all())
             record["output_rms"] = float(out.pow(2).mean().sqrt())
             self.compare_with_stock(spec, resolution, run, out, record)
-        except generation_configs.ConfigSkipped as reason:
+        except (generation_configs.ConfigSkipped, ModelUnavailable) as reason:
             record["skipped"] = str(reason)
             print(f"  {run.name}: skipped ({reason})", flush=True)
         except Exception as error:   # one config's failure must not lose the others
@@ -560,7 +601,9 @@ def linear_class_of(diffusion_model) -> str | None:
 
 def inputs_for(spec: ModelSpec, resolution: tuple, tiny: bool, seed: int):
     """Empty latent (EmptySD3LatentImage / EmptyHunyuanLatentVideo shapes), KSampler's noise, and random text
-    conditioning of the encoders' shapes (Flux: T5 tokens + CLIP pooled + guidance 3.5; Wan: umT5 tokens)."""
+    conditioning of the encoders' shapes (Flux: T5 tokens + CLIP pooled + guidance 3.5; Wan: umT5 tokens; Qwen-Image:
+    Qwen2.5-VL's last hidden states, 3584 wide, nothing else: QwenImage.extra_conds takes c_crossattn, and an
+    attention_mask only where the encoder padded, which one prompt never is)."""
     import torch
     import comfy.sample
     tokens = spec.tiny_text_tokens if tiny else spec.text_tokens
@@ -571,6 +614,13 @@ def inputs_for(spec: ModelSpec, resolution: tuple, tiny: bool, seed: int):
         context = torch.randn(1, tokens, 4096, generator=generator)
         pooled = torch.randn(1, 768, generator=generator)
         positive = [[context, {"pooled_output": pooled, "guidance": 3.5}]]
+    elif spec.family == "qwen_image":
+        height, width = resolution
+        # EmptySD3LatentImage's [1, 16, H/8, W/8] as KSampler hands it on (comfy.sample.fix_empty_latent_channels
+        # adds a frame axis for Qwen-Image's Wan21 latent format, before KSampler prepares the noise)
+        latent = torch.zeros(1, 16, 1, height // 8, width // 8)
+        context = torch.randn(1, tokens, 3584, generator=generator)
+        positive = [[context, {}]]
     else:
         height, width, frames = resolution
         latent = torch.zeros(1, 16, (frames - 1) // 4 + 1, height // 8, width // 8)

@@ -1,5 +1,6 @@
 """benchmarks/generation.py's pure parts: release reading (fixture trees the tests write), the VRAM mode, the
-checkpoint key format, run specs, the node inputs each overlay config asks for, and combining reports.
+checkpoint key format, the model table (Qwen-Image's arguments and inputs, and its runs skipped on a release without
+it), run specs, the node inputs each overlay config asks for, and combining reports.
 
 The benchmark itself needs ComfyUI and a GPU; these parts take files, dicts and strings only."""
 from __future__ import annotations
@@ -133,6 +134,17 @@ def test_checkpoint_keys_spell_flux_qk_norms_as_released(release_module):
     assert key("head.head.weight", "wan") == "head.head.weight"
 
 
+def test_checkpoint_keys_of_qwen_image_carry_comfyuis_prefix(release_module):
+    key = release_module.checkpoint_key
+    assert key("transformer_blocks.0.img_mod.1.weight", "qwen_image") == \
+        "model.diffusion_model.transformer_blocks.0.img_mod.1.weight"
+    assert key("txt_norm.weight", "qwen_image") == "model.diffusion_model.txt_norm.weight"
+    # never twice, and the other families' keys stay unprefixed
+    assert key("model.diffusion_model.img_in.weight", "qwen_image") == "model.diffusion_model.img_in.weight"
+    assert key("img_in.weight", "flux") == "img_in.weight"
+    assert key("blocks.0.ffn.0.weight", "wan") == "blocks.0.ffn.0.weight"
+
+
 def test_key_format_tag_is_order_free_and_tells_formats_apart(release_module):
     tag = release_module.key_format_tag
     assert tag(["a.weight", "b.scale"]) == tag(["b.scale", "a.weight"])
@@ -146,6 +158,83 @@ def test_sdpa_backend_names(release_module):
     assert release_module.sdpa_backend_name(9) == "backend 9"
     assert release_module.main_backend({"FLASH_ATTENTION": 3, "MATH": 1}) == "FLASH_ATTENTION"
     assert release_module.main_backend({}) is None
+
+
+# ------------------------------------------------------------------------------------------------ the models
+def test_the_model_table(generation):
+    assert list(generation.MODELS) == ["flux-dev", "wan2.1-t2v-14b", "qwen-image"]
+    for key, spec in generation.MODELS.items():
+        assert spec.key == key and spec.model_class
+        assert spec.resolutions and spec.tiny_resolutions and spec.tiny_text_tokens < spec.text_tokens
+
+
+def test_qwen_image_is_the_released_20b_as_comfyuis_detection_reads_it(generation):
+    spec = generation.MODELS["qwen-image"]
+    assert (spec.family, spec.model_class) == ("qwen_image", "QwenImage")
+    full = spec.full
+    assert full["image_model"] == "qwen_image"          # what model_detection sets, passed on to the class
+    assert (full["num_layers"], full["num_attention_heads"], full["attention_head_dim"]) == (60, 24, 128)
+    assert (full["in_channels"], full["out_channels"], full["patch_size"]) == (64, 16, 2)
+    assert full["joint_attention_dim"] == 3584 and tuple(full["axes_dims_rope"]) == (16, 56, 56)
+    assert spec.resolutions == ((1024, 1024),) and spec.text_tokens == 115
+
+
+@pytest.mark.parametrize("key, depth", [("flux-dev", ("depth", "depth_single_blocks")),
+                                        ("qwen-image", ("num_layers",))])
+def test_a_tiny_model_whose_width_detection_fixes_only_loses_depth(generation, key, depth):
+    spec = generation.MODELS[key]
+    assert {k: v for k, v in spec.tiny.items() if k not in depth} == \
+        {k: v for k, v in spec.full.items() if k not in depth}
+    assert all(spec.tiny[k] == 1 for k in depth)
+
+
+def _no_qwen_image_in_comfy(monkeypatch):
+    """A comfy package (as a release before Qwen-Image would have it) with no comfy.ldm.qwen_image."""
+    import types
+    for name in ("comfy", "comfy.ldm"):
+        package = types.ModuleType(name)
+        package.__path__ = []
+        monkeypatch.setitem(sys.modules, name, package)
+    for name in ("comfy.ldm.qwen_image", "comfy.ldm.qwen_image.model"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_a_release_without_qwen_image_says_so(generation, monkeypatch):
+    _no_qwen_image_in_comfy(monkeypatch)
+    with pytest.raises(generation.ModelUnavailable, match="no Qwen-Image model"):
+        generation.diffusion_model_class(generation.MODELS["qwen-image"])
+
+
+def test_its_runs_are_recorded_as_skipped_not_as_errors(generation, monkeypatch):
+    pytest.importorskip("torch")
+    import argparse
+    _no_qwen_image_in_comfy(monkeypatch)
+    options = argparse.Namespace(tiny=True, seed=0, save_checkpoint=False, work_dir=None, steps=2,
+                                 warmup_steps=1, count="wrapper", load_outside_inference_mode=False)
+    session = generation.Session(options, "cpu")
+    record = session.run(generation.MODELS["qwen-image"], (64, 64), generation.parse_run_spec("stock"))
+    assert "no Qwen-Image model" in record["skipped"]
+    assert "error" not in record and "traceback" not in record and session.setup == []
+
+
+def test_qwen_image_inputs_are_what_its_workflow_hands_to_ksampler(generation, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import types
+    sample = types.ModuleType("comfy.sample")
+    sample.prepare_noise = lambda latent, seed: torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed))
+    comfy = types.ModuleType("comfy")
+    comfy.__path__ = []
+    comfy.sample = sample
+    monkeypatch.setitem(sys.modules, "comfy", comfy)
+    monkeypatch.setitem(sys.modules, "comfy.sample", sample)
+    spec = generation.MODELS["qwen-image"]
+    latent, noise, positive = generation.inputs_for(spec, (1024, 1024), False, 0)
+    # EmptySD3LatentImage's 16 channels at 1/8, with the frame axis of Qwen-Image's Wan21 latent format
+    assert tuple(latent.shape) == (1, 16, 1, 128, 128) and noise.shape == latent.shape
+    [[context, extra]] = positive
+    assert tuple(context.shape) == (1, 115, 3584) and extra == {}
+    latent, _, [[context, _]] = generation.inputs_for(spec, (64, 64), True, 0)
+    assert tuple(latent.shape) == (1, 16, 1, 8, 8) and tuple(context.shape) == (1, 8, 3584)
 
 
 # ----------------------------------------------------------------------------------------------- run specs
