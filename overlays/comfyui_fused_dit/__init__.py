@@ -10,9 +10,10 @@ caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per p
 where nothing is swapped, "alongside" keeps the codes of the weights comfy-aimdo holds resident between calls
 instead of quantising them per call. The cached codes persist between steps and are dropped by an ON_CLEANUP
 callback when ComfyUI cleans the patcher up. Where every family asked for stays stock on the loaded model, no
-wrapper is added at all. The block families and FP8 know ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel);
-on any other model they stay stock and the node says why once (never an error inside a prompt), while the attention
-family, which goes through ComfyUI's attention seam, applies to every model. Each op family runs only the variant verified for the code
+wrapper is added at all. The block families know ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel); on any
+other model they stay stock and the node says why once (never an error inside a prompt). FP8 goes through ComfyUI's
+Linear ops, so on other models (Qwen-Image, ...) it takes the Linears of their transformer blocks, modulation aside;
+the attention family, ComfyUI's attention seam, applies to every model. Each op family runs only the variant verified for the code
 the loaded model runs (fused_dit.variants); the node says once, per family, which variant runs or why it stays
 stock (logger `fused_dit`, shown on ComfyUI's console). The `attention` toggle (off by default) sets the clone's
 `optimized_attention_override` to the fastest exact SDPA backend per shape (fused_dit.integration.attention).
@@ -105,7 +106,8 @@ class FusedDiTOps:
     def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False, fp8_weights="replace",
               attention=False):
         import fused_dit
-        from fused_dit.integration import UnsupportedModelError, is_active, recognition, supported_blocks
+        from fused_dit.integration import (GENERIC_MIN_BLOCKS, UnsupportedModelError, generic_blocks, is_active,
+                                           recognition, supported_blocks)
 
         if fp8_weights not in FP8_WEIGHTS:
             raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHTS)}")
@@ -115,11 +117,17 @@ class FusedDiTOps:
         try:
             supported_blocks(diffusion_model)
         except UnsupportedModelError as unknown:
-            # a model whose blocks the overlays do not know (Qwen-Image, Lumina, SD3, ...) runs stock in those
-            # families, said once; the attention family goes through ComfyUI's attention seam and fits any model
-            if ops:
-                say_once(f"{', '.join(ops)}: stock ({unknown})")
-            ops = ()
+            # a model whose blocks the overlays do not know (Qwen-Image, Lumina, SD3, ...) runs stock in the block
+            # families, said once; FP8 takes the Linear seam in its transformer stacks' blocks where it has some
+            # (integration.generic_blocks), and the attention family, ComfyUI's attention seam, fits any model
+            block_families = tuple(name for name in ops if name != "fp8_linear")
+            if block_families:
+                say_once(f"{', '.join(block_families)}: stock ({unknown})")
+            generic = "fp8_linear" in ops and bool(generic_blocks(diffusion_model))
+            if "fp8_linear" in ops and not generic:
+                say_once(f"fp8_linear: stock ({unknown}, and no stack of {GENERIC_MIN_BLOCKS} or more blocks of "
+                         f"one class)")
+            ops = ("fp8_linear",) if generic else ()
         fp8_linear = "fp8_linear" in ops
         for family, line in recognition(diffusion_model, ops).items():
             say_once(f"{family}: {line}")

@@ -195,6 +195,29 @@ def _recognised_blocks(model: torch.nn.Module, skipped: list[str]):
                 break
 
 
+# the FP8 Linear seam on a model whose blocks the overlays do not know (Qwen-Image, Lumina, SD3, ...): the blocks of
+# its transformer stacks are the members of every nn.ModuleList of GENERIC_MIN_BLOCKS or more modules of one class;
+# their Linears run the seam (the same per-op verification, LoRA and cast handling as Flux's and Wan's), but those
+# under a submodule whose name holds "mod" (img_mod, txt_mod, modulation, adaLN_modulation: one timestep row, the
+# numbers every token's scale and shift come from) stay stock, as the known blocks' modulation does
+GENERIC_MIN_BLOCKS = 4
+
+
+def generic_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of `model`'s transformer stacks (see GENERIC_MIN_BLOCKS), in model order."""
+    blocks: list[torch.nn.Module] = []
+    for module in model.modules():
+        if (isinstance(module, torch.nn.ModuleList) and len(module) >= GENERIC_MIN_BLOCKS
+                and len({type(member) for member in module}) == 1 and not is_linear(module[0])):
+            blocks.extend(module)
+    return blocks
+
+
+def modulation_prefixes(block: torch.nn.Module) -> tuple[str, ...]:
+    """The submodules of a generic block whose Linears stay stock under fp8_linear (a name holding "mod")."""
+    return tuple(name for name, _ in block.named_modules() if name and "mod" in name.rsplit(".", 1)[-1])
+
+
 def supported_blocks(model: torch.nn.Module) -> int:
     """How many blocks of `model` the overlays know; raises UnsupportedModelError when none."""
     names = tuple(_block_specs())
@@ -265,7 +288,7 @@ def plan(model: torch.nn.Module, ops=OP_FAMILIES) -> Plan:
             and all(type(module).forward is forward
                     for (module, _, _), forward in zip(cached.installs, cached.class_forwards))):
         return cached
-    supported_blocks(model)
+    generic = _generic_fp8_blocks(model, ops)
     report = {"blocks": 0, "fp8_linears": 0, "skipped": []}
     installs: list = []
     fp8_modules: list[torch.nn.Module] = []
@@ -274,6 +297,12 @@ def plan(model: torch.nn.Module, ops=OP_FAMILIES) -> Plan:
         installs += block_installs
         fp8_modules += linears
         report["blocks"] += forward_verified
+    for block in generic:
+        block_installs, linears = planned_fp8_linears(block, modulation_prefixes(block))
+        installs += block_installs
+        fp8_modules += linears
+    if generic:
+        report["generic_blocks"] = len(generic)
     report["fp8_linears"] = len(fp8_modules)
     # blocks that run their block-forward variant apply RoPE themselves; the seam serves the others
     wants_seams = "norm_rope" in ops and bool(report["skipped"] or not report["blocks"])
@@ -284,6 +313,19 @@ def plan(model: torch.nn.Module, ops=OP_FAMILIES) -> Plan:
                  rope_namespace=seams.rope_module_globals(model) if wants_seams else None)
     plans[ops] = fresh
     return fresh
+
+
+def _generic_fp8_blocks(model: torch.nn.Module, ops: frozenset) -> list[torch.nn.Module]:
+    """[] for a model with blocks the overlays know; for any other model asked for fp8_linear alone, its generic
+    blocks (the FP8 Linear seam needs no block forward); otherwise UnsupportedModelError, as before."""
+    try:
+        supported_blocks(model)
+        return []
+    except UnsupportedModelError:
+        blocks = generic_blocks(model) if ops == {"fp8_linear"} else []
+        if not blocks:
+            raise
+        return blocks
 
 
 def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongside") -> dict:
@@ -348,6 +390,16 @@ def disable(model: torch.nn.Module, drop_fp8_weights: bool = False) -> int:
     return restored
 
 
+def _fp8_verdicts(block: torch.nn.Module, skip_prefixes: tuple[str, ...], where: str = ""):
+    """One line per Linear of a block that fp8_linear would reach: the seam's variant, or why it stays stock."""
+    for unit, is_ffn in _fp8_units(block, skip_prefixes):
+        for linear in ((unit[0], unit[2]) if is_ffn else (unit,)):
+            verdict = eras.linear_match(linear)
+            yield f"{type(linear).__name__}{where}: " + (
+                f"{verdict.variant} (verified on ComfyUI {verdict.verified_on})" if verdict.matched
+                else f"stock ({verdict.reason})")
+
+
 def recognition(model: torch.nn.Module, ops=OP_FAMILIES) -> dict[str, str]:
     """{op family: what the overlays would run for it on this model, or why it stays stock}, one line each, without
     installing anything (the node says these once when it runs)."""
@@ -361,12 +413,15 @@ def recognition(model: torch.nn.Module, ops=OP_FAMILIES) -> dict[str, str]:
                              + (f"{spec.variant} (verified on ComfyUI {block_verdict.verified_on})"
                                 if forward_verified else f"stock ({block_verdict.reason})"))
         if "fp8_linear" in ops:
-            for unit, is_ffn in _fp8_units(block, spec.linear_skip):
-                for linear in ((unit[0], unit[2]) if is_ffn else (unit,)):
-                    verdict = eras.linear_match(linear)
-                    said["fp8_linear"].add(f"{type(linear).__name__}: " + (
-                        f"{verdict.variant} (verified on ComfyUI {verdict.verified_on})" if verdict.matched
-                        else f"stock ({verdict.reason})"))
+            said["fp8_linear"].update(_fp8_verdicts(block, spec.linear_skip))
+    try:
+        generic = _generic_fp8_blocks(model, frozenset({"fp8_linear"})) if "fp8_linear" in ops else []
+    except UnsupportedModelError:
+        generic = []
+    for block in generic:
+        said["fp8_linear"].update(_fp8_verdicts(
+            block, modulation_prefixes(block),
+            f" in {type(block).__name__} (blocks the other families do not know; modulation stays stock)"))
     if "norm_rope" in ops and not all_verified:       # as enable: blocks running their variant apply RoPE there
         namespace = seams.rope_module_globals(model)
         if namespace is not None:
