@@ -185,6 +185,14 @@ def start(checkout: Path, release: Release, device: str, allocator: str, disable
         except TypeError:
             ready = control.init_devices(d.index for d in devices)
         if ready:
+            # main.py then sets comfy-aimdo's log level to the console's (INFO by default); left at the library's
+            # own level, aimdo calls back into Python's logging thousands of times per sampling step (9,797 per
+            # Flux-dev step, about 40 ms of host time under cProfile: step-profile-0.33.0.json, host) and the
+            # host-bound DynamicVRAM step runs slower than in ComfyUI
+            set_level = getattr(control, "set_log_info", None)
+            if set_level is not None:
+                set_level()
+            started["aimdo_log_level"] = "INFO" if set_level is not None else "the library's default"
             comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic
             comfy.memory_management.aimdo_enabled = True
         else:

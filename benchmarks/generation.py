@@ -348,6 +348,9 @@ def ensure_checkpoint(directory: Path, spec: ModelSpec, tiny: bool, seed: int, d
     save_file(state, str(partial), metadata={"note": "seeded random weights (benchmarks/generation.py)"})
     del state
     partial.replace(path)
+    # written back to disk before anything is timed: the kernel's write-back of tens of GB takes host CPU for a
+    # minute after the write, and a host-bound step (DynamicVRAM) measured meanwhile ran 2x slower (Qwen-Image)
+    os.sync()
     return path, time.perf_counter() - started
 
 
