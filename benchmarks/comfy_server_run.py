@@ -2,24 +2,34 @@
 """The Fused DiT Ops node through a real ComfyUI server: install, start, queue prompts over HTTP, measure.
 
 Steps, each recorded in the JSON:
+  0. with --make-checkpoint DIR (instead of --checkpoint FILE): the random-weight checkpoint, written in a child
+     process by benchmarks/generation.py's own functions (import_comfyui, ensure_checkpoint: the release's own
+     model class names the keys; drawn on the GPU where there is one) and kept in DIR for later runs;
   1. a venv inside the ComfyUI folder (--system-site-packages, so it sees this interpreter's torch), unless
      --python names one; then `python -m applier overlay install --target DIR` installs the pack as a user would;
   2. a probe custom node written into custom_nodes/ by this script: it counts torch._scaled_mm calls (the GEMM of
      both ComfyUI's fp8 path and the overlay's FP8 linears) behind GET /generation_probe/counts, and offers a
      zero CONDITIONING of the text encoder's shape (no text encoder or VAE is needed);
-  3. `main.py --listen 127.0.0.1` with the random-weight checkpoint linked into models/diffusion_models/;
+  3. `main.py --listen 127.0.0.1` with the random-weight checkpoint linked into models/diffusion_models/, started
+     as the release starts by default (on an NVIDIA GPU with torch >= 2.8, 0.33.0 runs DynamicVRAM through
+     comfy-aimdo; --server-args adds flags) and an empty --front-end-root (no frontend package is needed). The
+     JSON records the release (comfyui_version.py, REVISION), how the server says it started (its log: vram mode,
+     device, versions) and whether the pack's node loaded (its import line, /object_info/FusedDiTOps);
   4. prompts of ComfyUI's own nodes: UNETLoader -> [FusedDiTOps] -> KSampler (euler, simple, cfg 1.0) with the
      latent from EmptyLatentImage (Flux) or EmptyHunyuanLatentVideo (Wan) -> SaveLatent. Each config runs at two
      step counts; seconds per step = the difference of the two prompts' execution times (from the server's own
      execution_start / execution_success timestamps) over the difference of steps, so model loading, FP8
      quantisation and prompt overhead cancel. Order: stock, the node with FP8, stock again (it must be
-     bit-identical to the first stock latent and run no FP8 GEMM), then the node without FP8 (bit-identical too).
+     bit-identical to the first stock latent and run no FP8 GEMM), then the node without FP8 (bit-identical too),
+     then, where the node offers its `attention` input, the node without FP8 with attention on.
 
 The weights are random: speed, memory and which code ran, never image quality.
 
-Example:
+Examples (the GPU run on 0.33.0 without network: scripts/comfy_server_for_device.sh):
     python benchmarks/comfy_server_run.py --comfyui DIR --checkpoint /tmp/ckpt/flux-dev-random-seed0.safetensors \\
-        --model flux-dev --out benchmarks/results/comfy-server.json
+        --model flux-dev --out benchmarks/results/comfy-server-RELEASE.json
+    python benchmarks/comfy_server_run.py --comfyui DIR --make-checkpoint CKPT_DIR --tiny --server-args=--cpu \\
+        --out OUT.json        # CPU smoke test: 1+1 Flux blocks at 64x64
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -40,6 +51,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import comfy_release  # noqa: E402
 import results_io  # noqa: E402
 PROBE_NAME = "generation_probe.py"
 NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed and which code ran "
@@ -102,9 +114,36 @@ NODE_CLASS_MAPPINGS = {"GenerationProbeZeroConditioning": GenerationProbeZeroCon
 '''
 
 MODELS = {
-    "flux-dev": {"latent": "flux", "tokens": 256, "pooled": 768, "guidance": 3.5, "resolution": (1024, 1024)},
-    "wan2.1-t2v-14b": {"latent": "wan", "tokens": 512, "pooled": 0, "guidance": -1.0, "resolution": (480, 832, 33)},
+    "flux-dev": {"latent": "flux", "tokens": 256, "pooled": 768, "guidance": 3.5, "resolution": (1024, 1024),
+                 "tiny_resolution": (64, 64)},
+    "wan2.1-t2v-14b": {"latent": "wan", "tokens": 512, "pooled": 0, "guidance": -1.0, "resolution": (480, 832, 33),
+                       "tiny_resolution": (64, 64, 5)},
 }
+# the node's inputs: the overlay families on; FP8 off, on; attention (an optional input since the node has it) on
+OVERLAY = {"norm_rope": True, "adaln": True, "gate": True}
+
+# written to a file and run by a child process (ComfyUI and its torch stay out of this one, so this process holds
+# no GPU memory while the server runs): generation.py's own checkpoint, by the release's own model class
+CHECKPOINT_SOURCE = '''\
+import json, sys
+from pathlib import Path
+benchmarks, comfyui, directory, model, seed, tiny = sys.argv[1:7]
+sys.path.insert(0, benchmarks)
+import generation
+# the model is only built on the meta device to name the weights: ComfyUI is imported as for the CPU (no
+# comfy-aimdo, no CUDA allocator set-up), the random numbers are drawn on the GPU where there is one
+generation.import_comfyui(Path(comfyui), "cpu", "native")
+import torch
+device = "cuda" if torch.cuda.is_available() else "cpu"
+path, seconds = generation.ensure_checkpoint(Path(directory), generation.MODELS[model], tiny == "1", int(seed), device)
+print("CHECKPOINT " + json.dumps({"path": str(path), "write_s": round(seconds, 1), "drawn_on": device}))
+'''
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# lines of the server's log that say how it started (matched as substrings)
+START_MARKERS = ("ComfyUI version:", "comfy-aimdo version:", "comfy-kitchen version:", "pytorch version:",
+                 "Total VRAM", "Set vram state to:", "Device:", "DynamicVRAM", "comfy-aimdo", "legacy ModelPatcher",
+                 "Using ", "attention", "Python version:")
 
 
 # ------------------------------------------------------------------------------------------------ HTTP helpers
@@ -205,6 +244,80 @@ def compare(a, b) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- set-up
+def make_checkpoint(comfyui: Path, directory: Path, model: str, seed: int, tiny: bool, timeout: float) -> dict:
+    """generation.py's random-weight checkpoint for this release (kept in DIRECTORY; written once), made by a
+    child process; {"path", "write_s" (0.0: it was there), "drawn_on", "seconds"}."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "write_checkpoint.py"
+    script.write_text(CHECKPOINT_SOURCE)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, str(script), str(REPO_ROOT / "benchmarks"), str(comfyui), str(directory),
+                           model, str(seed), "1" if tiny else "0"], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("CHECKPOINT ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"writing the checkpoint failed ({done.returncode}): "
+                           f"{(done.stdout + done.stderr)[-3000:]}")
+    record = json.loads(lines[-1].split(" ", 1)[1])
+    record.update({"seconds": round(time.perf_counter() - started, 1), "tiny": tiny,
+                   "written_by": "benchmarks/generation.py ensure_checkpoint (random_state_dict)"})
+    return record
+
+
+def log_lines(log_text: str) -> list[str]:
+    """The server log's lines without the colours of ComfyUI's logger."""
+    return [ANSI.sub("", line).strip() for line in log_text.splitlines()]
+
+
+def server_start(log_text: str) -> dict:
+    """How the server says it started: its vram mode (DynamicVRAM through comfy-aimdo, or the legacy
+    ModelPatcher), vram state, device, versions, and the log lines these come from."""
+    lines = log_lines(log_text)
+    said = [line for line in lines if any(marker in line for marker in START_MARKERS)][:40]
+
+    def after(prefix):
+        found = [line.split(prefix, 1)[1].strip() for line in lines if prefix in line]
+        return found[0] if found else None
+
+    if any("DynamicVRAM support detected and enabled" in line for line in lines):
+        mode, why = "dynamic", "the log: DynamicVRAM support detected and enabled"
+    elif any("legacy ModelPatcher" in line for line in lines):
+        mode, why = "legacy", next(line for line in lines if "legacy ModelPatcher" in line)
+    else:
+        mode, why = "legacy", ("the log says nothing of DynamicVRAM (--cpu, --disable-dynamic-vram or a release "
+                               "without it)")
+    return {"vram_mode": mode, "vram_mode_reason": why, "vram_state": after("Set vram state to:"),
+            "device": after("Device:"), "comfyui_version": after("ComfyUI version:"),
+            "pytorch_version": after("pytorch version:"), "comfy_aimdo_version": after("comfy-aimdo version:"),
+            "comfy_kitchen_version": after("comfy-kitchen version:"), "log_lines": said}
+
+
+def pack_loaded(log_text: str, node_info: dict) -> dict:
+    """Whether ComfyUI loaded the pack's custom node: its lines under "Prestartup times for custom nodes" and
+    "Import times for custom nodes" (" (IMPORT FAILED)" / "(PRESTARTUP FAILED)" when it failed), import errors,
+    the prestartup script's own "[applier]" line, and /object_info/FusedDiTOps with the node's inputs."""
+    section, timed = None, {"prestartup": None, "import": None}
+    for line in log_lines(log_text):
+        if "times for custom nodes" in line:
+            section = "prestartup" if line.lower().startswith("prestartup") else "import"
+        elif section and "comfyui_fused_dit" in line and "seconds" in line:
+            timed[section] = line
+        elif not line:
+            section = None
+    lines = log_lines(log_text)
+    errors = [line for line in lines if "comfyui_fused_dit" in line and ("Cannot import" in line
+                                                                          or "Failed to execute" in line)]
+    info = node_info.get("FusedDiTOps") or {}
+    inputs = info.get("input", {})
+    return {"registered": bool(info), "import_line": timed["import"], "prestartup_line": timed["prestartup"],
+            "import_failed": timed["import"] is None or "FAILED" in timed["import"] or bool(errors),
+            "errors": errors[:5], "applier_lines": [line for line in lines if line.startswith("[applier]")][:5],
+            "fused_dit_lines": [line for line in lines if line.startswith("fused_dit:")
+                                or "] fused_dit:" in line][:20],
+            "inputs": {kind: sorted(inputs.get(kind, {})) for kind in ("required", "optional")}}
+
+
 def make_venv(comfyui: Path) -> Path:
     """DIR/venv, the layout applier detects, seeing this interpreter's packages (torch, triton).
 
@@ -254,7 +367,14 @@ def link_checkpoint(comfyui: Path, checkpoint: Path) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--comfyui", type=Path, required=True, help="the ComfyUI folder to install into and run")
-    parser.add_argument("--checkpoint", type=Path, required=True, help="the random-weight safetensors file")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", type=Path, help="the random-weight safetensors file")
+    which.add_argument("--make-checkpoint", type=Path, metavar="DIR",
+                       help="write it (generation.py's, for this release) into DIR, or reuse the one there")
+    parser.add_argument("--tiny", action="store_true",
+                        help="with --make-checkpoint: generation.py's tiny model (CPU smoke test; default resolution "
+                             "64x64)")
+    parser.add_argument("--checkpoint-timeout", type=float, default=300)
     parser.add_argument("--model", choices=tuple(MODELS), default="flux-dev")
     parser.add_argument("--resolution", default="", help="HxW (Flux) or HxWxFRAMES (Wan); default per model")
     parser.add_argument("--python", type=Path, help="the server's interpreter (default: a venv inside --comfyui)")
@@ -272,26 +392,44 @@ def main(argv=None) -> int:
     comfyui = options.comfyui.resolve()
     if not (comfyui / "main.py").exists():
         parser.error(f"{comfyui} has no main.py")
-    if not options.checkpoint.exists():
+    if options.checkpoint is not None and not options.checkpoint.exists():
         parser.error(f"{options.checkpoint} does not exist")
+    if options.tiny and options.make_checkpoint is None:
+        parser.error("--tiny needs --make-checkpoint")
     model = MODELS[options.model]
     resolution = (tuple(int(v) for v in options.resolution.split("x")) if options.resolution
-                  else model["resolution"])
+                  else model["tiny_resolution" if options.tiny else "resolution"])
 
     report = {"benchmark": "comfy-server", "script": "benchmarks/comfy_server_run.py", "note": NOTE,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "python": platform.python_version(), "model": options.model,
               "resolution": "x".join(map(str, resolution)), "steps": [low, high], "seed": options.seed,
-              "sampler": {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0}, "prompts": []}
+              "sampler": {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0},
+              "command": results_io.command_line(), "comfyui": comfy_release.read_release(comfyui).as_dict(),
+              "prompts": []}
 
     def write():   # this machine's folders as placeholders (results_io: REPO, TMP, HOME)
         options.out.parent.mkdir(parents=True, exist_ok=True)
         options.out.write_text(results_io.dumps(results_io.scrub(report)) + "\n")
 
+    checkpoint = options.checkpoint
+    if options.make_checkpoint is not None:
+        try:
+            report["checkpoint"] = make_checkpoint(comfyui, options.make_checkpoint, options.model, options.seed,
+                                                   options.tiny, options.checkpoint_timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            report["error"] = f"{type(error).__name__}: {error}"
+            write()
+            print(report["error"], flush=True)
+            return 1
+        checkpoint = Path(report["checkpoint"]["path"])
+        print(f"checkpoint {checkpoint.name}: {report['checkpoint']['seconds']} s", flush=True)
     python = options.python or make_venv(comfyui)
     report["install"] = install_overlay(comfyui, python)
+    print(f"overlay install: exit {report['install']['returncode']}", flush=True)
+    (comfyui / "custom_nodes").mkdir(exist_ok=True)   # a tree of Python files only may lack it
     (comfyui / "custom_nodes" / PROBE_NAME).write_text(PROBE_SOURCE)
-    checkpoint_name = link_checkpoint(comfyui, options.checkpoint)
+    checkpoint_name = link_checkpoint(comfyui, checkpoint)
     front_end = comfyui / "temp_empty_frontend"   # no frontend package is installed: serve an empty folder
     front_end.mkdir(exist_ok=True)
     output_dir = comfyui / "output"
@@ -305,24 +443,39 @@ def main(argv=None) -> int:
     # a `timeout` around this script sends SIGTERM: leave through `finally`, which stops the server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"terminated (SIGTERM) after {time.perf_counter() - started:.0f} s"))
     started = time.perf_counter()
+    node_info = {}
     with open(log_path, "w") as log:
         server = subprocess.Popen(command, cwd=comfyui, stdout=log, stderr=subprocess.STDOUT,
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             report["system_stats"] = wait_for_server(base, server, options.startup_timeout)
             report["startup_s"] = round(time.perf_counter() - started, 1)
-            node_info = http_json(f"{base}/object_info/FusedDiTOps")
+            log_text = log_path.read_text(errors="replace")
+            report["server_start"] = server_start(log_text)
+            try:
+                node_info = http_json(f"{base}/object_info/FusedDiTOps") or {}
+            except urllib.error.HTTPError as error:   # a release that answers an unknown node with an error
+                node_info = {"error": f"HTTP {error.code}"}
             report["node_registered"] = "FusedDiTOps" in node_info
+            report["pack"] = pack_loaded(log_text, node_info)
+            print(f"server up in {report['startup_s']} s: ComfyUI {report['server_start']['comfyui_version']}, "
+                  f"vram mode {report['server_start']['vram_mode']}, FusedDiTOps registered "
+                  f"{report['node_registered']}", flush=True)
             write()
-            overlay = {"norm_rope": True, "adaln": True, "gate": True}
-            configs = {"stock": None, "node_fp8": {**overlay, "fp8_linear": True},
-                       "node": {**overlay, "fp8_linear": False}}
+            configs = {"stock": None, "node_fp8": {**OVERLAY, "fp8_linear": True},
+                       "node": {**OVERLAY, "fp8_linear": False}}
             # (config, steps, role); "stock_after_node" reruns the stock graph on the same cached UNETLoader model
             sequence = [("stock", low, "warm-up (loads the checkpoint)"), ("stock", high, "timed"),
                         ("stock", low, "timed"),
                         ("node_fp8", low, "warm-up"), ("node_fp8", high, "timed"), ("node_fp8", low, "timed"),
                         ("stock_after_node", high, "stock again after the node ran"),
                         ("node", low, "warm-up"), ("node", high, "timed"), ("node", low, "timed")]
+            if not report["node_registered"]:   # the stock prompts alone: the install or the import failed
+                sequence = sequence[:3]
+            elif "attention" in report["pack"]["inputs"]["optional"] + report["pack"]["inputs"]["required"]:
+                configs["node_attention"] = {**OVERLAY, "fp8_linear": False, "attention": True}
+                sequence += [("node_attention", low, "warm-up"), ("node_attention", high, "timed"),
+                             ("node_attention", low, "timed")]
             for index, (config, steps, role) in enumerate(sequence):
                 prefix = f"generation_probe/p{index:02d}_{config}_{steps}"
                 node = configs["stock" if config == "stock_after_node" else config]
@@ -348,7 +501,13 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-    report["server_log_tail"] = log_path.read_text(errors="replace")[-4000:]
+    log_text = log_path.read_text(errors="replace")
+    report["server_log_tail"] = log_text[-4000:]
+    if "server_start" not in report:   # it never answered: what its log says all the same
+        report["server_start"] = server_start(log_text)
+    # again from the whole log: what the node said while the prompts ran (fused_dit_lines)
+    report["pack"] = pack_loaded(log_text, node_info)
+    report["server_log"] = log_path.name
     summarise(report, output_dir, low, high)
     write()
     print(f"wrote {options.out}")
@@ -364,7 +523,7 @@ def summarise(report: dict, output_dir: Path, low: int, high: int) -> None:
         return found[-1] if found else None
 
     summary = {}
-    for config in ("stock", "node_fp8", "node"):
+    for config in ("stock", "node_fp8", "node", "node_attention"):
         a, b = timed(config, low), timed(config, high)
         if a is None or b is None or a["execution_s"] is None or b["execution_s"] is None:
             continue
@@ -379,7 +538,7 @@ def summarise(report: dict, output_dir: Path, low: int, high: int) -> None:
         if p["steps"] == high:
             latents[p["config"]] = load_latent(output_dir, p["latent_prefix"])
     stock_latent = latents.get("stock")
-    for config in ("node_fp8", "node", "stock_after_node"):
+    for config in ("node_fp8", "node", "node_attention", "stock_after_node"):
         if config in latents:
             summary.setdefault(config, {}).update(compare(latents[config], stock_latent))
     after = next((p for p in prompts if p["config"] == "stock_after_node"), None)

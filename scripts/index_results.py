@@ -146,10 +146,11 @@ KINDS: dict[str, Kind] = {
         "alongside, memory saved, stock restored bit for bit after every switch, LoRA baked, low-VRAM partial unload",
         "python scripts/validate_fp8_codes.py --comfyui .realcomfy/ComfyUI --out "
         "benchmarks/results/fp8-codes-comfyui.json", "", H200),
-    "comfy-server.json": Kind(
-        "the real ComfyUI server with the overlay pack installed: generations queued through its HTTP API, the "
-        "node registered, which code ran",
-        "python benchmarks/comfy_server_run.py", "", H200),
+    "comfy-server-*.json": Kind(
+        "a real ComfyUI server of one release (in the name), started as its main.py starts, with the overlay pack "
+        "installed by `applier overlay install`: prompts queued through its HTTP API, the node registered, which "
+        "code ran, seconds per step from two step counts",
+        "bash scripts/comfy_server_for_device.sh RELEASE (on the device machine; --kit TREE here first)", "", H200),
     "demo-disk.json": Kind(
         "disk used by `make test` and `make demo` inside a fresh clone (du of .venv, .cache and sandbox)",
         "git clone REPO CLONE && cd CLONE && .ci/run && make demo && du -sh .venv .cache sandbox", "", CPU),
