@@ -141,10 +141,10 @@ def codes_can_run(device) -> str | None:
 DYNAMIC_REASON = ("ComfyUI's DynamicVRAM (comfy-aimdo) owns the weights and hands each Linear its bf16 weight per "
                   "call, so the FP8 forward quantises that weight for its call, and codes in the weights' place "
                   "would take LoRA (weight_lowvram_function) in the codes' unscaled values. Measured on the H200, "
-                  "ComfyUI 0.33.0, Flux-dev 1024: FP8 under DynamicVRAM 0.74-0.80x stock (fp8_weights "
-                  "alongside keeps the codes of resident weights: 0.84-0.89x, 8 GiB more); started with "
-                  "--disable-dynamic-vram the codes take the weights' place: FP8 1.11x, with the attention toggle "
-                  "1.36x, 14.6 GiB against 22.6 (benchmarks/results/generation-0.33.0.json)")
+                  "ComfyUI 0.33.0, with the attention toggle: Flux-dev 1024 0.91x stock this way, 1.22x with "
+                  "fp8_weights alongside (the codes of resident weights kept: 1 byte per parameter more on the GPU); "
+                  "Flux-dev 2048 1.52x / 1.55x; started with --disable-dynamic-vram the codes take the weights' "
+                  "place: Flux-dev 1024 1.36x at 14.6 GiB against 22.6 (benchmarks/results/generation-0.33.0.json)")
 
 
 def dynamic_reason(patcher) -> str | None:
