@@ -180,7 +180,8 @@ def detect(target, python, patches_dir, as_json):
         ("python", f"{found.python or '-'} ({found.python_source}"
                    + (f", {found.python_version})" if found.python_version else ")")
                    + (" not usable: see the note" if found.python_problem else "")),
-        ("site-packages", str(found.site_packages or "-")),
+        ("site-packages", str(found.site_packages or "-") + (" (not used: see the note)"
+                                                             if found.site_packages_problem else "")),
         ("torch", (found.torch_version or "not installed") + (f", CUDA {found.torch_cuda}" if found.torch_cuda
                                                               else "")),
         ("triton", found.triton_version or "not installed"),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier.errors import StateCorruptError
-from applier.paths import STATE_DIR_NAME
+from applier.paths import STATE_DIR_NAME, real_inside
 
 ROOTS = ("comfyui", "site-packages")
 COMPONENT_ROOT = {"comfyui": "comfyui", "torch": "site-packages"}
@@ -57,7 +57,9 @@ class Confinement:
         base = self.roots.get(root)
         if base is None:
             raise StateCorruptError(f"the state names a file in {root}, which this target does not have",
-                                    hint=REPAIR_HINT)
+                                    hint="`applier detect` says why (no Python environment found, or one whose "
+                                         "site-packages a link leads outside the install); give --python PATH, "
+                                         "or inspect .applier/ by hand (plain JSON); nothing was changed")
         return base
 
     def allows(self, root: str, relpath: str) -> bool:
@@ -75,7 +77,7 @@ class Confinement:
         base_real = Path(os.path.realpath(base))
         if base_real not in real.parents:
             raise StateCorruptError(f"{what} names {root}:{rel}, which resolves to {real}, outside {base_real}",
-                                    hint=REPAIR_HINT)
+                                    hint=LINK_HINT if what == "this run" else REPAIR_HINT)
         state_real = Path(os.path.realpath(self.state_dir))
         if real == state_real or state_real in real.parents:
             raise StateCorruptError(f"{what} names {root}:{rel}, which lies inside {self.state_dir}",
@@ -112,25 +114,36 @@ class Confinement:
                                 hint="a bug: please report it")
 
     def catalog_folders(self) -> list[Path]:
-        """Every folder a catalog patch writes into: where a killed atomic write can have left its temp file."""
+        """Every folder a catalog patch writes into: where a killed atomic write can have left its temp file. A
+        folder that a link leads outside its root (or into the state folder) is none of this target's: left out,
+        so that nothing is listed or removed there."""
         folders = set()
         for root, relpaths in self.catalog_paths.items():
             base = self.roots.get(root)
             if base is None:
                 continue
             for rel in relpaths:
-                folders.add(base.joinpath(*PurePosixPath(rel).parts).parent)
+                folder = base.joinpath(*PurePosixPath(rel).parts).parent
+                if self.own_folder(base, folder):
+                    folders.add(folder)
         return sorted(folders)
 
     def overlay_tops(self) -> list[Path]:
-        """The overlay pack's install folders in this target (the pack writes anywhere below them)."""
+        """The overlay pack's install folders in this target (the pack writes anywhere below them); one that a link
+        leads outside its root is left out, as in catalog_folders."""
         tops = []
         for root, prefix in (("site-packages", self.overlay.package),
                              ("comfyui", f"custom_nodes/{self.overlay.node}" if self.overlay.node else None)):
             base = self.roots.get(root)
             if base is not None and prefix is not None:
-                tops.append(base.joinpath(*PurePosixPath(prefix).parts))
+                top = base.joinpath(*PurePosixPath(prefix).parts)
+                if self.own_folder(base, top):
+                    tops.append(top)
         return tops
+
+    def own_folder(self, base: Path, folder: Path) -> bool:
+        """folder, every link on its way followed, lies inside base and outside the state folder."""
+        return real_inside(base, folder) and not real_inside(self.state_dir, folder)
 
     def relative(self, path: Path) -> tuple[str, str]:
         """(root, relpath) of a path the core is about to write: the inverse of resolve, with the same checks."""
@@ -150,6 +163,8 @@ class Confinement:
                                 "inside this target", hint="a bug or a crafted catalog: please report it")
 
 
+LINK_HINT = ("a link in the target leads there, out of the install: applier never writes through one; nothing was "
+             "changed. Put the folder or file itself in place of the link (or move the link aside) and run again")
 REPAIR_HINT = ("the state was edited or crafted; nothing was changed. Inspect .applier/ by hand (plain JSON), "
                "or move it aside and reinstall the files it names")
 

@@ -3,7 +3,10 @@
 The target's interpreter is asked once, in isolated UTF-8 mode, for its site-packages (a few ms: no torch import);
 that query, git and nvidia-smi run through applier.subproc (a timeout, an output cap, strict UTF-8, the whole
 process group ended). The files detection reads (comfyui_version.py, pyproject.toml, torch/version.py, METADATA)
-are read bounded and only when regular (fsutil.read_regular): a FIFO or /dev/zero is a note, never a hang.
+are read bounded, only when regular and only where they really lie inside their folder (fsutil.read_inside): a
+FIFO, /dev/zero or a link leading out is a note, never a hang nor a read outside the install. A site-packages found
+inside the install folder that a link leads out of is not used (a note says so): a root applier writes into is
+never reached through a link leading out of the install; an environment elsewhere is named with --python.
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from applier.errors import ApplierError, BadInterpreterError, BadTargetError, ChildFailure
-from applier.fsutil import read_regular
-from applier.paths import STATE_DIR_NAME
+from applier.fsutil import kind_of, read_inside
+from applier.paths import STATE_DIR_NAME, real_inside
 from applier.state import read_interpreter
 from applier.subproc import PYTHON_FLAGS, child_env, path_from_child, run_bounded, timeout_from_env
 from applier.target import GPU, Target
@@ -144,6 +147,12 @@ def with_interpreter(found: Target, python: Path | None, *, source: str, strict:
             site_packages = pick_site_packages(answer)
     elif found.layout == "portable":
         site_packages = first_existing([found.root / "python_embeded" / "Lib" / "site-packages"])
+    site_problem = None
+    if site_packages is not None and leads_out_of(found.root, site_packages):
+        site_problem = (f"its site-packages {site_packages} is reached through a link leading out of the install "
+                        f"(to {os.path.realpath(site_packages)})")
+        notes.append(escaped_site_packages_note(found.root, site_packages, python))
+        site_packages = None
     if python is None and found.layout != "python-env":
         notes.append("no Python environment found (venv/, .venv/, python_embeded/): torch patches are not "
                      "applicable; use --python PATH")
@@ -153,8 +162,29 @@ def with_interpreter(found: Target, python: Path | None, *, source: str, strict:
     env_notes = [n for n in notes if n not in found.notes or n in found.env_notes]
     return replace(found, python=python, python_source=source if python is not None else "none",
                    python_version=python_version, python_problem=problem, site_packages=site_packages,
+                   site_packages_problem=site_problem,
                    torch_version=torch_version, torch_cuda=torch_cuda, triton_version=triton_version(site_packages),
                    notes=notes, env_notes=env_notes)
+
+
+def leads_out_of(root: Path, path: Path) -> bool:
+    """path lies in the install folder by name, but a link on its way leads out of it."""
+    try:
+        Path(path).relative_to(root)
+    except ValueError:
+        return False
+    return not real_inside(root, path)
+
+
+def escaped_site_packages_note(root: Path, site_packages: Path, python: Path | None) -> str:
+    real = Path(os.path.realpath(site_packages))
+    way_out = "put the folder itself in place of the link"
+    if python is not None and leads_out_of(root, python.parent):   # the env itself lives elsewhere: name it there
+        way_out = (f"if it is this install's environment, name its interpreter where it really is (--python "
+                   f"{Path(os.path.realpath(python.parent)) / python.name}), or {way_out}")
+    return (f"site-packages {site_packages} lies in the install by name, but a link leads it out of {root} (to "
+            f"{real}): applier never writes or reads through a link leading out of the install, so torch patches "
+            f"and the overlay package are not applicable; {way_out}")
 
 
 def folder_hint(path: Path) -> str:
@@ -327,6 +357,7 @@ def find_interpreter(root: Path, comfy_root: Path | None, python: str | Path | N
 
 def ask_interpreter(python: Path) -> InterpreterAnswer:
     """The interpreter's site-packages, asked in isolated UTF-8 mode; NotAnInterpreter saying why otherwise."""
+    special_venv_config(python)
     try:
         result = run_bounded([python, *PYTHON_FLAGS, "-c", SITE_QUERY], what="it",
                              timeout=timeout_from_env(INTERPRETER_TIMEOUT_S, TIMEOUT_ENV),
@@ -341,6 +372,19 @@ def ask_interpreter(python: Path) -> InterpreterAnswer:
         last = last_line(result.stderr.decode("utf-8", "replace"))
         raise NotAnInterpreter(f"it {how} when asked for its site-packages" + (f": {last[:200]}" if last else ""))
     return parse_site_answer(text)
+
+
+def special_venv_config(python: Path) -> None:
+    """NotAnInterpreter when the pyvenv.cfg the interpreter reads at start-up (beside it or one folder up) is a FIFO,
+    a device or a socket: it would block or read forever before answering (it is not asked at all)."""
+    for folder in (python.parent, python.parent.parent):
+        try:
+            st = os.stat(folder / "pyvenv.cfg")
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAnInterpreter(f"its {folder / 'pyvenv.cfg'} is {kind_of(st.st_mode)}, not a regular file (it "
+                                   "would hang at start-up): not run")
 
 
 def parse_site_answer(text: str) -> InterpreterAnswer:
@@ -415,11 +459,11 @@ def first_existing(paths) -> Path | None:
     return None
 
 
-def read_detection_file(path: Path, limit: int, notes: list[str] | None) -> bytes | None:
-    """A file detection reads, bounded and only when regular; None (and a note saying why, unless it is simply
-    absent) otherwise."""
+def read_detection_file(path: Path, limit: int, notes: list[str] | None, inside: Path) -> bytes | None:
+    """A file detection reads, bounded, only when regular and only where it really lies inside `inside` (the
+    ComfyUI folder, site-packages); None (and a note saying why, unless it is simply absent) otherwise."""
     try:
-        return read_regular(path, limit=limit)
+        return read_inside(inside, path, limit=limit)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ApplierError) as exc:
@@ -430,9 +474,10 @@ def read_detection_file(path: Path, limit: int, notes: list[str] | None) -> byte
 
 
 def literal_assignments(path: Path, names: tuple[str, ...], notes: list[str] | None = None,
-                        limit: int = SOURCE_FILE_LIMIT) -> dict[str, object]:
-    """Top-level `NAME = <literal>` (or annotated) assignments of a Python file, read with ast, never imported."""
-    data = read_detection_file(path, limit, notes)
+                        limit: int = SOURCE_FILE_LIMIT, *, inside: Path | None = None) -> dict[str, object]:
+    """Top-level `NAME = <literal>` (or annotated) assignments of a Python file, read with ast, never imported;
+    read only where it really lies inside `inside` (default: its own folder)."""
+    data = read_detection_file(path, limit, notes, Path(path).parent if inside is None else inside)
     if data is None:
         return {}
     try:
@@ -477,13 +522,14 @@ def unrecognised(value: object, where: str) -> str:
 def comfyui_version(comfy_root: Path, notes: list[str] | None = None) -> tuple[str | None, str, str | None]:
     """(version, where it came from, git commit)."""
     commit = git_output(comfy_root, "rev-parse", "--short", "HEAD") if (comfy_root / ".git").exists() else None
-    raw = literal_assignments(comfy_root / "comfyui_version.py", ("__version__",), notes).get("__version__")
+    raw = literal_assignments(comfy_root / "comfyui_version.py", ("__version__",), notes,
+                              inside=comfy_root).get("__version__")
     version = recognised_version(raw)
     if version is not None:
         return version, "comfyui_version.py", commit
     if raw is not None and notes is not None:
         notes.append(unrecognised(raw, "comfyui_version.py"))
-    data = read_detection_file(comfy_root / "pyproject.toml", PYPROJECT_LIMIT, notes)
+    data = read_detection_file(comfy_root / "pyproject.toml", PYPROJECT_LIMIT, notes, comfy_root)
     if data is not None:
         try:
             project = tomllib.loads(data.decode("utf-8"))
@@ -525,7 +571,8 @@ def torch_versions(site_packages: Path | None, notes: list[str] | None = None) -
     """(__version__ with its local label, CUDA version) from torch/version.py; METADATA when it is absent."""
     if site_packages is None:
         return None, None
-    found = literal_assignments(site_packages / "torch" / "version.py", ("__version__", "cuda"), notes)
+    found = literal_assignments(site_packages / "torch" / "version.py", ("__version__", "cuda"), notes,
+                                inside=site_packages)
     raw = found.get("__version__")
     version = recognised_version(raw)
     if raw is not None and version is None and notes is not None:
@@ -545,7 +592,7 @@ def dist_version(site_packages: Path, name: str, notes: list[str] | None = None)
     except OSError:
         return None
     for entry in entries:
-        data = read_detection_file(site_packages / entry / "METADATA", METADATA_LIMIT, notes)
+        data = read_detection_file(site_packages / entry / "METADATA", METADATA_LIMIT, notes, site_packages)
         if data is None:
             continue
         for line in data.decode("utf-8", errors="replace").splitlines():

@@ -1,8 +1,10 @@
 """Bytes on disk: bounded reads of regular files only, writes that never leave a torn file (temp file in the same
 folder, fsync, os.replace), and the no-link discipline of applier's own folder (`check_no_links`).
 
-Every read opens without blocking (a FIFO in place of a file would otherwise hang the command), refuses what is not
-a regular file (FIFO, device, socket: /dev/zero would be read until memory runs out) and stops at a size cap."""
+Every read looks before it opens: what is not a regular file (FIFO, device, socket: /dev/zero would be read until
+memory runs out, and opening some devices does something) is refused unopened; the open itself does not block (a
+FIFO swapped in meanwhile would otherwise hang the command) and the opened file is checked again; reads stop at a
+size cap. `read_inside` also refuses a file that a link leads outside the folder it must stay in."""
 from __future__ import annotations
 
 import errno
@@ -14,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from applier.errors import IOFailure
+from applier.paths import real_inside
 
 # Temp files are `.<name>.<random>.applier-tmp` beside the file they replace: recovery finds and removes them.
 TEMP_SUFFIX = ".applier-tmp"
@@ -31,6 +34,10 @@ class NotRegularFile(IOFailure):
 
 class FileTooLarge(IOFailure):
     """A file is larger than applier ever needs to read."""
+
+
+class LeadsOutside(NotRegularFile):
+    """A path applier must read is, or passes through, a link leading outside the folder the read must stay in."""
 
 
 def kind_of(mode: int) -> str:
@@ -54,6 +61,17 @@ def read_regular(path: Path, *, limit: int = MAX_READ_BYTES, follow_links: bool 
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     if not follow_links:
         flags |= getattr(os, "O_NOFOLLOW", 0)
+    # Look before opening: a device is never opened (opening one can act: a watchdog arms, a tape rewinds), a FIFO
+    # never waited on. The fstat below catches what is swapped in between.
+    seen = os.stat(path) if follow_links else os.lstat(path)
+    if stat.S_ISLNK(seen.st_mode):
+        raise NotRegularFile(f"refusing to read {path}: it is a symbolic link",
+                             hint="applier never follows links in its own folder; move the link aside")
+    if stat.S_ISDIR(seen.st_mode):
+        raise NotRegularFile(f"refusing to read {path}: it is a folder", hint=SPECIAL_HINT)
+    if not stat.S_ISREG(seen.st_mode):
+        raise NotRegularFile(f"refusing to read {path}: it is {kind_of(seen.st_mode)}, not a regular file",
+                             hint=SPECIAL_HINT)
     try:
         fd = os.open(path, flags)
     except OSError as exc:
@@ -88,6 +106,17 @@ def read_regular(path: Path, *, limit: int = MAX_READ_BYTES, follow_links: bool 
 SPECIAL_HINT = "nothing was changed; put a regular file in its place (or move it aside) and run the command again"
 
 
+def read_inside(top: Path, path: Path, *, limit: int = MAX_READ_BYTES) -> bytes:
+    """read_regular of a file that really lies inside top: links on its way may lead anywhere inside top, never out
+    of it (LeadsOutside, naming where it leads, before anything is opened there). The resolved path is what is
+    opened, its last step without following a link, so a link swapped in meanwhile is refused too."""
+    real = Path(os.path.realpath(path))
+    if not real_inside(top, real):
+        raise LeadsOutside(f"refusing to read {path}: it is a link leading outside {top} (to {real})",
+                           hint="applier reads nothing outside the install through a link; nothing was changed")
+    return read_regular(real, limit=limit, follow_links=False)
+
+
 def too_large(path: Path, size: int, limit: int) -> FileTooLarge:
     return FileTooLarge(f"refusing to read {path}: {size} bytes or more, over applier's limit of {limit} bytes",
                         hint="nothing was changed; that is not a file applier wrote or patches")
@@ -98,6 +127,19 @@ def read_bytes_or_none(path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | No
     exist; IOFailure (exit 8) when it cannot be read, is special, or is too large."""
     try:
         return read_regular(path, limit=limit)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except IOFailure:
+        raise
+    except OSError as exc:
+        raise io_failure(exc, path, "read") from exc
+
+
+def read_inside_or_none(top: Path, path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | None:
+    """read_inside, None when the file does not exist; IOFailure (exit 8) when it cannot be read, is special, is
+    too large or is a link leading out of top."""
+    try:
+        return read_inside(top, path, limit=limit)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except IOFailure:
@@ -157,6 +199,7 @@ def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
         errno.EFBIG: "file too large",
         errno.ENOTDIR: "a folder on the way is a file",
         errno.EISDIR: "it is a folder",
+        errno.ELOOP: "a symbolic link on the way loops (or too many links lead there)",
     }.get(exc.errno, exc.strerror or str(exc))
     return IOFailure(f"cannot {action} {path}: {reason}",
                      hint="nothing was changed; fix the cause (permissions, free space) and run the command again")
@@ -234,7 +277,11 @@ def remove_stale_bytecode(path: Path) -> list[Path]:
         return []
     cache = path.parent / "__pycache__"
     removed = []
-    if cache.is_dir():
+    try:
+        is_folder = stat.S_ISDIR(os.lstat(cache).st_mode)
+    except OSError:
+        is_folder = False
+    if is_folder:   # a real folder: a __pycache__ that is a link is never followed (it may lead anywhere)
         for pyc in cache.glob(f"{path.stem}.*.pyc"):
             try:
                 pyc.unlink()
@@ -271,8 +318,10 @@ def check_writable(path: Path) -> None:
     """Raise IOFailure now (before any change) when path's folder cannot take a new file or path cannot be read."""
     path = Path(path)
     folder = path.parent
-    while not folder.exists() and folder.parent != folder:  # folders a new file needs are created on the way
+    while not os.path.lexists(folder) and folder.parent != folder:  # folders a new file needs are created
         folder = folder.parent
+    if not folder.is_dir():     # a file (or a link to nothing) where a folder must be: not a permission problem
+        raise io_failure(NotADirectoryError(errno.ENOTDIR, "not a folder"), folder, "write into")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise io_failure(PermissionError(errno.EACCES, "permission denied"), folder, "write into")
     if path.exists() and not os.access(path, os.R_OK):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from applier.confine import legacy_relative
-from applier.errors import StateCorruptError
+from applier.errors import IOFailure, StateCorruptError
 from applier.failpoints import failpoint
 from applier.fsutil import (TEMP_SUFFIX, atomic_write, check_writable, io_failure, read_regular, remove_file,
                             remove_stale_bytecode, sha256_bytes, sha256_file, subfolders)
@@ -265,7 +265,7 @@ def read_blob(store: StateStore, name: str) -> bytes | None:
     path = store.guard(data_dir(store) / name)
     try:
         return read_regular(path, follow_links=False)
-    except OSError:
+    except (OSError, IOFailure):     # gone, special, far larger than any file a run writes: damaged
         return None
 
 

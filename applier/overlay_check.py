@@ -1,11 +1,12 @@
 """`applier overlay check`: which overlay variant each model family and op family of a ComfyUI tree would run.
 
-Static and torch-free: the target's ComfyUI files are read (fsutil.read_bytes_or_none) and parsed with `ast`, never
-imported. The code each variant depends on is found the way Python would bind it - a name in a module, followed
-through `from X import name` into the file that defines it - and fingerprinted with the overlay pack's own
-normaliser (`overlays/fused_dit/fingerprint.py`, loaded by path), then compared with the releases the pack records
-in `fused_dit/variants.json` (`fused_dit/variants.py`, loaded the same way). The node makes the same comparison at
-run time on the live objects, so both say the same thing about the same code.
+Static and torch-free: the target's ComfyUI files are read (fsutil.read_inside_or_none: bounded, regular files
+only, none that a link leads out of the tree) and parsed with `ast`, never imported. The code each variant depends
+on is found the way Python would bind it - a name in a module, followed through `from X import name` into the file
+that defines it - and fingerprinted with the overlay pack's own normaliser (`overlays/fused_dit/fingerprint.py`,
+loaded by path), then compared with the releases the pack records in `fused_dit/variants.json`
+(`fused_dit/variants.py`, loaded the same way). The node makes the same comparison at run time on the live objects,
+so both say the same thing about the same code.
 
 Per model family present in the tree (Flux, Flux.2, Chroma, HunyuanVideo, Wan 2.1/2.2, Qwen-Image, Lumina 2 /
 Z-Image) and per op family (norm_rope, adaln, gate, fp8_linear): the variant that would run and the release it
@@ -20,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 from applier.errors import BadTargetError, RefusedError
-from applier.fsutil import read_bytes_or_none
+from applier.fsutil import read_inside_or_none
 from applier.resources import OVERLAYS_DIR, load_module
 
 PACK_PACKAGE = "fused_dit"
@@ -76,7 +77,7 @@ class SourceTree:
 
     def parsed(self, relpath: str) -> tuple[str, ast.Module] | None:
         if relpath not in self._parsed:
-            data = read_bytes_or_none(self.root / relpath)
+            data = read_inside_or_none(self.root, self.root / relpath)
             if data is None:
                 self._parsed[relpath] = None
             else:

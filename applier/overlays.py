@@ -12,7 +12,7 @@ from applier.allowlist import store_for
 from applier.catalog import load_catalog
 from applier.confine import REPAIR_HINT, OverlayPrefixes
 from applier.errors import DriftError, RefusedError, StateCorruptError
-from applier.fsutil import read_bytes_or_none, sha256_bytes, sha256_file
+from applier.fsutil import NotRegularFile, check_no_links, read_bytes_or_none, sha256_bytes, sha256_file
 from applier.journal import FileOp
 from applier.lock import target_lock
 from applier.pack import pack_prefixes, read_pack
@@ -30,6 +30,10 @@ def pack_files(folder: Path) -> list[Path]:
 
 def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path, bytes]]:
     if target.site_packages is None:
+        if target.site_packages_problem:
+            raise RefusedError(f"refusing to install the overlay package: {target.site_packages_problem}",
+                               hint="applier never writes through a link leading out of the install; `applier "
+                                    "detect` says what to do (--python naming that environment where it is)")
         raise RefusedError("the target has no Python environment to install the overlay package into",
                            hint="use --python PATH")
     out = []
@@ -55,6 +59,8 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
         journal.recover(store)
         ours = manifest_hashes(store)
         wanted = planned_files(target, pack_dir, meta)
+        # every destination checked before anything there is read: a link on the way out of the target is exit 7
+        files = [manifest_entry(store, p, sha256_bytes(d)) for p, d in wanted]
         ops = []
         for path, data in wanted:
             current = read_bytes_or_none(path)
@@ -71,7 +77,6 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
             current = read_bytes_or_none(stale)
             if current is not None:
                 ops.append(FileOp(stale, current, None))
-        files = [manifest_entry(store, p, sha256_bytes(d)) for p, d in wanted]
         manifest = {"format": MANIFEST_FORMAT, "pack": meta["name"], "version": meta["version"],
                     "package": meta["package"], "node": meta["node"],
                     "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
@@ -98,10 +103,13 @@ def overlay_store(target: Target, catalog: list | None, meta: dict | None = None
 
 
 def manifest_pack(state_dir: Path) -> dict | None:
-    """{"package", "node"} as the installed manifest names them; None when absent or not plain names."""
+    """{"package", "node"} as the installed manifest names them; None when absent, not plain names, or not reached
+    without a link (the state folder's own check then refuses the command, before anything is read there)."""
+    path = Path(state_dir) / "overlays.json"
     try:
-        data = read_json(Path(state_dir) / "overlays.json")
-    except StateCorruptError:
+        check_no_links(Path(state_dir), path)
+        data = read_json(path)
+    except (StateCorruptError, NotRegularFile):
         return None
     if not isinstance(data, dict):
         return None

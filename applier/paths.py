@@ -9,6 +9,14 @@ from applier.errors import UnsafePathError
 STATE_DIR_NAME = ".applier"     # a target's state folder: no diff may write into it
 
 
+def real_inside(top: Path, path: Path) -> bool:
+    """Whether path, every link on its way followed, still lies inside top (top itself counts), top's own links
+    followed too. A path that does not exist yet is judged by the folders that do: realpath resolves what exists."""
+    top_real = Path(os.path.realpath(top))
+    real = Path(os.path.realpath(path))
+    return real == top_real or top_real in real.parents
+
+
 def resolve_inside(root: Path, relpath: str, *, patch_id: str = "") -> Path:
     """The absolute path of `relpath` under `root`; UnsafePathError for absolute paths, `..`, drive letters,
     or a symlink (anywhere on the way) that leads outside root."""

@@ -57,6 +57,8 @@ def not_applicable_reason(target: Target, patch: Patch) -> str | None:
         if target.python is None and target.site_packages is None:
             return "no Python environment found for the target (use --python PATH)"
         if root is None:
+            if target.site_packages_problem:
+                return f"{target.site_packages_problem}: applier does not follow it (`applier detect` says more)"
             return "the target's site-packages could not be determined"
         if target.torch_version is None:
             return f"torch is not installed in {root}"

@@ -7,7 +7,8 @@ import csv
 import io
 from pathlib import Path
 
-from applier.fsutil import read_regular
+from applier.errors import IOFailure
+from applier.fsutil import read_inside
 
 MAX_RECORD_BYTES = 64 * 1024 * 1024     # torch's RECORD is ~2 MB
 
@@ -26,12 +27,15 @@ def find_record(site_packages: Path, distribution: str) -> Path | None:
     return None
 
 
-def read_record(record: Path) -> dict[str, str]:
+def read_record(record: Path, inside: Path | None = None) -> dict[str, str]:
     """{relative path: hex sha256} for every RECORD row that carries a readable sha256. Read bounded, regular files
-    only (fsutil.read_regular: IOFailure for a FIFO, a device, a file past MAX_RECORD_BYTES); a row whose digest is
-    not the base64 of 32 bytes is skipped."""
+    only, and only where it really lies inside `inside` (default: site-packages, two folders up) (fsutil.read_inside:
+    IOFailure for a FIFO, a device, a file past MAX_RECORD_BYTES, a link leading out); a row whose digest is not
+    the base64 of 32 bytes is skipped."""
     hashes = {}
-    text = read_regular(Path(record), limit=MAX_RECORD_BYTES).decode("utf-8", errors="replace")
+    record = Path(record)
+    inside = record.parent.parent if inside is None else inside
+    text = read_inside(inside, record, limit=MAX_RECORD_BYTES).decode("utf-8", errors="replace")
     try:
         rows = list(csv.reader(io.StringIO(text)))
     except csv.Error:        # a NUL byte, a field past csv's size limit: not a RECORD pip wrote
@@ -54,4 +58,9 @@ def pristine_hashes(site_packages: Path | None, distribution: str = "torch") -> 
     if site_packages is None:
         return {}
     record = find_record(site_packages, distribution)
-    return read_record(record) if record else {}
+    if record is None:
+        return {}
+    try:
+        return read_record(record, site_packages)
+    except IOFailure:   # a link leading out, a FIFO, a device, far too large: no RECORD pip wrote for this install
+        return {}

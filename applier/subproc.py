@@ -25,8 +25,10 @@ from applier.errors import ChildFailure
 DEFAULT_OUTPUT_LIMIT = 1024 * 1024
 # After the child itself has exited, how long a grandchild may keep its pipes open before the group is ended.
 EXIT_GRACE_S = 2.0
-# Every Python child: isolated (no user site, no PYTHON* variables, no current folder on sys.path) and UTF-8 mode.
-PYTHON_FLAGS = ("-I", "-X", "utf8")
+# Every Python child: isolated (no user site, no PYTHON* variables, no current folder on sys.path), UTF-8 mode, and
+# no bytecode written (-B): a probe that imports the target's code must not write __pycache__ into the install (a
+# __pycache__ or a source folder there may be a link leading anywhere).
+PYTHON_FLAGS = ("-I", "-B", "-X", "utf8")
 # For children that honour the environment (-I makes a Python child ignore these; -X utf8 covers it then).
 UTF8_ENV = {"PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
 

@@ -31,6 +31,7 @@ class Target:
     notes: list[str] = field(default_factory=list)   # why something is missing, in words
     python_problem: str | None = None   # why `python` is not usable ("this is not a usable Python interpreter: ...")
     gpu_problem: str | None = None      # "GPU unknown: ..." when nvidia-smi hung, flooded or printed garbage
+    site_packages_problem: str | None = None   # why site-packages is None although an env was found (a link out)
     env_notes: list[str] = field(default_factory=list, repr=False)   # the notes about the Python env (replaced
     #                                                                  when detect.with_interpreter picks another)
 

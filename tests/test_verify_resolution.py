@@ -405,3 +405,29 @@ def test_a_fifo_nodes_py_is_a_fail_with_the_reason_not_a_hang(tmp_path, hang_gua
     results = run(make_target(root), make_catalog(tmp_path))
     assert results["max-resolution"].outcome is Outcome.FAIL and "FIFO" in results["max-resolution"].reason
     assert results["resolution-caps"].outcome is not Outcome.FAIL
+
+
+def test_a_nodes_py_a_link_leads_out_of_the_tree_is_not_read(tmp_path):
+    root = tmp_path / "ComfyUI"
+    root.mkdir()
+    elsewhere = write_nodes_py(tmp_path / "another-install", PATCHED)
+    (root / "nodes.py").symlink_to(elsewhere)
+    results = run(make_target(root), make_catalog(tmp_path), state=applied_state(root))
+    assert results["max-resolution"].outcome is Outcome.FAIL
+    assert "link leading outside" in results["max-resolution"].reason
+    assert str(PATCHED) not in results["max-resolution"].reason, "the other install's nodes.py was read"
+
+
+@pytest.mark.parametrize("folder", ["custom_nodes", "comfy_extras"])
+def test_a_scanned_folder_that_is_a_link_out_of_the_tree_is_skipped_not_walked(tmp_path, folder):
+    root = tmp_path / "ComfyUI"
+    write_nodes_py(root, PATCHED)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "pack").mkdir(parents=True)
+    (elsewhere / "nodes_x.py").write_text("MAX_RESOLUTION = 4096\n")
+    (elsewhere / "pack" / "caps.py").write_text("MAX_RESOLUTION = 2048\n")
+    (root / folder).symlink_to(elsewhere, target_is_directory=True)
+    result = run(make_target(root), make_catalog(tmp_path))["resolution-caps"]
+    assert result.numbers["caps"] == [] and result.numbers["files_scanned"] == 0
+    assert result.numbers["skipped"] == [f"{folder}/: a link leading outside the ComfyUI folder"]
+    assert result.outcome is Outcome.WARN

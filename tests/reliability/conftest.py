@@ -9,7 +9,10 @@ Sections, one file each:
     test_rel_fuzz.py          hypothesis over catalog TOML and state / journal / manifest JSON
                               (APPLIER_FUZZ_EXAMPLES examples per target)
     test_rel_links.py         links and special files in .applier/ and the tree, git metadata, a moved root,
-                              signals, the remembered interpreter, hand edits (round 2, issue 22)
+                              signals, the remembered interpreter, hand edits (round 2, issue 22); links leading
+                              out of the install on the tool's own walks: bytecode removal, temp-file sweeps,
+                              detection and verify reads, a site-packages reached through a link, probes' bytecode
+                              (round 3)
     test_rel_probes.py        interpreters, probes and nvidia-smi that misbehave (round 2, issue 22)
 
 Shared helpers live in reltools.py; scripts/reliability_figures.py runs the sections and writes the figures.

@@ -377,3 +377,193 @@ def test_the_recorded_interpreter_is_used_before_the_install_venv_is_even_asked(
     out = assert_clean(cli("status", *base, "--json"), allowed=(0,))
     assert out.json()["python"] == str(env / "bin" / "python")
     assert not marker.exists(), "the install's own (hanging) venv python was asked first"
+
+
+# ------------------------------------------------------------------------------ round 3: links out on the tool's walks
+# Each of these broke before round 3: the tool listed, read or removed something outside the install through a link
+# on a walk it makes beside the files it patches (bytecode, temp-file sweeps, detection, verify, its interpreter).
+
+PYC = b"compiled bytes nobody may delete\n"
+
+
+def pyc_outside(tmp_path: Path, *stems: str) -> Path:
+    folder = tmp_path / "pyc-outside"
+    folder.mkdir()
+    for stem in stems:
+        (folder / f"{stem}.cpython-311.pyc").write_bytes(PYC)
+    return folder
+
+
+def pyc_intact(folder: Path, *stems: str) -> None:
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{s}.cpython-311.pyc" for s in stems), \
+        "bytecode outside the target was removed through a linked __pycache__"
+
+
+def test_a_linked_pycache_is_never_emptied_by_apply_or_revert(plain, tmp_path):
+    outside = pyc_outside(tmp_path, "nodes", "execution")
+    (plain.comfy / "__pycache__").symlink_to(outside, target_is_directory=True)
+    assert_clean(cli(*plain.args("apply")), allowed=(0,))
+    pyc_intact(outside, "nodes", "execution")
+    assert_clean(cli(*plain.args("revert")), allowed=(0,))
+    pyc_intact(outside, "nodes", "execution")
+    assert snapshot(plain.root)[0] == plain.base_files
+
+
+def test_a_linked_pycache_in_the_overlay_is_never_emptied_by_uninstall(tmp_path):
+    inst = make_install(tmp_path / "t", layout="portable")
+    assert_clean(cli(*inst.args("overlay", "install")), allowed=(0,))
+    node = inst.comfy / "custom_nodes" / "comfyui_fused_dit"
+    stems = sorted(p.stem for p in node.glob("*.py"))
+    outside = pyc_outside(tmp_path, *stems)
+    (node / "__pycache__").symlink_to(outside, target_is_directory=True)
+    assert_clean(cli(*inst.args("overlay", "uninstall")), allowed=(0,))
+    pyc_intact(outside, *stems)
+
+
+def test_no_command_sweeps_temp_files_where_a_link_leads_out_of_the_install(plain, tmp_path):
+    """The temp-file sweep (of a killed write) walks every folder a patch or the overlay pack writes to: with
+    custom_nodes/ a link to another folder, a file there named like applier's temp files is someone else's."""
+    other = tmp_path / "other-nodes"
+    (other / "comfyui_fused_dit").mkdir(parents=True)
+    theirs = other / "comfyui_fused_dit" / ".notes.txt.k3j2.applier-tmp"
+    theirs.write_bytes(VICTIM)
+    shutil_move_and_link(plain.comfy / "custom_nodes", other)
+    for command in (("status",), ("apply",), ("revert",), ("overlay", "list")):
+        assert_clean(cli(*plain.args(*command)))
+        assert theirs.read_bytes() == VICTIM, f"`{' '.join(command)}` removed a file outside the install"
+
+
+def shutil_move_and_link(path: Path, dest: Path) -> None:
+    import shutil
+    for entry in path.iterdir():
+        shutil.move(str(entry), str(dest / entry.name))
+    path.rmdir()
+    path.symlink_to(dest, target_is_directory=True)
+
+
+def test_overlay_install_refuses_a_linked_node_folder_before_reading_it(tmp_path, outside):
+    inst = make_install(tmp_path / "t", layout="portable")
+    (outside / "node").mkdir()
+    (outside / "node" / "__init__.py").write_bytes(VICTIM)
+    (inst.comfy / "custom_nodes" / "comfyui_fused_dit").symlink_to(outside / "node", target_is_directory=True)
+    out = assert_clean(cli(*inst.args("overlay", "install")), allowed=(7,))
+    assert "link" in out.text and "exists and was not installed" not in out.text
+    assert (outside / "node" / "__init__.py").read_bytes() == VICTIM
+    assert sorted(p.name for p in (outside / "node").iterdir()) == ["__init__.py"]
+
+
+def test_a_site_packages_a_link_leads_out_of_the_install_is_not_used(tmp_path):
+    inst = make_install(tmp_path / "t", layout="portable")
+    elsewhere = tmp_path / "elsewhere-site"
+    elsewhere.mkdir()
+    inst.site.rmdir()
+    inst.site.symlink_to(elsewhere, target_is_directory=True)
+    out = assert_clean(cli(*inst.args("overlay", "install")), allowed=(3,))
+    assert "link leading out of the install" in out.text
+    assert list(elsewhere.iterdir()) == [], "the overlay package was written through the link"
+    detected = assert_clean(cli("detect", "--target", inst.root, "--json"), allowed=(0,)).json()
+    assert detected["site_packages"] is None and "link" in detected["site_packages_problem"]
+    assert any("put the folder itself in place of the link" in n for n in detected["notes"])
+    # the ComfyUI patches still apply: only the root reached through the link is left alone
+    assert_clean(cli(*inst.args("apply")), allowed=(0,))
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_site_packages_swapped_for_a_link_after_install_is_never_written(tmp_path, outside):
+    """A race a user can cause between two commands: the install's site-packages moved elsewhere and linked back."""
+    import shutil
+    inst = make_install(tmp_path / "t", layout="portable")
+    assert_clean(cli(*inst.args("overlay", "install")), allowed=(0,))
+    shutil.move(str(inst.site), str(outside / "site"))
+    inst.site.symlink_to(outside / "site", target_is_directory=True)
+    before = {str(p): p.read_bytes() for p in (outside / "site").rglob("*") if p.is_file()}
+    for command in (("overlay", "uninstall"), ("overlay", "install"), ("overlay", "list")):
+        out = assert_clean(cli(*inst.args(*command)))
+        assert out.code != 0, out
+    assert {str(p): p.read_bytes() for p in (outside / "site").rglob("*") if p.is_file()} == before
+
+
+def test_detection_reads_no_version_file_a_link_leads_out_of_the_install(plain, tmp_path):
+    foreign = tmp_path / "foreign_version.py"
+    foreign.write_text('__version__ = "9.9.9"\n')
+    (plain.comfy / "comfyui_version.py").unlink()
+    (plain.comfy / "comfyui_version.py").symlink_to(foreign)
+    found = assert_clean(cli("detect", "--target", plain.root, "--json"), allowed=(0,)).json()
+    assert found["comfyui_version"] != "9.9.9"
+    assert any("link leading outside" in n for n in found["notes"]), found["notes"]
+
+
+def test_verify_scans_no_custom_nodes_folder_a_link_leads_out_of_the_install(plain, tmp_path):
+    other = tmp_path / "elsewhere"
+    (other / "pack").mkdir(parents=True)
+    (other / "pack" / "caps.py").write_text("MAX_RESOLUTION = 1024\n")
+    (plain.comfy / "custom_nodes").rmdir()
+    (plain.comfy / "custom_nodes").symlink_to(other, target_is_directory=True)
+    out = cli(*plain.args("verify", "--only", "resolution-caps", "--json"))
+    assert_clean(out, allowed=(0, 6))
+    [check] = [c for c in out.json()["checks"] if c["name"] == "resolution-caps"]
+    assert not any("caps.py" in c for c in check["numbers"].get("caps", [])), check
+    assert "custom_nodes/: a link leading outside the ComfyUI folder" in check["numbers"]["skipped"]
+
+
+def test_probes_write_no_bytecode_into_the_target(tmp_path):
+    """A probe imports the target's code in the target's interpreter: with a __pycache__ there that is a link, an
+    interpreter writing bytecode would write outside; no probe writes bytecode at all (-B)."""
+    from verify.runner import run_probe
+    code = tmp_path / "target-code"
+    code.mkdir()
+    (code / "mod.py").write_text("VALUE = 1\n")
+    sink = tmp_path / "bytecode-sink"
+    sink.mkdir()
+    (code / "__pycache__").symlink_to(sink, target_is_directory=True)
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "imports.py").write_text(
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(code)!r})\n"
+        "import mod\n"
+        "print(json.dumps({'outcome': 'PASS', 'reason': 'imported', 'numbers': {'value': mod.VALUE}}))\n")
+    result = run_probe(sys.executable, "imports", {}, 60, probes_dir=probes)
+    assert result.numbers.get("value") == 1, result
+    assert list(sink.iterdir()) == [], "the probe wrote bytecode through the target's linked __pycache__"
+
+
+def test_the_manifest_is_not_read_through_a_linked_state_folder(plain, outside, monkeypatch):
+    from applier import state
+    (outside / "overlays.json").write_text(json.dumps({"format": 2, "package": "evil", "node": "evil", "files": []}))
+    (plain.root / ".applier").symlink_to(outside, target_is_directory=True)
+    opened = []
+    real = state.read_regular
+
+    def recording(path, **kw):
+        opened.append(Path(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(state, "read_regular", recording)
+    for command in (("overlay", "list"), ("overlay", "uninstall")):
+        assert_clean(cli(*plain.args(*command)), allowed=(7,))
+    assert not [p for p in opened if p.parent == plain.root / ".applier"], opened
+
+
+def test_a_fifo_pyvenv_cfg_is_a_note_not_a_20_second_wait(tmp_path):
+    comfy = make_comfy(tmp_path / "c")
+    env = comfy / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, capture_output=True)
+    (env / "pyvenv.cfg").unlink()
+    os.mkfifo(env / "pyvenv.cfg")
+    start = time.monotonic()
+    out = assert_clean(run("detect", "--target", comfy, "--json", timeout=60), allowed=(0,))
+    assert time.monotonic() - start < 15, "the interpreter was run and waited on its FIFO pyvenv.cfg"
+    assert "FIFO" in out.json()["python_problem"]
+
+
+def test_a_journal_blob_far_too_large_is_damaged_journal_data(applied):
+    out = run(*applied.args("revert"), env={"APPLIER_FAILPOINT": "after-journal"})
+    assert out.code == 77
+    blob = sorted((applied.root / ".applier" / "journal-data").iterdir())[0]
+    blob.unlink()
+    with open(blob, "wb") as handle:
+        handle.truncate(10 * 1024 ** 3)     # sparse: no disk used
+    for command in (("status",), ("revert",), ("apply",)):
+        out = assert_clean(cli(*applied.args(*command)), allowed=(7,))
+        assert "damaged" in out.text

@@ -2,9 +2,10 @@
 
 Both read source files statically with `ast` (never importing them): nodes.py's `MAX_RESOLUTION`, and the
 hard-coded caps in comfy_extras/ and custom_nodes/ that a raised MAX_RESOLUTION does not reach. Every read is
-bounded and of regular files only (applier.fsutil.read_regular): the caps scan skips, with a WARN naming each, a
-FIFO, a device (a link to /dev/zero), a file over MAX_SCANNED_FILE_BYTES and a link leading outside the ComfyUI
-folder; it never blocks on one nor follows a link out.
+bounded, of regular files only and of files that really lie inside the ComfyUI folder (applier.fsutil.read_inside):
+the caps scan skips, with a WARN naming each, a FIFO, a device (a link to /dev/zero), a file over
+MAX_SCANNED_FILE_BYTES and a link leading outside the ComfyUI folder (comfy_extras/ or custom_nodes/ itself being
+one included); it never blocks on one nor follows a link out.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from applier.errors import ApplierError
-from applier.fsutil import FileTooLarge, NotRegularFile, read_regular
+from applier.fsutil import FileTooLarge, LeadsOutside, NotRegularFile, read_inside
+from applier.paths import real_inside
 
 from ..registry import CheckResult, Outcome, check
 
@@ -28,6 +30,7 @@ SKIPPED_DIRS = frozenset({".git", ".hg", "__pycache__", ".applier", "venv", ".ve
 MAX_SCANNED_FILE_BYTES = 4 * 1024 * 1024     # larger .py files are generated data, not node definitions
 MAX_NODES_PY_BYTES = 16 * 1024 * 1024        # nodes.py is ~100 kB
 MAX_SKIPPED_LISTED = 5
+OUTSIDE = "a link leading outside the ComfyUI folder"
 # Inputs whose names say they are an image dimension.
 DIMENSION_INPUT = re.compile(r"width|height|resolution", re.IGNORECASE)
 # A "max" below this on a width/height input is a line or border thickness, not an image size.
@@ -102,8 +105,8 @@ def _assigned_names(node: ast.AST) -> list[str]:
 def read_max_resolution(nodes_py: Path) -> MaxResolution:
     """The module-level MAX_RESOLUTION of nodes.py (the last assignment wins, as at import). Handles a BOM, CRLF,
     `MAX_RESOLUTION=16384` and `MAX_RESOLUTION: int = 16384`. OSError when the file cannot be read, IOFailure
-    when it is not a regular file or is too large."""
-    data = read_regular(nodes_py, limit=MAX_NODES_PY_BYTES)
+    when it is not a regular file, is too large or is a link leading out of its folder (the ComfyUI folder)."""
+    data = read_inside(Path(nodes_py).parent, nodes_py, limit=MAX_NODES_PY_BYTES)
     try:
         tree = ast.parse(data, filename=str(nodes_py))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -233,13 +236,13 @@ def _python_files(root: Path, recursive: bool):
 
 
 def read_scanned(path: Path, inside: Path) -> tuple[bytes | None, str | None]:
-    """(the bytes of a scanned file, None) or (None, why it was skipped): a link is read only where it leads
-    inside `inside` (the ComfyUI folder, resolved); FIFOs, devices and files over the size cap are not read."""
+    """(the bytes of a scanned file, None) or (None, why it was skipped): a file is read only where it really lies
+    inside `inside` (the ComfyUI folder), whatever link leads to it; FIFOs, devices and files over the size cap are
+    not read."""
     try:
-        real = Path(os.path.realpath(path)) if path.is_symlink() else path
-        if real is not path and not _is_within(real, inside):
-            return None, "a link leading outside the ComfyUI folder"
-        return read_regular(real, limit=MAX_SCANNED_FILE_BYTES), None
+        return read_inside(inside, path, limit=MAX_SCANNED_FILE_BYTES), None
+    except LeadsOutside:
+        return None, OUTSIDE
     except FileTooLarge:
         return None, f"larger than {MAX_SCANNED_FILE_BYTES // (1024 * 1024)} MiB"
     except NotRegularFile as exc:
@@ -250,19 +253,16 @@ def read_scanned(path: Path, inside: Path) -> tuple[bytes | None, str | None]:
         return None, getattr(exc, "strerror", None) or str(exc)
 
 
-def _is_within(path: Path, folder: Path) -> bool:
-    try:
-        return os.path.commonpath([path, folder]) == str(folder)
-    except ValueError:   # another drive
-        return False
-
-
 def scan_resolution_caps(comfyui_root: Path, cap: int) -> CapScan:
     """Hard-coded resolution caps below `cap` in comfy_extras/*.py and custom_nodes/**/*.py."""
     scan = CapScan()
     inside = Path(os.path.realpath(comfyui_root))
     sources = [(comfyui_root / "comfy_extras", False), (comfyui_root / "custom_nodes", True)]
     for folder, recursive in sources:
+        if os.path.lexists(folder) and not real_inside(inside, folder):
+            # comfy_extras/ or custom_nodes/ itself a link leading out: not walked, not read
+            scan.skipped.append((folder.relative_to(comfyui_root).as_posix() + "/", OUTSIDE))
+            continue
         for path in _python_files(folder, recursive):
             relpath = path.relative_to(comfyui_root).as_posix()
             data, why = read_scanned(path, inside)
