@@ -122,30 +122,28 @@ def too_large(path: Path, size: int, limit: int) -> FileTooLarge:
                         hint="nothing was changed; that is not a file applier wrote or patches")
 
 
-def read_bytes_or_none(path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | None:
-    """The bytes of a regular file (links followed: confinement checked where they lead), None when it does not
-    exist; IOFailure (exit 8) when it cannot be read, is special, or is too large."""
+def _none_if_absent(read, path: Path) -> bytes | None:
+    """read(), None when the file does not exist; any other OSError as an IOFailure (exit 8)."""
     try:
-        return read_regular(path, limit=limit)
+        return read()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except IOFailure:
         raise
     except OSError as exc:
         raise io_failure(exc, path, "read") from exc
+
+
+def read_bytes_or_none(path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | None:
+    """The bytes of a regular file (links followed: confinement checked where they lead), None when it does not
+    exist; IOFailure (exit 8) when it cannot be read, is special, or is too large."""
+    return _none_if_absent(lambda: read_regular(path, limit=limit), path)
 
 
 def read_inside_or_none(top: Path, path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | None:
     """read_inside, None when the file does not exist; IOFailure (exit 8) when it cannot be read, is special, is
     too large or is a link leading out of top."""
-    try:
-        return read_inside(top, path, limit=limit)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except IOFailure:
-        raise
-    except OSError as exc:
-        raise io_failure(exc, path, "read") from exc
+    return _none_if_absent(lambda: read_inside(top, path, limit=limit), path)
 
 
 def check_no_links(top: Path, path: Path | None = None) -> None:
