@@ -31,8 +31,8 @@ Examples:
     python benchmarks/step_profile.py --comfyui DIR --tiny --out /tmp/step-profile-tiny.json     # CPU smoke test
     python benchmarks/step_profile.py --comfyui DIR --models flux-dev,wan2.1-t2v-14b \\
         --out benchmarks/results/step-profile-0.3.64.json
-    python benchmarks/step_profile.py --comfyui DIR --models flux-dev --resolutions 1024x1024 \\
-        --configs stock,overlay_all,overlay_all_fp8,overlay_all_fp8_alongside --out benchmarks/results/step-profile-0.33.0.json
+    python benchmarks/step_profile.py --comfyui DIR --models flux-dev --resolutions 1024x1024 --host-profile \\
+        --configs stock,overlay_all,overlay_all_fp8_alongside --out benchmarks/results/step-profile-0.33.0.json
 One current file per ComfyUI release: benchmarks/results/step-profile-<release>.json.
 """
 from __future__ import annotations
@@ -255,12 +255,8 @@ def host_profile(generation, patched, inputs, seed: int, device: str, top: int =
     calls = []
 
     def callback(*_):
-        if calls:
-            generation.synchronize(device)
-            profiler.disable()
-        else:
-            generation.synchronize(device)
-            profiler.enable()
+        generation.synchronize(device)
+        (profiler.disable if calls else profiler.enable)()
         calls.append(1)
     generation.sample(patched, noise, latent, positive, 2, seed, callback=callback)
     profiler.disable()

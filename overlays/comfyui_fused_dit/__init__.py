@@ -10,12 +10,12 @@ caches the codes beside them (exact bf16 for any call FP8 declines, 1 byte per p
 where nothing is swapped, "alongside" keeps the codes of the weights comfy-aimdo holds resident between calls
 instead of quantising them per call. The cached codes persist between steps and are dropped by an ON_CLEANUP
 callback when ComfyUI cleans the patcher up. Where every family asked for stays stock on the loaded model, no
-wrapper is added at all. The block families know ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel); on any
-other model they stay stock and the node says why once (never an error inside a prompt). FP8 goes through ComfyUI's
-Linear ops, so on other models (Qwen-Image, ...) it takes the Linears of their transformer blocks, modulation aside;
-the attention family, ComfyUI's attention seam, applies to every model. Each op family runs only the variant verified for the code
-the loaded model runs (fused_dit.variants); the node says once, per family, which variant runs or why it stays
-stock (logger `fused_dit`, shown on ComfyUI's console). The `attention` toggle (off by default) sets the clone's
+wrapper is added at all. The block families know ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan
+(comfy.ldm.wan.model.WanModel); on any other model they stay stock and the node says why once (never an error inside a
+prompt). FP8 goes through ComfyUI's Linear ops, so on other models (Qwen-Image, ...) it takes the Linears of their
+transformer blocks, modulation aside; the attention family, ComfyUI's attention seam, applies to every model. Each op
+family runs only the variant verified for the code the loaded model runs (fused_dit.variants); the node says once,
+per family, which variant runs or why it stays stock (logger `fused_dit`, shown on ComfyUI's console). The `attention` toggle (off by default) sets the clone's
 `optimized_attention_override` to the fastest exact SDPA backend per shape (fused_dit.integration.attention).
 
 ComfyUI is imported lazily inside the node so the package imports without it (tests use fakes).
