@@ -25,6 +25,12 @@ from __future__ import annotations
 import logging
 
 WRAPPER_KEY = "fused_dit"
+# what FP8 on a model the block families do not know was measured to give (said once where it runs)
+GENERIC_FP8_MEASURED = ("fp8_linear on a model the block families do not know was measured on Qwen-Image 1024 only "
+                        "(H200, ComfyUI 0.33.0, benchmarks/results/generation-0.33.0.json): with "
+                        "--disable-dynamic-vram 0.92x the time at 12.7 GiB less (25.7 against 38.4), under "
+                        "DynamicVRAM slower still; its text stream's 115-row Linears cost more than FP8 saves. "
+                        "Turn it on there for memory, not speed")
 FP8_WEIGHTS = ("replace", "alongside")
 log = logging.getLogger("fused_dit")
 # the values of comfy.patcher_extension.WrappersMP.APPLY_MODEL and CallbacksMP.ON_CLEANUP, used when ComfyUI's
@@ -124,6 +130,8 @@ class FusedDiTOps:
             if block_families:
                 say_once(f"{', '.join(block_families)}: stock ({unknown})")
             generic = "fp8_linear" in ops and bool(generic_blocks(diffusion_model))
+            if generic:
+                say_once(GENERIC_FP8_MEASURED)
             if "fp8_linear" in ops and not generic:
                 say_once(f"fp8_linear: stock ({unknown}, and no stack of {GENERIC_MIN_BLOCKS} or more blocks of "
                          f"one class)")
