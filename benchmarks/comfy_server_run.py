@@ -298,14 +298,14 @@ def pack_loaded(log_text: str, node_info: dict) -> dict:
     "Import times for custom nodes" (" (IMPORT FAILED)" / "(PRESTARTUP FAILED)" when it failed), import errors,
     the prestartup script's own "[applier]" line, and /object_info/FusedDiTOps with the node's inputs."""
     section, timed = None, {"prestartup": None, "import": None}
-    for line in log_lines(log_text):
+    lines = log_lines(log_text)
+    for line in lines:
         if "times for custom nodes" in line:
             section = "prestartup" if line.lower().startswith("prestartup") else "import"
         elif section and "comfyui_fused_dit" in line and "seconds" in line:
             timed[section] = line
         elif not line:
             section = None
-    lines = log_lines(log_text)
     errors = [line for line in lines if "comfyui_fused_dit" in line and ("Cannot import" in line
                                                                           or "Failed to execute" in line)]
     info = node_info.get("FusedDiTOps") or {}
