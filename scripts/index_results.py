@@ -19,6 +19,8 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 HISTORY = "5227c0c"  # the last commit whose tree holds the run folders (benchmarks/results/h200-2026-11-30-run*)
+# the last commit whose tree holds the retired probes (their question answered: their JSON stay, the code is in git)
+RETIRED_AT = "b07e3cd"
 
 
 
@@ -170,6 +172,32 @@ KINDS: dict[str, Kind] = {
 }
 
 
+# results whose script is retired (the question it asked is answered): the script, as it was at RETIRED_AT
+RETIRED = {
+    "adaln-registers.json": "scripts/adaln_registers.py",
+    "blocks.json": "benchmarks/blocks.py",
+    "detect-speed.json": "benchmarks/detect_speed.py",
+    "fp8-codes-comfyui.json": "scripts/validate_fp8_codes.py",
+    "fp8-host-calls.json": "scripts/fp8_host_calls.py",
+    "fp8-host-overhead.json": "benchmarks/fp8_host_overhead.py",
+    "fp8-stack-profile.json": "benchmarks/fp8_stack_profile.py",
+    "gates.json": "benchmarks/gpu_gates.py",
+    "gpu-evidence.json": "benchmarks/gpu_evidence.py",
+    "gpu-fp8-gates.json": "benchmarks/gpu_fp8_gates.py",
+    "host-overhead.json": "benchmarks/host_overhead.py",
+    "kernels-sweep.json": "benchmarks/kernels.py",
+    "kernels.json": "benchmarks/kernels.py",
+    "launch-overhead.json": "benchmarks/launch_overhead.py",
+    "ncu-adaln.json": "benchmarks/ncu_adaln.py",
+    "norm-order.json": "benchmarks/norm_order_probe.py",
+    "real-blocks-cpu.json": "scripts/validate_real_blocks.py",
+    "real-blocks-h200.json": "scripts/validate_real_blocks.py",
+    "real-comfyui.json": "scripts/validate_real_comfyui.py",
+    "real-torch-envs.json": "scripts/validate_torch_env.py",
+    "rms-rope-sweep.json": "benchmarks/rms_rope_sweep.py",
+}
+
+
 def header(data) -> dict:
     """date, gpu and command from a result's header: at the top, or under "environment"."""
     if not isinstance(data, dict):
@@ -209,7 +237,7 @@ def render(found: list[dict]) -> str:
              "under a stable name: a new run replaces the file, and git keeps the earlier ones. Machine paths in "
              "the files are placeholders: REPO (this repository), TMP (a temporary folder), HOME, MIRROR (a ComfyUI "
              "git mirror), CACHE (an upstream cache). The GPU figures are summarised in `docs/gpu-report.md` "
-             "(`scripts/gpu_report.py`).", "",
+             "(written from them by `scripts/gpu_report.py`, retired with the scripts below).", "",
              "| file | what it is | date (UTC) | GPU | command |", "|---|---|---|---|---|"]
     for row in found:
         date = (row["date"] or "")[:16].replace("T", " ")
@@ -222,6 +250,11 @@ def render(found: list[dict]) -> str:
                   f"in git history: `git show {HISTORY}:benchmarks/results/<path>`. Where each kept file was:", "",
               "| file | was (at " + HISTORY + ") |", "|---|---|"]
     lines += [f"| `{row['file']}` | `{row['was']}` |" for row in found if row["was"]]
+    lines += ["", f"Retired scripts: the question each asked is answered, so the script left the tree and its JSON "
+                  f"stays. Read or rerun one from git: `git show {RETIRED_AT}:<script>` "
+                  f"(`scripts/gpu_report.py`, which wrote docs/gpu-report.md from these files, went with them).", "",
+              "| file | written by (at " + RETIRED_AT + ") |", "|---|---|"]
+    lines += [f"| `{row['file']}` | `{RETIRED[row['file']]}` |" for row in found if row["file"] in RETIRED]
     return "\n".join(lines) + "\n"
 
 
