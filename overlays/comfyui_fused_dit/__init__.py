@@ -23,6 +23,29 @@ ComfyUI is imported lazily inside the node so the package imports without it (te
 from __future__ import annotations
 
 import logging
+import os
+import sys
+
+
+def _load_carried_fused_dit() -> None:
+    """Installed the ComfyUI way (git URL, `comfy node install`: `applier overlay export` writes that folder), this
+    folder carries the kernels package beside this file: load that copy as `fused_dit`, sys.path untouched. Installed
+    by `applier overlay install`, fused_dit is in site-packages and the plain import finds it."""
+    init = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_dit", "__init__.py")
+    if "fused_dit" in sys.modules or not os.path.isfile(init):
+        return
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fused_dit", init,
+                                                  submodule_search_locations=[os.path.dirname(init)])
+    sys.modules["fused_dit"] = module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["fused_dit"]
+        raise
+
+
+_load_carried_fused_dit()
 
 WRAPPER_KEY = "fused_dit"
 # what FP8 on a model the block families do not know was measured to give (said once where it runs)
@@ -64,15 +87,11 @@ def make_apply_model_wrapper(ops: tuple[str, ...], keep_resident_codes: bool = F
     return fused_dit_apply_model
 
 
-_SAID: set[str] = set()
-
-
 def say_once(line: str) -> None:
     """One line of what the node runs or leaves stock, on ComfyUI's console (the root logger prints INFO there)
     the first time it is true in this process."""
-    if line not in _SAID:
-        _SAID.add(line)
-        log.info("Fused DiT Ops: %s", line)
+    from fused_dit import state
+    state.say_once("Fused DiT Ops: %s", line)
 
 
 def _drop_fp8_weights(patcher) -> None:

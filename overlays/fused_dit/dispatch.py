@@ -1,4 +1,4 @@
-"""Which backend runs an op, and why, said once per (op, backend, reason) in one log line.
+"""Which backend runs an op, and why, said once per (op, backend, reason) in one line of the pack's once-only log.
 
 Every op has an eager reference that always works; the Triton path is taken only when it can run:
 CUDA tensors with Triton importable (or CPU tensors under TRITON_INTERPRET=1), and for FP8 ops a GPU of
@@ -7,14 +7,16 @@ compute capability >= 8.9. `FUSED_DIT_BACKEND=eager` forces eager everywhere (fo
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
-log = logging.getLogger("fused_dit")
-_said: set[tuple[str, str, str]] = set()
+from . import state
+
+BACKEND_LINE = "fused_dit: %s -> %s (%s)"
+# the (op, backend, reason) tuples said so far, a view of the once-only log (scripts clear it between cases)
+_said = state.SaidLines(BACKEND_LINE)
 
 
 @dataclass(frozen=True)
@@ -44,19 +46,13 @@ def interpreting() -> bool:
 def choose(op: str, *tensors: torch.Tensor, min_capability: tuple[int, int] | None = None) -> Choice:
     """Pick the backend for one call of `op` on these tensors and log the reason the first time."""
     choice = _decide(tensors, min_capability)
-    key = (op, choice.backend, choice.reason)
-    if key not in _said:
-        _said.add(key)
-        log.info("fused_dit: %s -> %s (%s)", op, choice.backend, choice.reason)
+    state.say_once(BACKEND_LINE, op, choice.backend, choice.reason)
     return choice
 
 
 def say_once(op: str, backend: str, reason: str) -> None:
     """Log a decision that is not a backend choice (e.g. an FP8 linear declining a module) once per reason."""
-    key = (op, backend, reason)
-    if key not in _said:
-        _said.add(key)
-        log.info("fused_dit: %s -> %s (%s)", op, backend, reason)
+    state.say_once(BACKEND_LINE, op, backend, reason)
 
 
 def _decide(tensors: tuple[torch.Tensor, ...], min_capability: tuple[int, int] | None) -> Choice:

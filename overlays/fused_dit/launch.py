@@ -30,6 +30,8 @@ import os
 
 import torch
 
+from .state import STATE
+
 # Triton (major, minor) releases whose CompiledKernel.run(gridX, gridY, gridZ, stream, function, packed_metadata,
 # launch_metadata, enter_hook, exit_hook, *all_arguments) the direct path was checked against on a GPU
 DIRECT_LAUNCH_TRITON = {(3, 6)}
@@ -48,14 +50,11 @@ def _runtime():
     return getattr(knobs, "runtime", None) if version in DIRECT_LAUNCH_TRITON else None
 
 
-_broken: list[str] = []     # why the direct path was given up in this process (a launcher that refused the call)
-
-
 def direct_enabled() -> bool:
     """Whether launch() may call compiled kernels directly in this process, now."""
     if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("FUSED_DIT_DIRECT_LAUNCH") == "0":
         return False
-    return not _broken and _runtime() is not None
+    return not STATE.launch_given_up and _runtime() is not None
 
 
 def _raw_stream(device: int) -> int:
@@ -90,7 +89,7 @@ def launch(kernel, grid: tuple[int, ...], key, *args, **options):
                      compiled.function, compiled.packed_metadata, metadata, runtime.launch_enter_hook,
                      runtime.launch_exit_hook, *args)
     except TypeError as exc:       # a launcher with another calling convention refuses before launching
-        _broken.append(f"{type(exc).__name__}: {exc}")
+        STATE.launch_given_up.append(f"{type(exc).__name__}: {exc}")
         return kernel[grid](*args, **options)
     return compiled
 

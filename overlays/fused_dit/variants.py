@@ -11,14 +11,19 @@ same code through the loaded objects (integration/eras.py); `applier overlay che
 Code matches a variant when every dependency it could find has the fingerprint one verified release recorded; the
 match names that release. Anything else is no match, with the first differing dependencies as the reason: the
 family then stays stock. A variant can also be verified but off by default (`default_on: false`, with the measured
-reason in `off_because`): it runs only when named in the environment variable FUSED_DIT_SEAMS. Tests and maintainers can add verified fingerprint sets (`add_verified`), e.g. for the
-project's ComfyUI-shaped fixtures; the shipped data is never edited at run time.
+reason in `off_because`): it runs only when named in the environment variable FUSED_DIT_SEAMS.
+
+This module is pure (no torch, no state): `applier overlay check` loads it by path. The variants the running pack
+uses, with the fingerprint sets tests and maintainers add at run time, are held in `state.py`; a Variant is never
+edited, only replaced.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 DATA = Path(__file__).with_name("variants.json")
 SWITCH_ON = "FUSED_DIT_SEAMS"             # comma-separated variants to run although they are off by default
@@ -32,14 +37,13 @@ class Variant:
     kind: str                                 # BLOCK_FORWARD | OP_SEAM
     families: tuple[str, ...]                 # the node's op families it serves
     depends_on: tuple[str, ...]               # dependency keys
-    verified_on: dict = field(hash=False)     # ComfyUI version (or fixture name) -> {dependency key: sha256}
+    verified_on: dict = field(hash=False)     # ComfyUI version (or fixture name) -> {dependency key: sha256}, read-only
     about: str = ""
     default_on: bool = True                   # False: runs only when named in FUSED_DIT_SEAMS (off_because says why)
     off_because: str = ""
 
     def switched_off(self, environ=None) -> str | None:
         """Why this variant does not run even where its code matches (off by default and not asked for), or None."""
-        import os
         asked = (environ if environ is not None else os.environ).get(SWITCH_ON, "")
         if self.default_on or self.name in {name.strip() for name in asked.split(",")}:
             return None
@@ -66,57 +70,11 @@ def load(path: Path | None = None) -> dict[str, Variant]:
     raw = json.loads(Path(path or DATA).read_text(encoding="utf-8"))
     return {name: Variant(name=name, kind=spec["kind"], families=tuple(spec["families"]),
                           depends_on=tuple(spec["depends_on"]),
-                          verified_on={v: dict(prints) for v, prints in spec["verified_on"].items()},
+                          verified_on=MappingProxyType({v: MappingProxyType(dict(prints))
+                                                        for v, prints in spec["verified_on"].items()}),
                           about=spec.get("about", ""), default_on=spec.get("default_on", True),
                           off_because=spec.get("off_because", ""))
             for name, spec in raw["variants"].items()}
-
-
-_VARIANTS: dict[str, Variant] | None = None
-LOAD_PROBLEM: list[str] = []      # why the shipped data could not be read (then no variant is verified anywhere)
-
-
-def all_variants() -> dict[str, Variant]:
-    """The shipped variants (loaded once), with any fingerprint sets added by add_verified. An unreadable
-    variants.json (an edited install) gives no variants: every family stays stock, never an error in a prompt."""
-    global _VARIANTS
-    if _VARIANTS is None:
-        try:
-            _VARIANTS = load()
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            LOAD_PROBLEM.append(f"{DATA.name} unreadable ({type(exc).__name__}: {exc})")
-            _VARIANTS = {}
-    return _VARIANTS
-
-
-def unknown(name: str) -> Match:
-    """The verdict for a variant the data does not hold."""
-    why = LOAD_PROBLEM[0] if LOAD_PROBLEM else f"{DATA.name} has no variant {name}"
-    return Match(name, None, why)
-
-
-def add_verified(variant: str, label: str, fingerprints: dict[str, str]) -> None:
-    """Accept one more set of fingerprints for a variant (a fixture era in tests), under `label`."""
-    spec = all_variants()[variant]
-    unknown = set(fingerprints) - set(spec.depends_on)
-    if unknown:
-        raise ValueError(f"{variant} does not depend on {sorted(unknown)}")
-    spec.verified_on[label] = dict(fingerprints)
-    _CHANGES[0] += 1
-
-
-def remove_verified(variant: str, label: str) -> None:
-    all_variants()[variant].verified_on.pop(label, None)
-    _CHANGES[0] += 1
-
-
-_CHANGES = [0]
-
-
-def changes() -> int:
-    """How many times a verified fingerprint set was added or removed in this process (plans made before are
-    stale)."""
-    return _CHANGES[0]
 
 
 def match(spec: Variant, found: dict[str, str | None], missing_reason: dict[str, str] | None = None,

@@ -61,7 +61,7 @@ def _accept_the_fixture_era() -> None:
     maintainer records a real release."""
     import blocks
     import era_blocks
-    from fused_dit import variants
+    from fused_dit import state
     from fused_dit.integration import add_verified_model, model_fingerprints, seams
 
     flux, _ = blocks.make_flux_stack(depth=1, depth_single=1)
@@ -69,7 +69,7 @@ def _accept_the_fixture_era() -> None:
     for model in (flux, wan):
         add_verified_model(model, FIXTURE_ERA)
     # of the 2026-shaped fixtures only the RoPE seam is accepted: their block forwards must match nothing
-    variants.add_verified(seams.ROPE_VARIANT, ERA_2026,
+    state.add_verified(seams.ROPE_VARIANT, ERA_2026,
                           model_fingerprints(era_blocks.make_flux()[0])[seams.ROPE_VARIANT])
 
 

@@ -19,7 +19,7 @@ import comfyui_fused_dit as node_pack
 import era_blocks
 import fused_dit
 from comfy_fakes import FakeModelPatcher
-from fused_dit import fingerprint, variants
+from fused_dit import fingerprint, state, variants
 from fused_dit.integration import add_verified_model, eras, flux as flux_overlay, recognition
 
 ALL_OPS = ("norm_rope", "adaln", "gate", "fp8_linear")
@@ -113,7 +113,7 @@ def test_the_0_3_64_shaped_fixtures_run_their_verified_variant():
 
 def test_the_node_says_once_per_family_what_runs_and_what_stays_stock(caplog):
     model, _ = era_blocks.make_flux()
-    node_pack._SAID.clear()
+    state.forget_said()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         for _ in range(2):
             node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
@@ -148,7 +148,7 @@ def test_a_verified_era_with_torch_rmsnorm_runs_the_kernel_with_weight_and_torch
         overlaid = blocks.run(model, inputs, ops=("norm_rope",))
     finally:
         for name in ("flux_block_forward_0.3", "linear_fp8_seam"):
-            variants.remove_verified(name, "torch-norm fixture")
+            state.remove_verified(name, "torch-norm fixture")
         eras.clear_caches()
     assert calls == [torch.finfo(torch.float32).eps] * 3     # img, txt of the double block; the single block
     assert float((overlaid - stock).abs().max() / stock.abs().max()) <= 1e-5
@@ -237,7 +237,8 @@ def test_the_rope_seam_runs_inside_comfys_own_forward_only_while_enabled():
 def test_the_rope_seam_stays_out_where_the_functions_around_it_differ(caplog):
     model, inputs = era_blocks.make_flux()
     stock_rope = era_blocks.CK.apply_rope
-    saved = variants.all_variants()["rope_ck_seam"].verified_on.pop("tests/overlays/era_blocks.py")
+    saved = dict(state.all_variants()["rope_ck_seam"].verified_on["tests/overlays/era_blocks.py"])
+    state.remove_verified("rope_ck_seam", "tests/overlays/era_blocks.py")
     eras.clear_caches()
     try:
         with caplog.at_level(logging.WARNING, logger="fused_dit"):
@@ -245,7 +246,7 @@ def test_the_rope_seam_stays_out_where_the_functions_around_it_differ(caplog):
             left_stock = era_blocks.CK.apply_rope is stock_rope
             fused_dit.disable(model)
     finally:
-        variants.add_verified("rope_ck_seam", "tests/overlays/era_blocks.py", saved)
+        state.add_verified("rope_ck_seam", "tests/overlays/era_blocks.py", saved)
         eras.clear_caches()
     assert left_stock and report["seams"]["rope_ck_seam"].startswith("stock: code differs from every release")
     assert any("rope_ck_seam stays stock" in r.getMessage() for r in caplog.records)
@@ -348,9 +349,8 @@ def test_an_unreadable_variants_file_leaves_every_family_stock_without_an_error(
     broken = tmp_path / "variants.json"
     broken.write_text("{not json")
     monkeypatch.setattr(variants, "DATA", broken)
-    monkeypatch.setattr(variants, "_VARIANTS", None)
-    monkeypatch.setattr(variants, "LOAD_PROBLEM", [])
-    eras.clear_caches()
+    kept = state.STATE.variants
+    state.reload_variants()
     try:
         model, inputs = blocks.make_flux_stack()
         stock = blocks.run(model, inputs)
@@ -358,6 +358,7 @@ def test_an_unreadable_variants_file_leaves_every_family_stock_without_an_error(
         fused_dit.disable(model)
         assert torch.equal(blocks.run(model, inputs, ops=ALL_OPS), stock)
     finally:
+        state.STATE.variants, state.STATE.variants_problem = kept, None
         eras.clear_caches()
     assert report["blocks"] == 0 and report["fp8_linears"] == 0
     assert all("variants.json unreadable (JSONDecodeError" in line for line in report["skipped"])

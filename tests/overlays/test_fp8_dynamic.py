@@ -16,7 +16,7 @@ import torch
 import blocks
 import comfy_2026_ops as ops
 import comfyui_fused_dit as node_pack
-from fused_dit import variants
+from fused_dit import state
 from fused_dit.integration import eras, fp8_linear_modules, fp8_modules, fp8_weights
 from fused_dit.ops import fp8_linear as fl
 from test_fp8_codes import LifecyclePatcher
@@ -30,7 +30,7 @@ def _fixture_ops_are_a_verified_era():
     """The fixture ops' forwards count as one more verified era of the FP8 Linear seam, as a maintainer records a
     real release (variants.json)."""
     for label, cls in ((ERA, ops.Linear), (f"{ERA}:MixedLinear", ops.MixedLinear)):
-        variants.add_verified(eras.LINEAR_VARIANT, label, {eras.LINEAR_FORWARD: eras.fingerprint_of(cls.forward)[0]})
+        state.add_verified(eras.LINEAR_VARIANT, label, {eras.LINEAR_FORWARD: eras.fingerprint_of(cls.forward)[0]})
     eras.clear_caches()
     ops.CASTS.clear()
     ops.UNCASTS.clear()
@@ -76,7 +76,7 @@ def test_fp8_gemms_run_under_dynamic_vram_on_weights_comfys_cast_streams_in(name
 
 def test_replace_under_dynamic_vram_swaps_nothing_and_says_why(fp8_calls, caplog):
     model, _ = _model("flux")
-    node_pack._SAID.clear()
+    state.forget_said()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         patched = _node(ops.DynamicPatcher(model))
     assert not patched.object_patches
@@ -176,7 +176,7 @@ def test_the_node_says_once_why_fp8_under_dynamic_vram_is_slow_and_the_way_out(m
     from fused_dit.integration import fp8_codes
     monkeypatch.setattr(fp8_codes, "codes_can_run", lambda device: None)
     model, _ = _model(sorted(MAKERS)[0])
-    node_pack._SAID.clear()
+    state.forget_said()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         first = _node(ops.DynamicPatcher(model))
         _node(ops.DynamicPatcher(model))

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import comfyui_fused_dit as node_pack
+from fused_dit import state
 import fused_dit
 from comfy_fakes import FakeModelPatcher
 from fused_dit.integration import generic_blocks, modulation_prefixes
@@ -112,7 +113,7 @@ def test_block_families_on_an_unknown_model_are_still_refused_by_enable():
 
 
 def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stock(caplog):
-    node_pack._SAID.clear()
+    state.forget_said()
     model, inputs = toy()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), fp8_linear=True, fp8_weights="alongside")
@@ -137,7 +138,7 @@ def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stoc
 
 
 def test_a_model_without_a_stack_of_blocks_stays_stock_with_fp8_on():
-    node_pack._SAID.clear()
+    state.forget_said()
     model, _ = toy(depth=2)
     (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), fp8_linear=True)
     assert not patched.wrappers.get("apply_model")

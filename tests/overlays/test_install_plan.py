@@ -18,7 +18,7 @@ import comfyui_fused_dit as node_pack
 import era_blocks
 import fused_dit
 from comfy_fakes import FakeModelPatcher
-from fused_dit import integration, variants
+from fused_dit import integration, state
 from fused_dit.integration import eras
 
 OPS = ("norm_rope", "adaln", "gate", "fp8_linear")
@@ -112,8 +112,8 @@ def test_adding_or_removing_a_verified_era_makes_a_new_plan(count_recognitions):
         fused_dit.disable(model)
         assert second["blocks"] > 0 and len(count_recognitions) == 2
     finally:
-        for name in variants.all_variants():
-            variants.remove_verified(name, "plan test era")
+        for name in state.all_variants():
+            state.remove_verified(name, "plan test era")
         eras.clear_caches()
     third = fused_dit.enable(model, ops=("adaln",))
     fused_dit.disable(model)
@@ -130,7 +130,7 @@ def test_disable_without_a_plan_still_restores_everything():
 
 def test_node_adds_no_wrapper_when_every_family_stays_stock(caplog):
     model, _ = era_blocks.make_flux("2026")            # 2026 blocks: no block-forward variant matches
-    node_pack._SAID.clear()
+    state.forget_said()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), False, True, True, False)
     assert not patched.wrappers.get("apply_model")

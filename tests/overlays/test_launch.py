@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fused_dit import launch
+from fused_dit import launch, state
 from fused_dit.testing import byte_mismatch, generator
 
 
@@ -50,7 +50,7 @@ def test_direct_launch_writes_the_jit_paths_bytes(shape, offset, monkeypatch, se
         codes, scale = quantize(x)         # the direct path
         assert byte_mismatch(codes, want_codes)[0] == 0
         assert byte_mismatch(scale.reshape(1), want_scale.reshape(1))[0] == 0
-    assert launch.direct_enabled() and not launch._broken
+    assert launch.direct_enabled() and not state.STATE.launch_given_up
 
 
 class _FakeCompiled:
@@ -86,12 +86,12 @@ def direct(monkeypatch):
     """launch() with its direct path on and no GPU behind it (stream 7, device 0, no launch hooks)."""
     class Runtime:
         launch_enter_hook = launch_exit_hook = None
-    monkeypatch.setattr(launch, "direct_enabled", lambda: not launch._broken)
+    monkeypatch.setattr(launch, "direct_enabled", lambda: not state.STATE.launch_given_up)
     monkeypatch.setattr(launch, "_runtime", lambda: Runtime)
     monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
     monkeypatch.setattr(launch.torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(launch, "_compiled", {})
-    monkeypatch.setattr(launch, "_broken", [])
+    monkeypatch.setattr(state.STATE, "launch_given_up", [])
     return Runtime
 
 
@@ -116,7 +116,7 @@ def test_a_launcher_that_refuses_the_call_falls_back_to_the_jit_for_good(direct)
     kernel = _FakeKernel(_FakeCompiled(refuse=True))
     launch.launch(kernel, (2, 3), "key", "x")
     launch.launch(kernel, (2, 3), "key", "x")       # direct attempt refused: launched through the JIT instead
-    assert len(kernel.jit_launches) == 2 and launch._broken
+    assert len(kernel.jit_launches) == 2 and state.STATE.launch_given_up
     launch.launch(kernel, (2, 3), "key", "x")       # the direct path stays off in this process
     assert len(kernel.jit_launches) == 3
 
@@ -191,4 +191,4 @@ def test_direct_launch_of_the_norm_and_gate_kernels_gives_the_jit_paths_bits(mon
         got = call()                 # the direct path
         for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
             assert torch.equal(a, b)
-    assert launch.direct_enabled() and not launch._broken
+    assert launch.direct_enabled() and not state.STATE.launch_given_up

@@ -23,6 +23,7 @@ import torch
 
 import blocks
 import comfyui_fused_dit as node_pack
+from fused_dit import state
 from comfy_fakes import FakeModelPatcher
 
 PRESTARTUP = Path(node_pack.__file__).with_name("prestartup_script.py")
@@ -85,7 +86,7 @@ def test_node_leaves_a_model_it_does_not_know_stock_and_says_why_once(caplog):
     """Never an exception inside a user's prompt: a model without Flux or Wan blocks (Qwen-Image, SD3, ...) keeps
     stock forwards in every block family, the node says why once, and the attention family (ComfyUI's attention
     seam, model-agnostic) still applies."""
-    node_pack._SAID.clear()
+    state.forget_said()
     unknown = torch.nn.Sequential(torch.nn.Linear(4, 4))
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True, attention=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import variants
+from .. import state
 from . import eras, seams
 from .fp8_modules import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward, is_gelu_tanh_ffn,
                           is_linear, new_enable_epoch, restore_stored_weight, slot_of, stock_forward_of,
@@ -426,7 +426,7 @@ def recognition(model: torch.nn.Module, ops=OP_FAMILIES) -> dict[str, str]:
         namespace = seams.rope_module_globals(model)
         if namespace is not None:
             verdict = eras.seam_match(seams.ROPE_VARIANT, seams.rope_dependencies(namespace))
-            off = variants.all_variants()[seams.ROPE_VARIANT].switched_off() if verdict.matched else None
+            off = state.all_variants()[seams.ROPE_VARIANT].switched_off() if verdict.matched else None
             said["norm_rope"].add(
                 f"RoPE through comfy.quant_ops.ck: stock ({verdict.reason if not verdict.matched else off})"
                 if off or not verdict.matched else
@@ -462,10 +462,10 @@ def model_fingerprints(model: torch.nn.Module) -> dict[str, dict[str, str | None
 def add_verified_model(model: torch.nn.Module, label: str) -> dict[str, dict[str, str | None]]:
     """Accept the code `model` runs as one more verified era of each variant it uses all the code of (tests'
     fixtures); returns what was accepted."""
-    known = variants.all_variants()
+    known = state.all_variants()
     prints = {variant: found for variant, found in model_fingerprints(model).items()
               if variant in known and set(found) == set(known[variant].depends_on) and None not in found.values()}
     for variant, found in prints.items():
-        variants.add_verified(variant, label, found)
+        state.add_verified(variant, label, found)
     eras.clear_caches()
     return prints

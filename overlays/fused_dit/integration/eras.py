@@ -6,10 +6,10 @@ functions and classes that block really runs (its class's forward, its QK norm's
 uses on the files) and compares them with the releases the block's variant was verified on (fused_dit.variants).
 `linear_match` does the same for a Linear op's forward (the FP8 seam).
 
-Fingerprints and verdicts are cached by the identity of the objects collected, so the check costs a few attribute
-reads per block after the first call (the node enables the overlays around every model call). A variant that does
-not match leaves its families stock for that block; the reason is logged once (logger `fused_dit`) and returned,
-so the node can say it in its console text too.
+Fingerprints and verdicts are cached (in state.STATE) by the identity of the objects collected, so the check costs
+a few attribute reads per block after the first call (the node enables the overlays around every model call). A
+variant that does not match leaves its families stock for that block; the reason is said once (state.say_once)
+and returned, so the registry can say it in its line for the family too.
 """
 from __future__ import annotations
 
@@ -18,28 +18,25 @@ import sys
 
 import torch
 
-from .. import fingerprint, variants
+from .. import fingerprint, state, variants
+from ..state import STATE
 
-log = logging.getLogger("fused_dit")
 BLOCKS_PREFIX = "{blocks}:"
 LINEAR_VARIANT = "linear_fp8_seam"
 LINEAR_FORWARD = "comfy/ops.py:disable_weight_init.Linear.forward"
-_FINGERPRINTS: dict[int, tuple[object, str | None, str]] = {}
-_VERDICTS: dict[tuple, variants.Match] = {}
-_LINEAR_VERDICTS: dict[type, variants.Match] = {}
-_SAID: set[tuple[str, str]] = set()
+STAYS_STOCK = "fused_dit: %s stays stock (%s)"
 
 
 def fingerprint_of(obj) -> tuple[str | None, str]:
     """(sha256 or None, why none) of a live function or class, cached by identity (the object is kept alive)."""
-    cached = _FINGERPRINTS.get(id(obj))
+    cached = STATE.fingerprints.get(id(obj))
     if cached is not None and cached[0] is obj:
         return cached[1], cached[2]
     try:
         value, reason = fingerprint.of_object(obj), ""
     except (OSError, TypeError, ValueError, SyntaxError) as exc:
         value, reason = None, f"its source cannot be read ({type(exc).__name__}: {exc})"
-    _FINGERPRINTS[id(obj)] = (obj, value, reason)
+    STATE.fingerprints[id(obj)] = (obj, value, reason)
     return value, reason
 
 
@@ -104,19 +101,19 @@ def wan_dependencies(block: torch.nn.Module) -> dict[str, object]:
 
 
 def _verdict(variant_name: str, objects: dict[str, object]) -> variants.Match:
-    spec = variants.all_variants().get(variant_name)
+    spec = state.all_variants().get(variant_name)
     if spec is None:
-        return variants.unknown(variant_name)
+        return state.unknown_variant(variant_name)
     key = (variant_name, tuple((k, id(v)) for k, v in sorted(objects.items())),
            tuple(sorted(spec.verified_on)))
-    cached = _VERDICTS.get(key)
+    cached = STATE.verdicts.get(key)
     if cached is not None:
         return cached
     found, reasons = {}, {}
     for dep, obj in objects.items():
         found[dep], reasons[dep] = fingerprint_of(obj)
     verdict = variants.match(spec, found, reasons, prefer=running_comfyui_version())
-    _VERDICTS[key] = verdict
+    STATE.verdicts[key] = verdict
     return verdict
 
 
@@ -138,13 +135,13 @@ def linear_match(module: torch.nn.Module) -> variants.Match:
     """Whether a Linear op's forward is one the FP8 seam was verified on; logs a mismatch once. The pack's own
     modules (fp8_codes.Fp8CodesLinear, put in a Linear's place by the node) are its own code, always known."""
     cls = type(module)
-    verdict = _LINEAR_VERDICTS.get(cls)       # per class: it runs on every Linear of every model call
+    verdict = STATE.linear_verdicts.get(cls)       # per class: it runs on every Linear of every model call
     if verdict is None:
         if cls.__module__.split(".")[0] == __name__.split(".")[0]:
             verdict = variants.Match(LINEAR_VARIANT, "fused_dit", "the overlay's own module")
         else:
             verdict = _verdict(LINEAR_VARIANT, {LINEAR_FORWARD: cls.forward})
-        _LINEAR_VERDICTS[cls] = verdict
+        STATE.linear_verdicts[cls] = verdict
     if not verdict.matched:
         say_once(f"{cls.__name__}: {LINEAR_VARIANT}", verdict.reason)
     return verdict
@@ -159,23 +156,16 @@ def seam_match(variant_name: str, objects: dict[str, object]) -> variants.Match:
 
 
 def say_once(subject: str, reason: str) -> None:
-    if (subject, reason) not in _SAID:
-        _SAID.add((subject, reason))
-        log.warning("fused_dit: %s stays stock (%s)", subject, reason)
+    """Say once, as a warning, that `subject` stays stock and why."""
+    state.say_once(STAYS_STOCK, subject, reason, level=logging.WARNING)
 
 
-_CLEARED = [0]
-
-
-def epoch() -> tuple[int, int]:
+def epoch() -> int:
     """Changes whenever a verdict could: caches cleared, verified sets added or removed (install plans key on it)."""
-    return _CLEARED[0], variants.changes()
+    return STATE.verdict_epoch
 
 
 def clear_caches() -> None:
-    """Forget verdicts (tests that add or remove verified fingerprint sets)."""
-    _CLEARED[0] += 1
-    _VERDICTS.clear()
-    _LINEAR_VERDICTS.clear()
-    _SAID.clear()
-
+    """Forget verdicts and what was said (tests that add or remove verified fingerprint sets)."""
+    state.clear_verdicts()
+    state.forget_said()

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 
 from .. import dispatch, library
 from ..ops import fp8_linear as op
+from ..state import STATE
 from ..ops.fp8_linear import OP, SUPPORTED_ACTIVATION_DTYPES
 from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
 from . import fp8_weights
@@ -114,12 +114,9 @@ def storage_decline_reason(module: torch.nn.Module, x: torch.Tensor) -> str | No
     return None
 
 
-_ENABLE_EPOCH = [0]
-
-
 def new_enable_epoch() -> None:
     """Called by every `enable`: weights that keep no version counter may have been edited in place since."""
-    _ENABLE_EPOCH[0] += 1
+    STATE.enable_epoch += 1
 
 
 def _version_of(tensor: torch.Tensor):
@@ -128,7 +125,7 @@ def _version_of(tensor: torch.Tensor):
     enable epoch stands in. ModelPatcher patches weights (LoRA, in place or not) before sampling, never during a
     call, so FP8 codes made since the last enable are still the weight's own."""
     if tensor.is_inference():
-        return ("inference", _ENABLE_EPOCH[0])
+        return ("inference", STATE.enable_epoch)
     return tensor._version
 
 
@@ -428,8 +425,6 @@ def stock_forward_of(module: torch.nn.Module):
 # ---------------------------------------------------------------------------------------------------------------
 
 SLOT_ATTR = "_fused_dit_slot"
-_modules_by_slot: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_next_slot = [0]
 
 
 def slot_of(module: torch.nn.Module) -> torch.Tensor:
@@ -439,16 +434,16 @@ def slot_of(module: torch.nn.Module) -> torch.Tensor:
     implementation finds the module by it."""
     slot = module.__dict__.get(SLOT_ATTR)
     # a deep copy of a module brings its original's slot along: it gets its own
-    if slot is None or _modules_by_slot.get(int(slot)) is not module:
-        number = _next_slot[0]
-        _next_slot[0] += 1
+    if slot is None or STATE.fp8_modules_by_slot.get(int(slot)) is not module:
+        number = STATE.next_fp8_slot
+        STATE.next_fp8_slot += 1
         slot = module.__dict__[SLOT_ATTR] = torch.tensor(number, dtype=torch.int64)
-        _modules_by_slot[number] = module
+        STATE.fp8_modules_by_slot[number] = module
     return slot
 
 
 def _module_at(slot: torch.Tensor) -> torch.nn.Module:
-    module = _modules_by_slot.get(int(slot))
+    module = STATE.fp8_modules_by_slot.get(int(slot))
     if module is None:
         raise RuntimeError(f"fused_dit: no live module has FP8 slot {slot} (the compiled graph outlived its model)")
     return module

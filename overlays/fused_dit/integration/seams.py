@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from .. import variants
+from .. import state
 from ..library import compiling
 from . import compiled, eras
 
@@ -99,7 +99,7 @@ def _verdict(namespace: dict | None) -> tuple[str | None, object, str | None]:
     verdict = eras.seam_match(ROPE_VARIANT, rope_dependencies(namespace))
     if not verdict.matched:
         return verdict.reason, None, None
-    off = variants.all_variants()[ROPE_VARIANT].switched_off()   # present: it matched
+    off = state.all_variants()[ROPE_VARIANT].switched_off()   # present: it matched
     if off:
         eras.say_once(ROPE_VARIANT, off)
         return off, None, None

@@ -9,10 +9,11 @@ the Triton kernel cannot run. This package imports no Triton; each op module imp
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
+
+from .. import state
 
 
 def modulation_group(rows: int, tokens: int) -> int:
@@ -61,15 +62,14 @@ def batch_stride(tensor: torch.Tensor) -> int:
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-_log = logging.getLogger("fused_dit")
-_fallbacks_said: set[tuple[str, str]] = set()
+EAGER_FALLBACK_LINE = "fused_dit: %s -> eager (%s)"
+# the (op, reason) pairs said so far, a view of the once-only log (parity and scripts clear it between cases)
+_fallbacks_said = state.SaidLines(EAGER_FALLBACK_LINE)
 
 
 def eager_because(op: str, reason: str) -> None:
-    """Log, once per (op, reason), that a call the dispatcher sent to Triton runs eager for a shape/dtype reason."""
-    if (op, reason) not in _fallbacks_said:
-        _fallbacks_said.add((op, reason))
-        _log.info("fused_dit: %s -> eager (%s)", op, reason)
+    """Say once per (op, reason) that a call the dispatcher sent to Triton runs eager for a shape/dtype reason."""
+    state.say_once(EAGER_FALLBACK_LINE, op, reason)
 
 
 def into_out(result, out):

@@ -36,6 +36,7 @@ import torch
 
 from .. import dispatch
 from ..launch import launch as run_kernel
+from ..state import STATE
 from ..library import compiling, register
 from . import TuningRecord
 
@@ -150,7 +151,7 @@ def quantize_fp8_comfy_reference(x: torch.Tensor, scale_input: torch.Tensor | No
 # public entry points (dispatching)
 # ---------------------------------------------------------------------------------------------------------------
 
-_fp8_choices: dict[tuple, dispatch.Choice] = {}
+_fp8_choices = STATE.fp8_choices      # the same dict (scripts clear it by this name)
 
 
 def fp8_choice(op: str, x: torch.Tensor) -> dispatch.Choice:
