@@ -1,0 +1,159 @@
+"""The budget's tables: applier/data/{gpus,models,efficiency}.toml read into applier.budget's records.
+
+The files ship inside the package (setup.cfg package_data); a key missing or of the wrong type is a RefusedError
+naming the file and the key (a broken install, never a traceback).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from applier.budget import (GIB, BlockGroup, BudgetData, Efficiency, Era, Gpu, Linear, Measured, Model, Vae)
+from applier.errors import RefusedError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+FILES = ("gpus.toml", "models.toml", "efficiency.toml")
+TOKEN_SETS = ("all", "image", "text")
+
+
+class BudgetDataError(RefusedError):
+    """A budget table is missing or malformed."""
+
+
+class _Reader:
+    """Typed access to one table of one file, naming both in every error."""
+
+    def __init__(self, table: dict, where: str):
+        self.table, self.where = table, where
+
+    def get(self, key: str, kind, default=...):
+        if key not in self.table:
+            if default is not ...:
+                return default
+            raise BudgetDataError(f"{self.where}: key {key!r} is missing",
+                                  hint="reinstall applier (the budget's tables ship with it)")
+        value = self.table[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and type(value) is int:
+            value = float(value)
+        if type(value) not in kinds:
+            raise BudgetDataError(f"{self.where}: key {key!r} is {type(value).__name__}, expected "
+                                  f"{' or '.join(k.__name__ for k in kinds)}")
+        return value
+
+    def sub(self, key: str) -> "_Reader":
+        return _Reader(self.get(key, dict), f"{self.where}.{key}")
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BudgetDataError(f"the budget's table {path} is missing",
+                              hint="reinstall applier (the budget's tables ship with it)") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise BudgetDataError(f"{path}: not valid TOML ({exc})") from None
+
+
+def _gpu(key: str, row: _Reader) -> Gpu:
+    major, _, minor = row.get("compute_capability", str).partition(".")
+    fp8 = row.get("fp8_tflops", float, None)
+    int8 = row.get("int8_tops", float, None)
+    return Gpu(key, row.get("name", str), tuple(n.lower() for n in row.get("names", list)),
+               (int(major), int(minor or 0)), row.get("memory_mib", int), row.get("memory_published", str),
+               row.get("bandwidth_gbs", float), row.get("bf16_tflops", float), fp8, int8,
+               row.get("host_link_gbs", float), row.get("source", str))
+
+
+def _group(row: _Reader, defaults: dict) -> BlockGroup:
+    linears = []
+    for item in row.get("linears", list):
+        if not (isinstance(item, list) and len(item) == 3 and type(item[0]) is int and type(item[1]) is int
+                and item[2] in TOKEN_SETS):
+            raise BudgetDataError(f"{row.where}: a linear must be [in, out, one of {', '.join(TOKEN_SETS)}], "
+                                  f"got {item!r}")
+        linears.append(Linear(item[0], item[1], item[2]))
+    attention = []
+    for item in row.get("attention", list):
+        if not (isinstance(item, list) and len(item) == 2 and all(s in TOKEN_SETS for s in item)):
+            raise BudgetDataError(f"{row.where}: an attention entry must be [query set, key set], got {item!r}")
+        attention.append((item[0], item[1]))
+    stream = row.get("stream", str)
+    if stream not in ("all", "image"):
+        raise BudgetDataError(f"{row.where}: stream must be 'all' or 'image', got {stream!r}")
+    return BlockGroup(row.get("name", str), row.get("count", int), stream, row.get("width", int), tuple(linears),
+                      tuple(attention), row.get("elementwise_passes", float),
+                      row.get("heads", int, defaults["heads"]), row.get("head_dim", int, defaults["head_dim"]),
+                      row.get("downsample", int, 1), row.get("weight_copies", int, 1), row.get("fp8", bool, True))
+
+
+def _model(key: str, row: _Reader) -> Model:
+    vae = row.sub("vae")
+    groups = tuple(_group(_Reader(g, f"{row.where}.group[{i}]"),
+                          {"heads": row.get("heads", int), "head_dim": row.get("head_dim", int)})
+                   for i, g in enumerate(row.get("group", list)))
+    if not groups:
+        raise BudgetDataError(f"{row.where}: a model needs at least one [[{key}.group]]")
+    fp8_path = row.get("fp8_path", str)
+    if fp8_path not in ("blocks", "generic"):
+        raise BudgetDataError(f"{row.where}: fp8_path must be 'blocks' or 'generic', got {fp8_path!r}")
+    video = row.get("video", bool)
+    sources = {k: v for k, v in row.table.items() if k == "source" or k.endswith("_source")}
+    return Model(key, row.get("name", str), tuple(a.lower() for a in row.get("aliases", list)),
+                 row.get("parameters", int), row.get("hidden", int), row.get("patch", int),
+                 row.get("text_tokens", int), row.get("activation_widths", float), row.get("steps", int),
+                 row.get("cfg_forwards", int), row.get("frames", int) if video else 1,
+                 tuple(row.get("tile_px", list)), row.get("overlay_blocks", bool), fp8_path, video,
+                 Vae(vae.get("factor", int), vae.get("temporal_factor", int), vae.get("channels", int),
+                     vae.get("decode_bytes_per_pixel", float), vae.get("decode_bytes_per_pixel_video", float, None),
+                     vae.get("source", str)),
+                 groups, sources)
+
+
+def _efficiency(row: _Reader) -> Efficiency:
+    return Efficiency(row.get("value", float), row.get("from", str))
+
+
+def _measured(table: dict, where: str, gpus: dict) -> Measured:
+    top = _Reader(table, where)
+    gpu = top.get("measured_on", str)
+    if gpu not in gpus:
+        raise BudgetDataError(f"{where}: measured_on {gpu!r} is not a row of gpus.toml")
+    attention = top.sub("attention")
+    backends = {name: _efficiency(attention.sub(name)) for name in attention.table}
+    projection = top.sub("projection").get("attention", str)
+    if projection not in backends:
+        raise BudgetDataError(f"{where}: projection.attention {projection!r} is not one of {', '.join(backends)}")
+    eras = []
+    for i, item in enumerate(top.get("era", list)):
+        era = _Reader(item, f"{where}.era[{i}]")
+        for backend in (era.get("stock_attention", str), era.get("stock_attention_windows", str)):
+            if backend not in backends:
+                raise BudgetDataError(f"{era.where}: attention backend {backend!r} is not measured")
+        eras.append(Era(era.get("name", str), era.get("releases", str), era.get("stock_attention", str),
+                        era.get("stock_attention_windows", str), era.get("attention_source", str),
+                        _efficiency(era.sub("other")), _efficiency(era.sub("elementwise_factor")),
+                        _efficiency(era.sub("host_gap_s"))))
+    if not eras:
+        raise BudgetDataError(f"{where}: no [[era]]")
+    quantize, reserve, tiling = top.sub("fp8_quantize"), top.sub("reserve"), top.sub("tiling")
+    vae_tiled, pillow = top.sub("vae_tiled"), top.sub("pillow")
+    return Measured(gpu, _efficiency(top.sub("gemm_bf16")), _efficiency(top.sub("gemm_fp8")), _efficiency(quantize),
+                    quantize.get("bytes_per_element", float), backends, projection, tuple(eras),
+                    int(reserve.get("gib", float) * GIB), reserve.get("from", str), tiling.get("overlap_px", int),
+                    tiling.get("source", str), vae_tiled.get("tile_px", int), vae_tiled.get("overlap_px", int),
+                    vae_tiled.get("source", str), pillow.get("max_image_pixels", int), pillow.get("source", str))
+
+
+def load_budget_data(folder: Path = DATA_DIR) -> BudgetData:
+    """The three tables of `folder` (default: the package's own) as BudgetData."""
+    gpus_path, models_path, measured_path = (folder / name for name in FILES)
+    gpus = {key: _gpu(key, _Reader(row, f"{gpus_path.name}[{key}]")) for key, row in _read(gpus_path).items()}
+    models = {key: _model(key, _Reader(row, f"{models_path.name}[{key}]"))
+              for key, row in _read(models_path).items()}
+    return BudgetData(gpus, models, _measured(_read(measured_path), measured_path.name, gpus))
