@@ -6,7 +6,9 @@ folder) is a CatalogError naming the file and the key, exit 3, before anything i
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
@@ -14,7 +16,9 @@ from pathlib import Path, PurePosixPath
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from applier.diffengine.parse import MAX_PATCH_BYTES
 from applier.errors import RefusedError
+from applier.fsutil import FileTooLarge, NotRegularFile, kind_of, read_regular
 from applier.resources import PATCHES_DIR
 
 # Where the catalog's format is described: the README inside this install's catalog (a wheel carries it too)
@@ -32,6 +36,8 @@ TEXT_KEYS = ("title", "summary", "reach", "risks", "measured")
 TOP_LEVEL_KEYS = (*TEXT_KEYS, "effect_probe", "default", "shared", "requires", "requires_text", "variant")
 VARIANT_KEYS = ("name", "versions", "diff", "tested")
 REQUIRES_TEXT_KEYS = ("file", "pattern", "why")
+MAX_META_BYTES = 1024 * 1024         # a patch.toml is a few kB
+ONLY_REGULAR_HINT = "a catalog holds folders and regular files only; put the file back as one (or remove the entry)"
 
 
 class CatalogError(RefusedError):
@@ -86,8 +92,9 @@ class Variant:
         return False
 
     def read_diff(self) -> bytes:
-        """The full diff of this variant: the shared diffs, then its own (byte-identical to one combined file)."""
-        return b"".join(path.read_bytes() for path in self.diff_paths)
+        """The full diff of this variant: the shared diffs, then its own (byte-identical to one combined file).
+        CatalogError when one is gone, is not a regular file (never opened blocking) or is over the size limit."""
+        return b"".join(read_catalog_file(path, "diff", MAX_PATCH_BYTES) for path in self.diff_paths)
 
 
 @dataclass(frozen=True)
@@ -139,11 +146,24 @@ def public_version(version: str) -> Version:
 
 # ------------------------------------------------------------------------------------------- reading patch.toml
 
-def _read_meta(meta_path: Path) -> dict:
+def read_catalog_file(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a file of the catalog (a patch.toml, a diff); CatalogError naming it when it is gone, is a FIFO,
+    a device or a folder (refused unopened, never waited on), is over `limit` or cannot be read."""
     try:
-        raw = meta_path.read_bytes()
+        return read_regular(path, limit=limit)
+    except FileNotFoundError as exc:
+        raise CatalogError(f"{path}: the {what} is missing (or a link to nothing)") from exc
+    except NotRegularFile as exc:      # "refusing to read PATH: it is a FIFO (named pipe), not a regular file"
+        raise CatalogError(f"{path}: {exc.message.rsplit(': ', 1)[-1]}", hint=ONLY_REGULAR_HINT) from exc
+    except FileTooLarge as exc:
+        raise CatalogError(f"{path}: the {what} is larger than applier's limit of {limit} bytes for it",
+                           hint="split it into smaller patches") from exc
     except OSError as exc:
-        raise CatalogError(f"{meta_path}: cannot be read: {exc.strerror or exc}") from exc
+        raise CatalogError(f"{path}: the {what} cannot be read: {exc.strerror or exc}") from exc
+
+
+def _read_meta(meta_path: Path) -> dict:
+    raw = read_catalog_file(meta_path, "patch.toml", MAX_META_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -177,14 +197,29 @@ def _file_in_folder(meta_path: Path, where: str, key: str, name: str) -> Path:
     path = folder.joinpath(*parts)
     try:
         inside = path.resolve().is_relative_to(folder.resolve())
-        present = path.is_file()
+        seen = _stat_or_none(path)
     except (OSError, ValueError) as exc:
         raise CatalogError(f"{meta_path}: {where}{key!r} = {name!r} cannot be read: {exc}") from exc
     if not inside:
         raise CatalogError(f"{meta_path}: {where}{key!r} = {name!r} leads outside {folder}")
-    if not present:
+    if seen is None:
         raise CatalogError(f"{meta_path}: {where}{key!r}: diff {name} is missing")
+    if not stat.S_ISREG(seen.st_mode):
+        raise CatalogError(f"{meta_path}: {where}{key!r}: diff {name} is {kind_of(seen.st_mode)}, not a regular file",
+                           hint=ONLY_REGULAR_HINT)
+    if seen.st_size > MAX_PATCH_BYTES:
+        raise CatalogError(f"{meta_path}: {where}{key!r}: diff {name} holds {seen.st_size} bytes, over applier's "
+                           f"limit of {MAX_PATCH_BYTES} for a variant's diff", hint="split it into smaller patches")
     return path
+
+
+def _stat_or_none(path: Path, *, follow_links: bool = True) -> os.stat_result | None:
+    """os.stat (or lstat) of a catalog entry, None when nothing is there; any other OSError (a folder on the way
+    that cannot be searched) as it comes, for the caller to name: nothing is silently left out."""
+    try:
+        return os.stat(path) if follow_links else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _unknown_keys(meta_path: Path, where: str, table: dict, allowed: tuple[str, ...]) -> None:
@@ -296,6 +331,36 @@ def load_patch(folder: Path, component: str) -> Patch:
     )
 
 
+def _patch_folders(comp_dir: Path) -> list[Path]:
+    """The folders of one component that hold a patch.toml (of any kind: load_patch refuses one that is not a
+    regular file), sorted. A folder without patch.toml is not a patch; an entry that cannot be looked at, or a
+    component that is not a folder, is a CatalogError, never a patch silently left out."""
+    looking_at = comp_dir
+    try:
+        seen = _stat_or_none(comp_dir)
+        if seen is None:
+            return []
+        if not stat.S_ISDIR(seen.st_mode):
+            kind = "a file" if stat.S_ISREG(seen.st_mode) else kind_of(seen.st_mode)
+            raise CatalogError(f"catalog folder {comp_dir} is {kind}, not a folder of patches",
+                               hint=f"expected {comp_dir}/<name>/patch.toml ({FORMAT_DOC})")
+        folders = []
+        for name in sorted(os.listdir(comp_dir)):
+            looking_at = folder = comp_dir / name
+            entry = _stat_or_none(folder)
+            if entry is None and os.path.islink(folder):
+                raise CatalogError(f"{folder} is a link to nothing", hint="remove it, or point it at a patch folder")
+            if entry is None or not stat.S_ISDIR(entry.st_mode):
+                continue            # a README, a stray file: not a patch (and never opened)
+            looking_at = folder / "patch.toml"
+            if _stat_or_none(looking_at, follow_links=False) is not None:    # any kind: load_patch says
+                folders.append(folder)
+    except OSError as exc:
+        raise CatalogError(f"{looking_at} cannot be read: {exc.strerror or exc}",
+                           hint="give the user running applier access to the whole catalog folder") from exc
+    return folders
+
+
 def load_catalog(root: Path | None = None) -> list[Patch]:
     """Every patch under root (default: the packaged patches/), sorted by id. A folder with no patch at all is an
     error (a mistyped `--patches` must not look like an empty catalog)."""
@@ -305,14 +370,7 @@ def load_catalog(root: Path | None = None) -> list[Patch]:
                            hint=f"--patches takes a folder laid out like the packaged catalog ({FORMAT_DOC})")
     patches = []
     for component in COMPONENTS:
-        comp_dir = root / component
-        if not comp_dir.is_dir():
-            continue
-        try:
-            folders = sorted(p for p in comp_dir.iterdir() if (p / "patch.toml").is_file())
-        except OSError as exc:
-            raise CatalogError(f"catalog folder {comp_dir} cannot be read: {exc.strerror or exc}") from exc
-        patches += [load_patch(folder, component) for folder in folders]
+        patches += [load_patch(folder, component) for folder in _patch_folders(root / component)]
     if not patches:
         raise CatalogError(f"catalog folder {root} holds no patch",
                            hint=f"expected {root}/<{'|'.join(COMPONENTS)}>/<name>/patch.toml ({FORMAT_DOC})")

@@ -4,10 +4,11 @@ CONTRACT (implemented by the diff-engine work; the shell depends on exactly this
 
     parse_patch(data: bytes) -> list[FilePatch]
         Parse a unified diff (git or plain style) with `unidiff`. Read as bytes: the patch itself may carry CRLF.
-        Paths: strip a leading "a/" / "b/" (git style); "/dev/null" marks creation/deletion.
+        Paths: strip a leading "a/" / "b/" (git style); "/dev/null" marks creation/deletion; `.` components and
+        repeated slashes are dropped (a/./x.py is a/x.py; `..` is kept for the path checks to refuse).
         Raises DiffParseError for: empty/garbled text, binary diffs ("Binary files ... differ", "GIT binary patch"),
         renames/copies/mode-only changes we do not support, two sections for the same file (the message names
-        the file and both sections).
+        the file and both sections), a patch over MAX_PATCH_BYTES or with more than MAX_HUNKS hunks (parse.py).
 
     plan_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False, fuzz: int = 0) -> FilePlan
         original is None when the file does not exist. Returns the new bytes (None = delete the file)
@@ -46,8 +47,10 @@ RULES (what "present", "found" and "ending" mean here):
   patch, a hunk with less leading than trailing context that starts at line 1 is anchored to the start of the file,
   and one with less trailing than leading context (or a "No newline" marker) to its end. Only when fuzz > 0 is
   allowed and nothing was found: drop up to `fuzz` context lines at both ends (GNU's rule) and search again; the
-  fuzz used is reported. HunkReport.line is the first file line matched (for a hunk without lines: the line it
-  goes before); HunkReport.offset is where the whole hunk landed minus its header line.
+  fuzz used is reported. Only the places of the image's rarest line are tried (an index of the file's lines), at
+  most MAX_POSITIONS_TRIED per file and patch (locate.py; past it TooCostlyToLocate, exit 3). HunkReport.line is
+  the first file line matched (for a hunk without lines: the line it goes before); HunkReport.offset is where the
+  whole hunk landed minus its header line.
 * Classifying a hunk. Only the pre-image found => NOT_APPLIED; only the post-image => APPLIED; neither =>
   CONFLICT. Both found: the one nearer the expected line wins; on equal distance a non-empty image beats an
   empty one (a hunk without context matches anywhere), then an exact match beats a loose one (this tells apart

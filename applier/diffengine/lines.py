@@ -3,7 +3,7 @@ keys that matching compares."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BOM = b"\xef\xbb\xbf"
 _LF = b"\n"
@@ -16,10 +16,22 @@ class _FileLines:
     contents: list[bytes]          # each line without its ending
     endings: list[bytes]           # b"\n", b"\r\n" or b"" (only the last line)
     keys: list[bytes]              # what matching compares
+    _lines_by_key: dict[bytes, list[int]] | None = field(default=None, repr=False, compare=False)
+    positions_tried: int = field(default=0, repr=False, compare=False)    # by locate, against its budget
 
     @property
     def count(self) -> int:
         return len(self.contents)
+
+    def lines_with_key(self, key: bytes) -> list[int]:
+        """The indices of the lines whose key is `key`, in order. The index is built once per file, so that locating
+        a hunk looks up where its lines occur instead of trying every line of the file for every hunk."""
+        if self._lines_by_key is None:
+            index: dict[bytes, list[int]] = {}
+            for number, line_key in enumerate(self.keys):
+                index.setdefault(line_key, []).append(number)
+            self._lines_by_key = index
+        return self._lines_by_key.get(key, [])
 
     def dominant_ending(self) -> bytes:
         counts = Counter(ending for ending in self.endings if ending)

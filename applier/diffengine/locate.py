@@ -6,6 +6,15 @@ from dataclasses import dataclass
 
 from applier.diffengine.lines import _FileLines, _encode, _key
 from applier.diffengine.model import FilePatch, Hunk, HunkReport, HunkState
+from applier.errors import RefusedError
+
+# Positions tried in one file while locating one patch's hunks, at most. A catalog's hunk is found in a few tries;
+# parse.MAX_HUNKS hunks made of lines the file holds everywhere could otherwise try every line for every hunk.
+MAX_POSITIONS_TRIED = 5_000_000
+
+
+class TooCostlyToLocate(RefusedError):
+    """Locating a patch's hunks in a file tried more than MAX_POSITIONS_TRIED positions (exit 3)."""
 
 @dataclass(frozen=True)
 class _Image:
@@ -124,11 +133,31 @@ def _locate(file: _FileLines, image: _Image, first: int, stop: int, shape: _Shap
                 return pos
         return None
     expected = min(max(expected, lo), highest)
-    for distance in range(0, max(expected - lo, highest - expected) + 1):
-        for pos in ((expected - distance, expected + distance) if distance else (expected,)):
-            if lo <= pos <= highest and _matches_at(file, image, first, stop, pos, wanted):
-                return pos
+    for pos in _candidates(file, image, first, stop, lo, highest, expected):
+        file.positions_tried += 1
+        if file.positions_tried > MAX_POSITIONS_TRIED:
+            raise TooCostlyToLocate(f"locating the patch's hunks tried more than {MAX_POSITIONS_TRIED} positions "
+                                    "in the file", hint="a diff this costly to place is not a catalog's: nothing "
+                                                        "was changed; split the patch, or give its hunks more context")
+        if _matches_at(file, image, first, stop, pos, wanted):
+            return pos
     return None
+
+
+def _candidates(file: _FileLines, image: _Image, first: int, stop: int, lo: int, highest: int, expected: int):
+    """The positions in lo..highest where image[first:stop] may match, nearest the expected one first (on equal
+    distance the earlier). A match lines up every line of the image, its rarest line in the file included: only
+    the places of that line are candidates, so a hunk found nowhere costs a lookup, not a pass over the file."""
+    if stop == first:   # an empty image matches almost anywhere: outward from the expected position
+        for distance in range(0, max(expected - lo, highest - expected) + 1):
+            for pos in ((expected - distance, expected + distance) if distance else (expected,)):
+                if lo <= pos <= highest:
+                    yield pos
+        return
+    shift, places = min(((i - first, file.lines_with_key(image.keys[i])) for i in range(first, stop)),
+                        key=lambda candidate: len(candidate[1]))
+    starts = (place - shift for place in places)
+    yield from sorted((pos for pos in starts if lo <= pos <= highest), key=lambda pos: (abs(pos - expected), pos))
 
 
 def _exact(file: _FileLines, image: _Image, first: int, stop: int, pos: int) -> bool:
@@ -203,6 +232,13 @@ def _find_hunk(file: _FileLines, hunk: Hunk, lo: int, delta: int, max_fuzz: int)
 
 
 def _scan(fp: FilePatch, file: _FileLines, max_fuzz: int) -> list[_Finding]:
+    try:
+        return _scan_in_order(fp, file, max_fuzz)
+    except TooCostlyToLocate as exc:
+        raise TooCostlyToLocate(f"{fp.path}: {exc.message}", hint=exc.hint) from None
+
+
+def _scan_in_order(fp: FilePatch, file: _FileLines, max_fuzz: int) -> list[_Finding]:
     findings: list[_Finding] = []
     lo = 0
     delta = 0

@@ -10,6 +10,10 @@ from applier.diffengine.model import FilePatch, Hunk
 from applier.errors import DiffParseError
 
 DEV_NULL = "/dev/null"
+# Bounds on one patch (a variant's diffs together): the catalog's diffs are a few kB with a few hunks, and every
+# hunk is searched for in its file, so a diff past these is refused before any search (exit 3), not left to run.
+MAX_PATCH_BYTES = 1024 * 1024
+MAX_HUNKS = 1000
 # Lines of a git extended header that describe operations we do not perform.
 _UNSUPPORTED_HEADERS = (
     ("rename from", "a rename"), ("rename to", "a rename"),
@@ -26,6 +30,9 @@ def parse_patch(data: bytes) -> list[FilePatch]:
         data = data.encode("utf-8", "surrogateescape")
     if not data.strip():
         raise DiffParseError("the patch is empty")
+    if len(data) > MAX_PATCH_BYTES:
+        raise DiffParseError(f"the patch holds {len(data)} bytes, over applier's limit of {MAX_PATCH_BYTES}",
+                             hint=SPLIT_HINT)
     text = data.decode("utf-8", "surrogateescape")
     if text.startswith("\ufeff"):  # a patch file saved with a BOM
         text = text[1:]
@@ -37,6 +44,9 @@ def parse_patch(data: bytes) -> list[FilePatch]:
         if line.startswith("GIT binary patch") or (line.startswith("Binary files ") and " differ" in line):
             raise DiffParseError(f"binary diffs are not supported (patch line {number}: {line.strip()})")
     hunk_headers = [i for i, line in enumerate(normalized) if line.startswith("@@ ")]
+    if len(hunk_headers) > MAX_HUNKS:
+        raise DiffParseError(f"the patch has {len(hunk_headers)} hunks, over applier's limit of {MAX_HUNKS}",
+                             hint=SPLIT_HINT)
     # git and diff write their own lines with LF; CRLF on every @@ line means the whole patch was converted in
     # transit (an editor, autocrlf), so the endings of its content lines say nothing about the files.
     transported_crlf = bool(hunk_headers) and all(crlf[i] for i in hunk_headers)
@@ -65,6 +75,9 @@ def _check_one_section_per_file(file_patches: list[FilePatch]) -> None:
                 f"patch{spelled})",
                 hint="merge them into one section with several hunks (git diff writes one section per file)")
         first_section[key] = (number, fp.path)
+
+
+SPLIT_HINT = "split it into several smaller patches (nothing was read from the target)"
 
 
 def _split_keep_lf(text: str) -> list[str]:
@@ -128,6 +141,7 @@ def _convert_file(patched, raw_lines: list[str], transported_crlf: bool) -> File
                              hint="write the diff with the same path on both sides (a/PATH, b/PATH)")
     if not label:
         raise DiffParseError("a file diff without a path")
+    label = _normal_path(label)
     if not patched and not (is_new or is_deleted):
         raise DiffParseError(f"{label}: the file diff has no hunks (a mode-only change?)")
     hunks = tuple(_convert_hunk(label, index, hunk, raw_lines, transported_crlf)
@@ -143,6 +157,15 @@ def _convert_file(patched, raw_lines: list[str], transported_crlf: bool) -> File
             raise DiffParseError(f"{label}: hunk #{hunk.index} has a 'No newline at end of file' marker but "
                                  "is not the last hunk")
     return FilePatch(path=label, is_new=is_new, is_deleted=is_deleted, hunks=hunks)
+
+
+def _normal_path(path: str) -> str:
+    """The path with its `.` components and repeated slashes dropped (`a/./nodes.py` -> `a/nodes.py`, as patch and
+    git read it), so every layer sees one spelling. `..` stays for the path checks to refuse."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts or path.endswith("/"):
+        raise DiffParseError(f"{path!r} names a folder, not a file")
+    return ("/" if path.startswith("/") else "") + "/".join(parts)
 
 
 def _convert_hunk(path: str, index: int, hunk, raw_lines: list[str], transported_crlf: bool) -> Hunk:
