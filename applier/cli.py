@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from applier import __version__
+from applier import __version__, settings
 from applier.catalog import COMPONENTS, load_catalog, select_patches
 from applier.errors import (EXIT_DRIFT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_VERIFY_FAILED,
                             ApplierError, RefusedError)
@@ -27,11 +27,33 @@ def raise_terminated(signum, frame):
 
 
 def main() -> None:
+    """The entry point of `applier` and `python -m applier`."""
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        cli.main(prog_name="applier")
-    except BrokenPipeError:
-        quiet_broken_pipe()
+        try:
+            cli.main(prog_name="applier")
+        except BrokenPipeError:
+            quiet_broken_pipe()
+    except SystemExit as exc:
+        if sys.flags.inspect:
+            exit_past_inspect(exc.code)
+        raise
+
+
+def exit_past_inspect(code) -> None:
+    """Under PYTHONINSPECT (or -i) Python answers our SystemExit with a traceback and exit 1, and would open a >>>
+    prompt on a terminal: end as a plain exit does (exit handlers run, output flushed), without either."""
+    import atexit
+    if code is not None and not isinstance(code, int):   # SystemExit("message"): printed, exit 1, as Python does
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code or 0)
 
 
 INTERRUPTED_HINT = ("a run cut short is finished or rolled back by the next applier command on this install (its "
@@ -156,7 +178,8 @@ def cli(ctx):
     applier revert --target ComfyUI/      byte-identical restore
     """
     ctx.ensure_object(dict)
-    if os.environ.get("NO_COLOR"):  # https://no-color.org: any non-empty value
+    settings.check_environment()    # a bad APPLIER_* value is exit 2 before any command starts
+    if settings.no_color():
         ctx.color = False
 
 

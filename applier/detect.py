@@ -25,8 +25,9 @@ from packaging.version import Version
 from applier.errors import ApplierError, BadInterpreterError, BadTargetError, ChildFailure
 from applier.fsutil import kind_of, read_inside
 from applier.paths import STATE_DIR_NAME, real_inside
+from applier.settings import detect_timeout, gpu_probe_off
 from applier.state import read_interpreter
-from applier.subproc import PYTHON_FLAGS, child_env, path_from_child, run_bounded, timeout_from_env
+from applier.subproc import PYTHON_FLAGS, child_env, path_from_child, run_bounded
 from applier.target import GPU, Target
 
 if sys.version_info >= (3, 11):
@@ -38,7 +39,6 @@ else:  # pragma: no cover
 INTERPRETER_TIMEOUT_S = 20
 GIT_TIMEOUT_S = 5
 NVIDIA_SMI_TIMEOUT_S = 3
-TIMEOUT_ENV = "APPLIER_DETECT_TIMEOUT"
 INTERPRETER_OUTPUT_LIMIT = 256 * 1024      # the answer is a few paths
 TOOL_OUTPUT_LIMIT = 64 * 1024              # git's one line, nvidia-smi's one line per GPU
 SOURCE_FILE_LIMIT = 256 * 1024             # comfyui_version.py, torch/version.py: a few lines
@@ -360,7 +360,7 @@ def ask_interpreter(python: Path) -> InterpreterAnswer:
     special_venv_config(python)
     try:
         result = run_bounded([python, *PYTHON_FLAGS, "-c", SITE_QUERY], what="it",
-                             timeout=timeout_from_env(INTERPRETER_TIMEOUT_S, TIMEOUT_ENV),
+                             timeout=detect_timeout(INTERPRETER_TIMEOUT_S),
                              stdout_limit=INTERPRETER_OUTPUT_LIMIT, stderr_limit=TOOL_OUTPUT_LIMIT, stderr_tail=True,
                              env=child_env())
         text = result.text()
@@ -555,8 +555,7 @@ def git_output(folder: Path, *args: str) -> str | None:
     if git is None:
         return None
     try:
-        result = run_bounded([git, "-C", folder, *args], what="git", timeout=timeout_from_env(GIT_TIMEOUT_S,
-                                                                                             TIMEOUT_ENV),
+        result = run_bounded([git, "-C", folder, *args], what="git", timeout=detect_timeout(GIT_TIMEOUT_S),
                              stdout_limit=TOOL_OUTPUT_LIMIT, stderr_limit=TOOL_OUTPUT_LIMIT, stderr_tail=True,
                              env=child_env({"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}))
         text = result.text().strip()
@@ -613,11 +612,11 @@ def probe_gpus() -> tuple[list[GPU], str | None]:
     """(GPUs from nvidia-smi, None) when present; ([], None) without one (or with APPLIER_NO_GPU_PROBE=1);
     ([], "GPU unknown: why") when it hangs, floods, prints bytes that are not UTF-8 or fails."""
     smi = shutil.which("nvidia-smi")
-    if smi is None or os.environ.get("APPLIER_NO_GPU_PROBE") == "1":
+    if smi is None or gpu_probe_off():
         return [], None
     try:
         result = run_bounded([smi, "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"],
-                             what="nvidia-smi", timeout=timeout_from_env(NVIDIA_SMI_TIMEOUT_S, TIMEOUT_ENV),
+                             what="nvidia-smi", timeout=detect_timeout(NVIDIA_SMI_TIMEOUT_S),
                              stdout_limit=TOOL_OUTPUT_LIMIT, stderr_limit=TOOL_OUTPUT_LIMIT, stderr_tail=True,
                              env=child_env())
         text = result.text()

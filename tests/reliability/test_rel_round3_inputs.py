@@ -172,3 +172,86 @@ def test_a_diff_swapped_for_a_fifo_after_loading_is_refused_unopened(plain):
     with no_hang(20), pytest.raises(CatalogError) as raised:
         patch.variants[0].read_diff()
     assert "FIFO" in raised.value.message and "all.diff" in raised.value.message
+
+
+# ------------------------------------------------------------------------- 9: environment variables (exit 2)
+
+BAD_SETTINGS = [("APPLIER_LOCK_TIMEOUT", value) for value in ("abc", "nan", "inf", "-1", "1e9")] + \
+               [("APPLIER_DETECT_TIMEOUT", value) for value in ("abc", "nan", "inf", "0", "-2")] + \
+               [("APPLIER_NO_GPU_PROBE", "yes"), ("APPLIER_FAILPOINT", "after-everything")]
+
+
+@pytest.mark.parametrize("variable,value", BAD_SETTINGS)
+def test_a_bad_environment_value_is_a_usage_error_naming_the_variable(applied, variable, value):
+    before = (snapshot(applied.root), state_files(applied))
+    for command in ("status", "detect", "revert"):
+        args = applied.args(command) if command != "detect" else ("detect", "--target", applied.root)
+        out = assert_clean(cli(*args, env={variable: value}), allowed=(2,))
+        assert variable in out.stderr and repr(value) in out.stderr, out
+    unchanged_by(applied, before)
+
+
+def test_a_bad_lock_timeout_is_exit_2_as_a_user_runs_it(plain):
+    out = assert_clean(run(*plain.args("status"), env={"APPLIER_LOCK_TIMEOUT": "abc"}), allowed=(2,))
+    assert "APPLIER_LOCK_TIMEOUT='abc'" in out.stderr, out
+
+
+@pytest.mark.parametrize("variable,value", [("APPLIER_LOCK_TIMEOUT", "0"), ("APPLIER_LOCK_TIMEOUT", "300"),
+                                            ("APPLIER_LOCK_TIMEOUT", ""), ("APPLIER_DETECT_TIMEOUT", "0.5"),
+                                            ("APPLIER_DETECT_TIMEOUT", "1000"), ("APPLIER_NO_GPU_PROBE", "0"),
+                                            ("APPLIER_FAILPOINT", "")])
+def test_good_environment_values_still_work(plain, variable, value):
+    assert_clean(cli(*plain.args("status"), env={variable: value}), allowed=(0,))
+
+
+def test_the_settings_readers_turn_values_into_numbers(monkeypatch):
+    from applier import settings
+    monkeypatch.setenv("APPLIER_LOCK_TIMEOUT", "2.5")
+    monkeypatch.setenv("APPLIER_DETECT_TIMEOUT", "100")
+    assert settings.lock_timeout(5.0) == 2.5 and settings.detect_timeout(20) == 20
+    monkeypatch.setenv("APPLIER_DETECT_TIMEOUT", "0.5")
+    assert settings.detect_timeout(20) == 0.5
+    monkeypatch.delenv("APPLIER_LOCK_TIMEOUT")
+    assert settings.lock_timeout(30.0) == 30.0
+    monkeypatch.setenv("APPLIER_LOCK_TIMEOUT", "nan")
+    with pytest.raises(settings.BadSetting) as raised:
+        settings.lock_timeout(5.0)
+    assert raised.value.exit_code == 2
+
+
+# ------------------------------------------------------------------------- 10: Python's interactive variables
+
+INTERACTIVE = {"PYTHONINSPECT": "1", "PYTHONSTARTUP": "/nonexistent/startup.py"}
+
+
+@pytest.mark.parametrize("args,code", [(("--version",), 0), (("status",), 0), (("status", "--json"), 0),
+                                       (("apply", "--dry-run"), 0), (("detect", "--target", "/nonexistent"), 9)])
+def test_pythoninspect_leaves_every_command_its_exit_status(plain, args, code):
+    full = (*plain.args(*args),) if args[0] in ("status", "apply") else args
+    out = assert_clean(run(*full, env=INTERACTIVE, stdin=subprocess.DEVNULL), allowed=(code,))
+    assert "SystemExit" not in out.text, out
+    if "--json" in args:
+        json.loads(out.stdout)
+
+
+def test_pythoninspect_leaves_the_console_script_its_exit_status(plain):
+    script = Path(sys.executable).parent / "applier"
+    if not script.is_file():
+        pytest.skip("no `applier` console script beside this interpreter")
+    from reltools import child_env
+    proc = subprocess.run([str(script), *map(str, plain.args("status"))], capture_output=True, text=True,
+                          env=child_env(INTERACTIVE), stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_probes_ignore_pythoninspect(tmp_path, monkeypatch):
+    """The children applier starts run isolated (-I): PYTHON* variables of the user's shell do not reach them."""
+    from verify.runner import run_probe
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "says.py").write_text("import json, sys\nprint(json.dumps({'outcome': 'PASS', 'reason': 'ok', "
+                                    "'numbers': {'inspect': sys.flags.inspect}}))\n")
+    for name, value in INTERACTIVE.items():
+        monkeypatch.setenv(name, value)
+    result = run_probe(sys.executable, "says", {}, 60, probes_dir=probes)
+    assert result.returncode == 0 and result.numbers == {"inspect": 0}, result
