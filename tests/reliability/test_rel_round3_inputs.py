@@ -255,3 +255,70 @@ def test_probes_ignore_pythoninspect(tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
     result = run_probe(sys.executable, "says", {}, 60, probes_dir=probes)
     assert result.returncode == 0 and result.numbers == {"inspect": 0}, result
+
+
+# ------------------------------------------------------------------------- 11: bounded verify scans (WARN)
+
+def resolution_caps(inst) -> dict:
+    out = assert_clean(cli(*inst.args("verify", "--only", "resolution-caps", "--json")), allowed=(0,))
+    [check] = [c for c in out.json()["checks"] if c["name"] == "resolution-caps"]
+    return check
+
+
+def scan_module():
+    from applier.resources import load_verify
+    load_verify()
+    return importlib.import_module("applier_verify.checks.resolution")
+
+
+@contextmanager
+def nested_folders(top: Path, depth: int):
+    """top/d/d/.../d, `depth` deep, made and removed in loops (os.makedirs and shutil.rmtree recurse)."""
+    paths = [str(top / "d")]
+    for _ in range(depth - 1):
+        paths.append(paths[-1] + "/d")
+    for path in paths:
+        os.mkdir(path)
+    try:
+        yield
+    finally:
+        for path in reversed(paths):
+            os.rmdir(path)
+
+
+def test_a_deep_custom_nodes_tree_is_a_warn_naming_the_depth_limit(plain):
+    deep = plain.comfy / "custom_nodes" / "pack"
+    deep.mkdir()
+    (deep / "caps.py").write_text('IN = {"width": ("INT", {"max": 2048})}\n')
+    with nested_folders(deep, 1200):      # deeper than Python's recursion limit
+        check = resolution_caps(plain)
+    assert check["outcome"] == "WARN", check
+    assert any("MAX_SCAN_DEPTH" in limit for limit in check["numbers"]["limits"]), check
+    assert "custom_nodes/pack/caps.py:1:2048" in check["numbers"]["caps"], check      # what is shallow still counts
+
+
+def test_a_custom_nodes_tree_past_the_count_limits_is_a_warn_naming_them(plain, monkeypatch):
+    resolution = scan_module()
+    for number in range(30):
+        (plain.comfy / "custom_nodes" / f"node_{number:02}.py").write_text("VALUE = 1\n")
+    monkeypatch.setattr(resolution, "MAX_SCANNED_FILES", 10)
+    check = resolution_caps(plain)
+    assert check["outcome"] == "WARN" and check["numbers"]["files_scanned"] == 10, check
+    assert any("MAX_SCANNED_FILES" in limit for limit in check["numbers"]["limits"]), check
+    monkeypatch.setattr(resolution, "MAX_SCAN_ENTRIES", 5)
+    check = resolution_caps(plain)
+    assert check["outcome"] == "WARN" and check["numbers"]["files_scanned"] <= 5, check
+    assert any("MAX_SCAN_ENTRIES" in limit for limit in check["numbers"]["limits"]), check
+
+
+def test_a_scan_within_the_limits_still_passes(plain):
+    (plain.comfy / "custom_nodes" / "pack" / "sub").mkdir(parents=True)
+    (plain.comfy / "custom_nodes" / "pack" / "sub" / "node.py").write_text("VALUE = 1\n")
+    check = resolution_caps(plain)
+    assert check["outcome"] == "PASS" and check["numbers"]["limits"] == [], check
+
+
+def test_a_deeply_nested_constant_expression_is_not_a_crash(plain):
+    (plain.comfy / "custom_nodes" / "deep_expr.py").write_text("MAX_RESOLUTION = " + " + ".join(["1"] * 1000) + "\n")
+    check = resolution_caps(plain)
+    assert check["outcome"] in ("PASS", "WARN") and "RecursionError" not in json.dumps(check), check

@@ -5,7 +5,9 @@ hard-coded caps in comfy_extras/ and custom_nodes/ that a raised MAX_RESOLUTION 
 bounded, of regular files only and of files that really lie inside the ComfyUI folder (applier.fsutil.read_inside):
 the caps scan skips, with a WARN naming each, a FIFO, a device (a link to /dev/zero), a file over
 MAX_SCANNED_FILE_BYTES and a link leading outside the ComfyUI folder (comfy_extras/ or custom_nodes/ itself being
-one included); it never blocks on one nor follows a link out.
+one included); it never blocks on one nor follows a link out. The walk of custom_nodes/ is bounded and not
+recursive: MAX_SCAN_DEPTH folders deep, MAX_SCAN_ENTRIES names listed, MAX_SCANNED_FILES files read; a bound
+reached makes the check a WARN naming it (caps past it were not looked for).
 """
 from __future__ import annotations
 
@@ -30,6 +32,13 @@ SKIPPED_DIRS = frozenset({".git", ".hg", "__pycache__", ".applier", "venv", ".ve
 MAX_SCANNED_FILE_BYTES = 4 * 1024 * 1024     # larger .py files are generated data, not node definitions
 MAX_NODES_PY_BYTES = 16 * 1024 * 1024        # nodes.py is ~100 kB
 MAX_SKIPPED_LISTED = 5
+# Bounds of the caps scan: a node pack's code sits a few folders deep in a few hundred files; a tree far past these
+# (a dataset, a million generated files) is not node code, and walking it took minutes.
+MAX_SCAN_DEPTH = 16              # folders below custom_nodes/
+MAX_SCAN_ENTRIES = 200_000       # names listed, files and folders alike
+MAX_SCANNED_FILES = 20_000       # .py files read
+# Expressions deeper than this are not a resolution constant (and evaluating them recursively could overflow).
+MAX_EXPRESSION_DEPTH = 32
 OUTSIDE = "a link leading outside the ComfyUI folder"
 # Inputs whose names say they are an image dimension.
 DIMENSION_INPUT = re.compile(r"width|height|resolution", re.IGNORECASE)
@@ -69,16 +78,22 @@ class CapScan:
     files_scanned: int = 0
     files_parsed_by_regex: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (relative path, why) of files not read
+    limits: list[str] = field(default_factory=list)    # each bound the scan reached, in words: what was left out
+
+    def reach(self, limit: str) -> None:
+        if limit not in self.limits:
+            self.limits.append(limit)
 
 
 # ---------------------------------------------------------------- reading source
 
-def int_value(node: ast.AST) -> int | None:
-    """The value of an integer constant expression (`16384`, `8192 * 2`, `1 << 14`), None for anything else."""
+def int_value(node: ast.AST, depth: int = 0) -> int | None:
+    """The value of an integer constant expression (`16384`, `8192 * 2`, `1 << 14`), None for anything else,
+    one nested more than MAX_EXPRESSION_DEPTH deep included."""
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
-    if isinstance(node, ast.BinOp):
-        left, right = int_value(node.left), int_value(node.right)
+    if isinstance(node, ast.BinOp) and depth < MAX_EXPRESSION_DEPTH:
+        left, right = int_value(node.left, depth + 1), int_value(node.right, depth + 1)
         if left is None or right is None:
             return None
         if isinstance(node.op, (ast.Pow, ast.LShift)):
@@ -212,27 +227,49 @@ def worth_parsing(data: bytes) -> bool:
     return False
 
 
-def _python_files(root: Path, recursive: bool):
-    """The .py entries (files, or links to anything) of root, recursively or not; os.walk follows no folder link."""
+def _python_files(root: Path, recursive: bool, scan: CapScan):
+    """The .py entries (files, or links to anything but a folder) of root and, when recursive, of the real folders
+    below it, depth first in name order, as os.walk gave them; with an explicit stack, never through a folder link,
+    and within the scan's bounds (MAX_SCAN_DEPTH, MAX_SCAN_ENTRIES), each bound reached said in scan.limits."""
     if not root.is_dir():
         return
-    if not recursive:
+    stack = [(root, 0)]
+    listed = 0
+    while stack:
+        folder, depth = stack.pop()
+        entries = []
         try:
-            names = sorted(entry.name for entry in os.scandir(root) if entry.name.endswith(".py"))
+            with os.scandir(folder) as found:
+                for entry in found:
+                    if listed >= MAX_SCAN_ENTRIES:
+                        scan.reach(f"stopped after listing {MAX_SCAN_ENTRIES} entries (MAX_SCAN_ENTRIES)")
+                        stack.clear()
+                        break
+                    listed += 1
+                    entries.append(entry)
         except OSError:
-            return
-        for name in names:
-            path = root / name
-            if not path.is_dir():
-                yield path
-        return
-    for folder, dirs, files in os.walk(root):
-        # Another interpreter's environment (a node's own venv) is not the node's code.
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not os.path.isfile(
-            os.path.join(folder, d, "pyvenv.cfg")))
-        for name in sorted(files):
-            if name.endswith(".py"):
-                yield Path(folder, name)
+            continue
+        entries.sort(key=lambda entry: entry.name)
+        folders = []
+        for entry in entries:
+            if _is_folder(entry):
+                if recursive and not entry.is_symlink() and entry.name not in SKIPPED_DIRS \
+                        and not os.path.isfile(os.path.join(entry.path, "pyvenv.cfg")):
+                    folders.append(Path(entry.path))   # another interpreter's environment is not the node's code
+            elif entry.name.endswith(".py"):
+                yield Path(entry.path)
+        if folders and depth >= MAX_SCAN_DEPTH:
+            scan.reach(f"folders more than {MAX_SCAN_DEPTH} deep not scanned (MAX_SCAN_DEPTH), the first "
+                       f"{folders[0].relative_to(root.parent).as_posix()}/")
+            continue
+        stack += [(sub, depth + 1) for sub in reversed(folders)]
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def read_scanned(path: Path, inside: Path) -> tuple[bytes | None, str | None]:
@@ -263,7 +300,10 @@ def scan_resolution_caps(comfyui_root: Path, cap: int) -> CapScan:
             # comfy_extras/ or custom_nodes/ itself a link leading out: not walked, not read
             scan.skipped.append((folder.relative_to(comfyui_root).as_posix() + "/", OUTSIDE))
             continue
-        for path in _python_files(folder, recursive):
+        for path in _python_files(folder, recursive, scan):
+            if scan.files_scanned + len(scan.skipped) >= MAX_SCANNED_FILES:
+                scan.reach(f"stopped after {MAX_SCANNED_FILES} files (MAX_SCANNED_FILES)")
+                break
             relpath = path.relative_to(comfyui_root).as_posix()
             data, why = read_scanned(path, inside)
             if data is None:
@@ -383,8 +423,11 @@ def resolution_caps(ctx) -> CheckResult:
     scan = scan_resolution_caps(Path(root), cap)
     numbers = {"cap": cap, "caps": [str(c) for c in scan.caps], "inputs": [c.what for c in scan.caps],
                "files_scanned": scan.files_scanned, "files_read_by_regex": scan.files_parsed_by_regex,
-               "skipped": [f"{path}: {why}" for path, why in scan.skipped]}
-    skipped = _skipped_words(scan.skipped)
+               "skipped": [f"{path}: {why}" for path, why in scan.skipped], "limits": scan.limits}
+    left_out = [_skipped_words(scan.skipped)] if scan.skipped else []
+    if scan.limits:      # a bound reached: what lies past it was not looked at, so never a PASS
+        left_out.append(f"scan bounded: {'; '.join(scan.limits)}")
+    skipped = "; ".join(left_out)
     if not scan.caps:
         if skipped:
             return CheckResult(name, Outcome.WARN, f"no hard-coded cap below {cap} ({source}) in "
