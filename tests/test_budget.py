@@ -1,0 +1,363 @@
+"""`applier budget`: token arithmetic, the verdict and what flips it, the caps it reads, its errors and its JSON.
+
+No measured figure is asserted here: the efficiencies and peaks are data (applier/data/), checked against the
+committed results by scripts/budget_validation.py (and by the last test, which runs its --check).
+"""
+from __future__ import annotations
+
+import ast
+import configparser
+import fnmatch
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from applier import budget
+from applier.budget_data import DATA_DIR, BudgetDataError, load_budget_data
+from applier.cli import cli
+from applier.errors import EXIT_REFUSED, EXIT_USAGE
+from tests.fixtures.comfy_tree import build_comfy_tree
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = load_budget_data()
+KNOWN_GPU = "h200"
+VERDICTS = ("native", "tiled", "out of reach")
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory) -> Path:
+    return build_comfy_tree(tmp_path_factory.mktemp("budget") / "ComfyUI", era="latest", layout="plain")
+
+
+def invoke(*args: str, env: dict | None = None):
+    return CliRunner().invoke(cli, ["budget", *args], env={"APPLIER_NO_GPU_PROBE": "1", **(env or {})})
+
+
+def report(comfy: Path, *args: str) -> dict:
+    result = invoke("--target", str(comfy), "--json", *args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def canvas_tokens(model: str, width: int, height: int, frames: int = 1) -> budget.Tokens:
+    return budget.token_counts(DATA.models[model], budget.Canvas(width, height, frames))
+
+
+# ---------------------------------------------------------------- arithmetic
+
+def test_flux_tokens_are_the_16_pixel_patches_plus_comfyuis_256_t5_tokens():
+    tokens = canvas_tokens("flux-dev", 1024, 1024)
+    assert (tokens.latent_width, tokens.latent_height, tokens.image, tokens.text) == (128, 128, 4096, 256)
+    assert canvas_tokens("flux-dev", 32768, 18432).image == 2048 * 1152 == 2_359_296
+
+
+def test_wan_packs_frames_four_to_one_after_the_first_and_patches_two_by_two():
+    assert canvas_tokens("wan-14b", 832, 480, 33).image == 9 * 30 * 52 == 14040
+    assert canvas_tokens("wan-14b", 832, 480, 81).image == 21 * 30 * 52
+    assert canvas_tokens("wan-14b", 832, 480, 1).latent_frames == 1
+
+
+def test_flux2_and_sdxl_tokens_follow_their_vae_factor_and_patch():
+    assert canvas_tokens("flux2-dev", 1024, 1024).image == 64 * 64     # 16x VAE, patch 1
+    assert canvas_tokens("sdxl", 1024, 1024).image == 128 * 128        # 8x VAE, one token per latent pixel
+    assert canvas_tokens("qwen-image", 1024, 1024).all == 4096 + 115
+
+
+def test_attention_flops_are_four_times_queries_keys_heads_and_head_dim_per_call():
+    model = DATA.models["flux-dev"]
+    work = budget.forward_work(model, budget.Canvas(1024, 1024))
+    calls = sum(g.count for g in model.groups)
+    assert work.attention_flop == calls * 4 * 4352 ** 2 * 24 * 128
+    wan = budget.forward_work(DATA.models["wan-14b"], budget.Canvas(832, 480, 33))
+    assert wan.attention_flop == 40 * 4 * 40 * 128 * (14040 ** 2 + 14040 * 512)
+
+
+def test_gemm_flops_are_twice_the_linears_weights_per_token_they_see():
+    model = DATA.models["flux-dev"]
+    work = budget.forward_work(model, budget.Canvas(1024, 1024))
+    per_token = sum(g.count * sum(lin.fan_in * lin.fan_out for lin in g.linears) for g in model.groups)
+    assert work.gemm_flop == 2 * per_token * 4352
+
+
+def test_attention_grows_with_the_square_of_the_tokens_and_gemms_linearly():
+    model = DATA.models["flux-dev"]
+    small, large = (budget.forward_work(model, budget.Canvas(s, s)) for s in (2048, 4096))
+    ratio = large.tokens.all / small.tokens.all
+    assert large.attention_flop / small.attention_flop == pytest.approx(ratio ** 2)
+    assert large.gemm_flop / small.gemm_flop == pytest.approx(ratio)
+
+
+def test_sizes_and_durations_parse_and_garbage_is_refused():
+    assert budget.parse_size("32768x18432") == (32768, 18432)
+    assert budget.parse_duration("1h") == 3600 and budget.parse_duration("2h30m") == 9000
+    assert budget.parse_duration("90") == 90 and budget.parse_duration("45s") == 45
+    for bad in ("32768", "axb", "0x0", ""):
+        with pytest.raises(ValueError):
+            budget.parse_size(bad)
+    for bad in ("soon", "1h soon", "-5", "0", "inf"):
+        with pytest.raises(ValueError):
+            budget.parse_duration(bad)
+
+
+def test_the_release_picks_the_stock_attention_backend_and_an_unknown_release_the_newest():
+    measured = DATA.measured
+    assert budget.era_for(measured, "0.3.64")[0].stock_attention == "cudnn"
+    assert budget.era_for(measured, "0.33.0")[0].stock_attention == "flash"
+    era, why = budget.era_for(measured, None)
+    assert era == measured.eras[-1] and "unknown" in why
+
+
+# ---------------------------------------------------------------- verdicts
+
+def test_every_model_family_gets_a_verdict_on_every_gpu_of_the_table():
+    for model in DATA.models.values():
+        for gpu in DATA.gpus.values():
+            request = budget.Request(model, gpu, budget.Canvas(4096, 4096, model.frames), model.steps,
+                                     model.cfg_forwards)
+            result = budget.plan_budget(DATA, request)
+            assert result["verdict"]["kind"] in VERDICTS, (model.key, gpu.key)
+            basis = result["gpu"]["basis"]
+            assert basis.startswith("measured") == (gpu.key == DATA.measured.gpu), basis
+            if gpu.key != DATA.measured.gpu:
+                assert "projected from" in basis and gpu.name in basis
+
+
+def test_within_flips_a_native_canvas_to_out_of_reach(comfy):
+    generous = report(comfy, "--model", "flux-dev", "--size", "1024x1024", "--gpu", KNOWN_GPU, "--within", "1h")
+    assert generous["verdict"]["kind"] == "native"
+    tight = report(comfy, "--model", "flux-dev", "--size", "1024x1024", "--gpu", KNOWN_GPU, "--within", "1s")
+    assert tight["verdict"]["kind"] == "out of reach"
+    assert tight["within_seconds"] == 1
+
+
+def test_a_canvas_whose_activations_do_not_fit_is_never_native_and_within_flips_tiled_to_out_of_reach(comfy):
+    args = ("--model", "flux-dev", "--size", "32768x18432", "--gpu", KNOWN_GPU)
+    roomy = report(comfy, *args, "--within", "1000h")
+    assert not roomy["memory"]["activations_fit"]
+    assert roomy["verdict"]["kind"] == "tiled"
+    tile = roomy["verdict"]["tile"]
+    assert tile["tile_px"] in DATA.models["flux-dev"].tile_px and tile["tiles"] > 1
+    assert report(comfy, *args, "--within", "1s")["verdict"]["kind"] == "out of reach"
+
+
+def test_fp8_is_not_offered_where_the_gpu_has_no_fp8_tensor_cores(comfy):
+    configs = {c["config"]: c for c in report(comfy, "--model", "flux-dev", "--size", "1024x1024",
+                                              "--gpu", "rtx-3090")["configs"]}
+    assert not configs["overlay_fp8"]["available"] and "sm_89" in configs["overlay_fp8"]["note"]
+    assert configs["stock"]["available"] and configs["overlay_all"]["available"]
+
+
+def test_fp8_on_a_model_the_block_families_do_not_know_gives_memory_but_no_time(comfy):
+    configs = {c["config"]: c for c in report(comfy, "--model", "qwen-image", "--size", "1024x1024",
+                                              "--gpu", KNOWN_GPU)["configs"]}
+    fp8 = configs["overlay_all_fp8"]
+    assert fp8["available"] and not fp8["predicted"] and "seconds_per_step" not in fp8
+    assert fp8["weights_bytes"] < configs["stock"]["weights_bytes"]
+
+
+def test_cfg_one_halves_the_step_of_a_model_that_guides_with_two_forwards(comfy):
+    args = ("--model", "wan", "--size", "832x480", "--frames", "33", "--gpu", KNOWN_GPU)
+    guided, plain = report(comfy, *args), report(comfy, *args, "--cfg", "1.0")
+    assert (guided["forwards_per_step"], plain["forwards_per_step"]) == (2, 1)
+    assert guided["configs"][0]["seconds_per_step"] == pytest.approx(2 * plain["configs"][0]["seconds_per_step"])
+
+
+# ---------------------------------------------------------------- caps
+
+def test_stock_caps_refuse_a_32k_canvas_and_name_the_fix(comfy):
+    caps = report(comfy, "--model", "flux-dev", "--size", "32768x18432", "--gpu", KNOWN_GPU)["caps"]
+    assert caps["checked"] and caps["allowed"] is False
+    by_cap = {b["cap"]: b for b in caps["blocking"]}
+    assert by_cap["MAX_RESOLUTION"]["value"] == 16384 and by_cap["MAX_RESOLUTION"]["where"].startswith("nodes.py:")
+    assert "comfyui/max-resolution" in by_cap["MAX_RESOLUTION"]["fix"]
+    assert "comfyui/pil-pixel-limit" in by_cap["PIL.Image.MAX_IMAGE_PIXELS"]["fix"]
+    # verify's resolution-caps scan: the fixture's 3D loader and custom node caps
+    assert {c["value"] for c in caps["node_caps"]} == {4096, 16384}
+
+
+def test_a_canvas_within_every_cap_is_allowed(comfy):
+    caps = report(comfy, "--model", "flux-dev", "--size", "2048x2048", "--gpu", KNOWN_GPU)["caps"]
+    assert caps["allowed"] is True and not caps["blocking"] and not caps["node_caps"]
+
+
+def test_patched_caps_are_read_from_the_files_as_they_are(tmp_path):
+    comfy = build_comfy_tree(tmp_path / "ComfyUI", era="latest", layout="plain")
+    nodes = comfy / "nodes.py"
+    text = nodes.read_text()
+    text = text.replace("MAX_RESOLUTION=16384", "MAX_RESOLUTION=40960").replace(
+        "MAX_RESOLUTION = 16384", "MAX_RESOLUTION = 40960")
+    text += ("\nif Image.MAX_IMAGE_PIXELS is not None:\n"
+             "    Image.MAX_IMAGE_PIXELS = max(Image.MAX_IMAGE_PIXELS, MAX_RESOLUTION * MAX_RESOLUTION)\n")
+    nodes.write_text(text)
+    caps = report(comfy, "--model", "flux-dev", "--size", "32768x18432", "--gpu", KNOWN_GPU)["caps"]
+    assert caps["allowed"] is True, caps
+    assert any("MAX_RESOLUTION 40960" in note for note in caps["notes"])
+    assert any("raised in nodes.py" in note and f"{40960 ** 2:,}" in note for note in caps["notes"])
+
+
+def test_pillows_bound_comes_from_the_targets_own_pil(tmp_path):
+    from applier.budget_caps import pillow_bound, resolution_readers
+    from applier.target import Target
+    comfy = build_comfy_tree(tmp_path / "ComfyUI", era="latest", layout="plain")
+    site = tmp_path / "site-packages"
+    (site / "PIL").mkdir(parents=True)
+    (site / "PIL" / "Image.py").write_text("MAX_IMAGE_PIXELS: int | None = int(1024 * 1024 * 1024 // 4 // 3)\n")
+    target = Target(comfy, "plain", comfy, None, "unknown", None, None, "none", None, site, None, None, None)
+    notes: list = []
+    assert pillow_bound(target, comfy, 16384, 1, resolution_readers(), notes)[0] == 1024 ** 3 // 4 // 3
+    (site / "PIL" / "Image.py").write_text("MAX_IMAGE_PIXELS = None\n")
+    assert pillow_bound(target, comfy, 16384, 1, resolution_readers(), notes)[0] is None
+    gone = Target(comfy, "plain", comfy, None, "unknown", None, None, "none", None, None, None, None, None)
+    notes.clear()
+    assert pillow_bound(gone, comfy, 16384, 7, resolution_readers(), notes) == (7, "Pillow's default")
+    assert any("Pillow not found" in n for n in notes)
+
+
+# ---------------------------------------------------------------- errors and GPUs
+
+def test_an_unknown_gpu_is_exit_3_naming_the_known_ones(comfy):
+    result = invoke("--target", str(comfy), "--model", "flux-dev", "--size", "1024x1024", "--gpu", "voodoo-5")
+    assert result.exit_code == EXIT_REFUSED
+    assert "voodoo-5" in result.output and "--gpu" in result.output
+    assert all(key in result.output for key in DATA.gpus)
+
+
+def test_without_a_detected_gpu_the_budget_asks_for_gpu(comfy):
+    result = invoke("--target", str(comfy), "--model", "flux-dev", "--size", "1024x1024", "--json")
+    assert result.exit_code == EXIT_REFUSED
+    error = json.loads(result.output)["error"]
+    assert error["kind"] == "UnknownGpuError" and "--gpu" in error["hint"] and error["exit_code"] == 3
+
+
+def test_the_detected_gpu_is_used_with_its_own_memory(comfy, tmp_path):
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 'NVIDIA GeForce RTX 4090, 8.9, 20000'\n")
+    smi.chmod(0o755)
+    env = {"APPLIER_NO_GPU_PROBE": "0", "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}"}
+    result = invoke("--target", str(comfy), "--model", "sdxl", "--size", "1024x1024", "--json", env=env)
+    assert result.exit_code == 0, result.output
+    gpu = json.loads(result.output)["gpu"]
+    assert (gpu["key"], gpu["how"], gpu["memory_bytes"]) == ("rtx-4090", "detected", 20000 * 1024 * 1024)
+    smi.write_text("#!/bin/sh\necho 'NVIDIA Quadro K2000, 3.0, 2048'\n")
+    result = invoke("--target", str(comfy), "--model", "sdxl", "--size", "1024x1024", env=env)
+    assert result.exit_code == EXIT_REFUSED and "Quadro K2000" in result.output and "--gpu" in result.output
+
+
+def test_an_unknown_model_is_exit_3_listing_the_known_ones(comfy):
+    result = invoke("--target", str(comfy), "--model", "dalle", "--size", "1024x1024", "--gpu", KNOWN_GPU)
+    assert result.exit_code == EXIT_REFUSED
+    assert all(key in result.output for key in DATA.models)
+
+
+def test_model_names_and_gpu_names_match_their_aliases():
+    assert budget.find_model(DATA, "Wan2.1-T2V-14B").key == "wan-14b"
+    assert budget.find_model(DATA, "FLUX.1-dev").key == "flux-dev"
+    assert budget.find_gpu(DATA, "NVIDIA GeForce RTX 4090").key == "rtx-4090"
+    assert budget.find_gpu(DATA, "NVIDIA A100-SXM4-80GB").key == "a100-80gb"
+    assert budget.find_gpu(DATA, "NVIDIA H200 NVL") is None      # another board: other clocks, not guessed
+
+
+@pytest.mark.parametrize("args", [("--size", "32768"), ("--size", "1024x1024", "--within", "soon"),
+                                  ("--size", "1024x1024", "--frames", "33")])
+def test_malformed_values_are_usage_errors(comfy, args):
+    result = invoke("--target", str(comfy), "--model", "flux-dev", "--gpu", KNOWN_GPU, *args)
+    assert result.exit_code == EXIT_USAGE, result.output
+
+
+# ---------------------------------------------------------------- the report
+
+def test_the_json_report_has_every_section_with_its_types(comfy):
+    result = report(comfy, "--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090", "--steps", "20")
+    for key in ("target", "model", "gpu", "canvas", "comfyui", "tokens", "per_forward", "memory", "vae_decode",
+                "configs", "caps", "tiled_routes", "verdict"):
+        assert key in result, key
+    assert result["steps"] == 20 and result["gpu"]["how"] == "--gpu" and result["gpu"]["source"].count("https://")
+    assert isinstance(result["tokens"]["image"], int) and isinstance(result["memory"]["activation_peak_bytes"], int)
+    assert [c["config"] for c in result["configs"]] == list(budget.CONFIGS)
+    for config in result["configs"]:
+        if config.get("seconds_per_step") is not None:
+            assert set(config["seconds_per_forward"]) == {"attention", "gemm", "fp8_quantize", "elementwise",
+                                                          "host_gap", "weight_streaming", "total"}
+            assert config["seconds_per_generation"] == pytest.approx(20 * config["seconds_per_step"])
+            assert config["basis"].startswith("projected from")
+    assert result["vae_decode"]["tiled_bytes"] < result["vae_decode"]["whole_bytes"]
+    assert result["verdict"]["kind"] in VERDICTS and result["verdict"]["reasons"]
+
+
+def test_the_text_report_says_the_basis_the_verdict_and_each_config(comfy):
+    result = invoke("--target", str(comfy), "--model", "flux-dev", "--size", "4096x4096", "--gpu", "l40s")
+    assert result.exit_code == 0, result.output
+    assert "projected from NVIDIA L40S's published peaks" in result.output
+    assert "verdict" in result.output and "overlay_all_fp8" in result.output and "tokens" in result.output
+
+
+def test_the_budget_imports_no_torch(comfy):
+    code = ("import sys; from applier.cli import cli\n"
+            "cli.main(sys.argv[1:], standalone_mode=False)\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')")
+    proc = subprocess.run([sys.executable, "-c", code, "budget", "--target", str(comfy), "--model", "flux-dev",
+                           "--size", "1024x1024", "--gpu", KNOWN_GPU], capture_output=True, text=True,
+                          env={**os.environ, "APPLIER_NO_GPU_PROBE": "1"}, cwd=REPO)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and any(line.startswith("verdict") for line in lines), proc.stdout + proc.stderr
+    assert lines[-1] == "no torch"
+
+
+# ---------------------------------------------------------------- data
+
+def test_the_budget_model_reads_no_file_and_prints_nothing():
+    tree = ast.parse((REPO / "applier" / "budget.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"__future__", "math", "re", "dataclasses", "packaging", "applier"}, imported
+    calls = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert not calls & {"open", "print"}
+
+
+def test_every_gpu_and_model_and_efficiency_names_its_source():
+    for gpu in DATA.gpus.values():
+        assert "https://" in gpu.source, gpu.key
+    for model in DATA.models.values():
+        assert model.sources.get("source") and model.vae.source, model.key
+        assert all(model.sources.get(k) for k in ("parameters_source", "activation_source", "steps_source"))
+    measured = DATA.measured
+    efficiencies = [measured.gemm_bf16, measured.gemm_fp8, measured.fp8_quantize, *measured.attention.values()]
+    efficiencies += [e for era in measured.eras for e in (era.other, era.elementwise_factor, era.host_gap_s)]
+    for efficiency in efficiencies:
+        results_file = efficiency.source.split(":")[0]
+        assert (REPO / "benchmarks" / "results" / results_file).is_file(), efficiency.source
+
+
+def test_a_malformed_table_is_a_refusal_naming_file_and_key(tmp_path):
+    for name in ("gpus.toml", "models.toml", "efficiency.toml"):
+        (tmp_path / name).write_bytes((DATA_DIR / name).read_bytes())
+    text = (tmp_path / "gpus.toml").read_text().replace("bandwidth_gbs = 4800", 'bandwidth_gbs = "fast"')
+    (tmp_path / "gpus.toml").write_text(text)
+    with pytest.raises(BudgetDataError, match=r"gpus.toml\[h200\]: key 'bandwidth_gbs' is str") as caught:
+        load_budget_data(tmp_path)
+    assert caught.value.exit_code == EXIT_REFUSED
+
+
+def test_the_tables_ship_as_package_data():
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    patterns = config["options.package_data"]["applier"].split()
+    for path in DATA_DIR.iterdir():
+        rel = path.relative_to(DATA_DIR.parent).as_posix()
+        assert any(fnmatch.fnmatch(rel, pattern) for pattern in patterns), f"{rel} is not package data"
+
+
+def test_the_efficiency_table_agrees_with_the_committed_results():
+    spec = importlib.util.spec_from_file_location("budget_validation", REPO / "scripts" / "budget_validation.py")
+    validation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(validation)
+    derived = validation.derive_efficiencies(DATA)
+    assert validation.compare_efficiencies(derived, validation.table_values(DATA_DIR / "efficiency.toml")) == []
