@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from applier import __version__, settings
+from applier import __version__
 from applier.catalog import COMPONENTS, load_catalog, select_patches
 from applier.errors import (EXIT_DRIFT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_VERIFY_FAILED,
                             ApplierError, RefusedError)
@@ -27,33 +27,11 @@ def raise_terminated(signum, frame):
 
 
 def main() -> None:
-    """The entry point of `applier` and `python -m applier`."""
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        try:
-            cli.main(prog_name="applier")
-        except BrokenPipeError:
-            quiet_broken_pipe()
-    except SystemExit as exc:
-        if sys.flags.inspect:
-            exit_past_inspect(exc.code)
-        raise
-
-
-def exit_past_inspect(code) -> None:
-    """Under PYTHONINSPECT (or -i) Python answers our SystemExit with a traceback and exit 1, and would open a >>>
-    prompt on a terminal: end as a plain exit does (exit handlers run, output flushed), without either."""
-    import atexit
-    if code is not None and not isinstance(code, int):   # SystemExit("message"): printed, exit 1, as Python does
-        print(code, file=sys.stderr)
-        code = 1
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code or 0)
+        cli.main(prog_name="applier")
+    except BrokenPipeError:
+        quiet_broken_pipe()
 
 
 INTERRUPTED_HINT = ("a run cut short is finished or rolled back by the next applier command on this install (its "
@@ -178,8 +156,7 @@ def cli(ctx):
     applier revert --target ComfyUI/      byte-identical restore
     """
     ctx.ensure_object(dict)
-    settings.check_environment()    # a bad APPLIER_* value is exit 2 before any command starts
-    if settings.no_color():
+    if os.environ.get("NO_COLOR"):  # https://no-color.org: any non-empty value
         ctx.color = False
 
 
@@ -297,12 +274,14 @@ def status(target, python, patches_dir, as_json, only):
 
     Example: applier status --target ComfyUI/
     """
-    from applier.status import DRIFT
+    from applier.status import DRIFT, node_pack_installs, node_pack_lines
     statuses, found, recovered = compute_statuses(target, python, patches_dir, tuple(only))
     drift = [s for s in statuses if s.state in DRIFT]
+    node_pack = node_pack_installs(found) if found.comfyui_root and not only else None
     if as_json:
         out_json({"target": str(found.root), "python": str(found.python) if found.python else None,
-                  "recovered": recovered, "drift": bool(drift), "patches": [s.to_json() for s in statuses]})
+                  "recovered": recovered, "drift": bool(drift), "patches": [s.to_json() for s in statuses],
+                  **({} if node_pack is None else {"node_pack": node_pack})})
     else:
         say_interpreter(found)
         if recovered:
@@ -313,7 +292,7 @@ def status(target, python, patches_dir, as_json, only):
             for f in s.files:
                 if f.state != "applied":
                     click.echo(f"{'':32}   {f.state}: {f.path} {f.note}")
-        for line in drift_advice(found.root, drift):
+        for line in drift_advice(found.root, drift) + (node_pack_lines(node_pack) if node_pack is not None else []):
             click.echo(line)
     if drift:
         sys.exit(EXIT_DRIFT)
@@ -656,10 +635,34 @@ def overlay_list(target, python, patches_dir, as_json):
     if result.get("recovered"):
         click.echo(result["recovered"])
     if not result["installed"]:
-        click.echo("no overlay installed")
+        from applier.status import node_pack_installs, node_pack_lines
+        by_hand = [i for i in node_pack_installs(found) if i["installed_by"] != "applier"]
+        click.echo("no overlay installed by applier")
+        for line in node_pack_lines(by_hand) if by_hand else []:
+            click.echo(line)
         return
     click.echo(f"{result['pack']} {result['version']}: {result['intact']} intact, {result['modified']} modified, "
                f"{result['missing']} missing")
+
+
+@overlay.command("export")
+@click.argument("folder", type=click.Path(path_type=Path))
+@click.option("--publisher", metavar="ID", help="Your Comfy Registry publisher id (fills [tool.comfy] PublisherId).")
+@click.option("--repository", metavar="URL", help="The pack's repository (fills [project.urls] Repository).")
+@json_option
+def overlay_export(folder, publisher, repository, as_json):
+    """Write the node pack as one self-contained folder to install the ComfyUI way (ComfyUI-Manager's git URL,
+    `comfy node install` once published): push it as a repository's root, or copy it into custom_nodes/.
+
+    Example: applier overlay export dist/fused-dit --publisher me --repository https://github.com/me/fused-dit
+    """
+    from applier.node_pack import export
+    result = export(folder, publisher=publisher, repository=repository)
+    if as_json:
+        return out_json({"ok": True, **result})
+    click.echo(f"wrote {result['name']} {result['version']} ({len(result['files'])} files) to {result['folder']}")
+    for rel in result["removed"]:
+        click.echo(f"    removed {rel} (no longer in the pack)")
 
 
 @overlay.command("check")
@@ -676,63 +679,20 @@ def overlay_check(target, python, patches_dir, as_json):
     found = detect_target(target, python, gpu=False)
     if found.comfyui_root is None:
         raise BadTargetError(f"{target} has no ComfyUI folder", hint="point --target at the ComfyUI folder")
-    report = check_tree(found.comfyui_root, found.comfyui_version)
+    from applier.status import node_pack_installs, node_pack_lines
+    report = check_tree(found.comfyui_root, found.comfyui_version, node_pack=node_pack_installs(found))
     if as_json:
         return out_json(report)
     click.echo(f"ComfyUI {found.comfyui_version or 'version unknown'} at {found.comfyui_root}")
+    for line in node_pack_lines(report["node_pack"]) + [report["node_pack_note"] or ""]:
+        if line:
+            click.echo(line)
     for model in report["models"]:
         click.echo(f"{model['model']}:")
         for family, verdict in model["families"].items():
             state = f"runs {verdict['variant']} (verified on {verdict['matched']})" if verdict["matched"] else \
                 f"stock: {verdict['reason']}"
             click.echo(f"    {family:10} {state}")
-
-
-# ------------------------------------------------------------------ budget
-
-@cli.command("budget")
-@target_options
-@click.option("--model", "model_name", required=True, metavar="MODEL",
-              help="Model family: flux-dev, flux2-dev, wan-14b, qwen-image, sdxl.")
-@click.option("--size", required=True, metavar="WxH", help="Canvas width x height in pixels, e.g. 32768x18432.")
-@click.option("--frames", type=click.IntRange(min=1), help="Frames of a video model [default: the model's].")
-@click.option("--gpu", "gpu_name", metavar="NAME", help="A GPU of the budget's table [default: the detected one].")
-@click.option("--steps", type=click.IntRange(min=1), help="Sampling steps [default: the model's reference sampler].")
-@click.option("--cfg", type=float, help="CFG scale: 1.0 runs one forward per step, any other two "
-                                        "[default: the model's].")
-@click.option("--within", default="1h", show_default=True, metavar="DURATION",
-              help="The time a generation may take (1h, 90m, 2h30m, seconds): native only if it finishes within it.")
-def budget_cmd(target, python, patches_dir, as_json, model_name, size, frames, gpu_name, steps, cfg, within):
-    """What a canvas costs: tokens, FLOPs, memory, time per step and generation, the target's caps, a verdict.
-
-    Reads files and nvidia-smi only, never torch. Exit 3 for a model or GPU the table does not know. Example:
-    applier budget --target ComfyUI/ --model flux-dev --size 32768x18432 --gpu rtx-4090
-    """
-    from applier import budget
-    from applier.budget_caps import read_target_caps
-    from applier.budget_data import load_budget_data
-    try:
-        width, height = budget.parse_size(size)
-        within_s = budget.parse_duration(within)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    data = load_budget_data()
-    model = budget.find_model(data, model_name)
-    if frames is not None and not model.video:
-        raise click.BadParameter(f"{model.name} makes images; --frames is for video models", param_hint="--frames")
-    found = detect_target(target, python, gpu=gpu_name is None)
-    gpu, how, memory_mib = budget.choose_gpu(data, gpu_name, [(g.name, g.memory_mib) for g in found.gpus],
-                                             found.gpu_problem)
-    canvas = budget.Canvas(width, height, frames or model.frames)
-    request = budget.Request(model, gpu, canvas, steps or model.steps,
-                             model.cfg_forwards if cfg is None else (1 if cfg == 1.0 else 2), within_s,
-                             found.comfyui_version, sys.platform.startswith("win"), memory_mib, how)
-    caps = read_target_caps(found, max(width, height), data.measured.pillow_max_image_pixels)
-    report = budget.plan_budget(data, request, caps)
-    if as_json:
-        return out_json({"target": str(found.root), **report})
-    for line in budget.report_lines(report):
-        click.echo(line)
 
 
 # ------------------------------------------------------------------ catalog maintenance

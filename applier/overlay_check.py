@@ -10,7 +10,9 @@ so both say the same thing about the same code.
 
 Per model family present in the tree (Flux, Flux.2, Chroma, HunyuanVideo, Wan 2.1/2.2, Qwen-Image, Lumina 2 /
 Z-Image) and per op family (norm_rope, adaln, gate, fp8_linear): the variant that would run and the release it
-was verified on, or why the family stays stock.
+was verified on, or why the family stays stock. The report also names where the node is installed, by applier or
+the ComfyUI way (ComfyUI-Manager, `comfy node install`), and says when that copy is another version than the one
+judged here.
 """
 from __future__ import annotations
 
@@ -172,8 +174,9 @@ def _verdict_json(variants_module, spec, found: dict, where: dict, version: str 
 
 
 def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_dir: Path = OVERLAYS_DIR,
-               variants_file: Path | None = None) -> dict:
-    """The report of `applier overlay check` for one ComfyUI folder (see the module docstring)."""
+               variants_file: Path | None = None, node_pack: list[dict] | None = None) -> dict:
+    """The report of `applier overlay check` for one ComfyUI folder (see the module docstring). node_pack: where the
+    pack's node is installed (status.node_pack_installs), carried into the report with what it means for it."""
     fingerprint = load_pack_module("fingerprint", overlays_dir)
     variants_module = load_pack_module("variants", overlays_dir)
     data_file = variants_file or overlays_dir / PACK_PACKAGE / "variants.json"
@@ -209,8 +212,22 @@ def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_
         models.append(entry)
     return {"comfyui_root": str(comfyui_root), "comfyui_version": comfyui_version, "models": models,
             "seams": seams,
+            **({} if node_pack is None else {"node_pack": node_pack, "node_pack_note": node_pack_note(node_pack)}),
             "variants": {name: {"kind": s.kind, "families": list(s.families), "verified_on": s.verified_versions,
                                 "about": s.about} for name, s in specs.items()}}
+
+
+def node_pack_note(installs: list[dict]) -> str | None:
+    """Why the report may not say what the installed node does: it judges with this applier's variants.json, and a
+    node installed the ComfyUI way from another version judges with its own."""
+    others = [i for i in installs if not i["disabled"] and not i["same_as_this_applier"]]
+    if not installs:
+        return "the node pack is not installed: this is what it would run"
+    if others:
+        return (f"{', '.join(i['folder'] for i in others)} holds another version of the node pack "
+                f"({', '.join(str(i['version']) for i in others)}): this report is this applier's pack's verdict; "
+                "that node judges with its own fused_dit/variants.json")
+    return None
 
 
 ROPE_CALLERS = ("attention", "apply_rope1")     # what Flux-type blocks and Wan's blocks call for RoPE

@@ -1,4 +1,5 @@
-"""Status and drift of every catalog patch on a target: applied, not applied, lost, modified, ..."""
+"""Status and drift of every catalog patch on a target: applied, not applied, lost, modified, ...; and where the
+overlay pack's node is installed, by applier or the ComfyUI way (ComfyUI-Manager, `comfy node install`, git)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,6 +11,9 @@ from applier.confine import Confinement
 from applier.diffengine import FileState
 from applier.errors import ApplierError, NoVariantError
 from applier.fsutil import read_bytes_or_none, sha256_bytes
+from applier.node_pack import find_copies
+from applier.overlays import manifest_pack
+from applier.pack import read_pack
 from applier.planner import (load_file_patches, not_applicable_reason, plan_patch, reapply_plan,
                              stale_advice)
 from applier.record import pristine_hashes
@@ -156,3 +160,48 @@ def unrecorded_status(target: Target, patch: Patch) -> PatchStatus:
     if partial:
         return PatchStatus(patch.id, "partial", variant, "some hunks are in place, others are not")
     return PatchStatus(patch.id, "not-applied", variant, plan.reason)
+
+
+INSTALLED_BY = {"applier": "installed by `applier overlay install` (its manifest lists the files)",
+                "git": "installed from a git URL (ComfyUI-Manager or git clone), not by applier",
+                "registry": "installed from the Comfy Registry (ComfyUI-Manager or comfy node install), not by applier",
+                "copied": "copied in by hand, not by applier"}
+
+
+def node_pack_installs(target: Target) -> list[dict]:
+    """Each folder under the target's custom_nodes/ that holds the overlay pack's node (node_pack.find_copies),
+    with who installed it: "applier" for the folder its overlay manifest names, else what the folder shows ("git",
+    "registry", "copied"); and whether its node finds the kernels package (its own copy, or site-packages')."""
+    if target.comfyui_root is None:
+        return []
+    managed = manifest_pack(target.state_dir)
+    package = read_pack()["package"]
+    in_site = target.site_packages is not None and (target.site_packages / package / "__init__.py").is_file()
+    out = []
+    for copy in find_copies(target.comfyui_root):
+        by_applier = managed is not None and copy.folder.name == managed["node"]
+        out.append({**copy.to_json(), "installed_by": "applier" if by_applier else copy.source,
+                    "finds_package": copy.carries_package or in_site})
+    return out
+
+
+def node_pack_lines(installs: list[dict]) -> list[str]:
+    """The node pack's installs in words, one line each, and what to do about two loaded copies or a node that
+    cannot find its kernels."""
+    if not installs:
+        return ["node pack: not installed (applier overlay install, or ComfyUI-Manager with the folder `applier "
+                "overlay export` writes)"]
+    lines = []
+    for item in installs:
+        notes = [f"version {item['version'] or 'unknown'}",
+                 "this applier's pack" if item["same_as_this_applier"] else "other files than this applier's pack"]
+        if item["disabled"]:
+            notes.append("disabled: ComfyUI does not load it")
+        elif not item["finds_package"]:
+            notes.append("no fused_dit beside it nor in site-packages: the node fails when it runs")
+        lines.append(f"node pack: {item['folder']}: {INSTALLED_BY[item['installed_by']]}; {', '.join(notes)}")
+    loaded = [item for item in installs if not item["disabled"]]
+    if len(loaded) > 1:
+        lines.append(f"node pack: ComfyUI loads {len(loaded)} copies of the same node (the last one loaded wins): "
+                     "keep one (`applier overlay uninstall` removes applier's; remove or disable the others)")
+    return lines
