@@ -21,7 +21,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from applier.errors import StateCorruptError
+from applier.errors import IOFailure, StateCorruptError
+from applier.fsutil import io_failure
+from applier.heldroot import HeldRoot, hold
 from applier.paths import STATE_DIR_NAME, real_inside
 
 ROOTS = ("comfyui", "site-packages")
@@ -42,13 +44,57 @@ class OverlayPrefixes:
         return False
 
 
+@dataclass(frozen=True)
+class Place:
+    """A file of the target, checked once where it entered (Confinement.resolve / relative) and carried from there:
+    its root, its path relative to that root, and the root's held handle that every read and write of it goes
+    through. Never turned back into a path string for the kernel to resolve: `path` is for messages."""
+    root: str
+    relpath: str
+    held: HeldRoot = field(compare=False, hash=False, repr=False)
+
+    @property
+    def path(self) -> Path:
+        return self.held.display(self.relpath)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def read(self, *, limit: int) -> bytes | None:
+        """Its bytes, None when it does not exist; IOFailure (exit 8) when it cannot be read, is special, too large
+        or a link leading out of its root."""
+        try:
+            return self.held.read(self.relpath, limit=limit)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except IOFailure:
+            raise
+        except OSError as exc:
+            raise io_failure(exc, self.path, "read") from exc
+
+
 @dataclass
 class Confinement:
-    """The roots of one target and the relative paths each may hold."""
+    """The roots of one target and the relative paths each may hold; each root is held as a directory handle,
+    opened once, the first time a file there is resolved."""
     roots: dict[str, Path | None]
     state_dir: Path
     catalog_paths: dict[str, set[str]] = field(default_factory=dict)
     overlay: OverlayPrefixes = OverlayPrefixes()
+    handles: dict[str, HeldRoot] = field(default_factory=dict, repr=False, compare=False)
+
+    def handle(self, root: str) -> HeldRoot:
+        """The held handle of a root, opened once per run (so the root this run checked is the one it writes)."""
+        if root not in self.handles:
+            base = self.root_path(root)
+            try:
+                self.handles[root] = hold(base)
+            except OSError as exc:
+                    raise io_failure(exc, base, "open") from exc
+        return self.handles[root]
+
+    def place(self, root: str, relpath: str) -> Place:
+        return Place(root, relpath, self.handle(root))
 
     def root_path(self, root: str) -> Path:
         if root not in ROOTS:
@@ -65,8 +111,8 @@ class Confinement:
     def allows(self, root: str, relpath: str) -> bool:
         return relpath in self.catalog_paths.get(root, ()) or self.overlay.allows(root, relpath)
 
-    def resolve(self, root: str, relpath, *, what: str = "the state") -> Path:
-        """The on-disk path of (root, relpath), checked; StateCorruptError when any check fails."""
+    def resolve(self, root: str, relpath, *, what: str = "the state") -> Place:
+        """(root, relpath) as a Place of this target, checked; StateCorruptError when any check fails."""
         base = self.root_path(root)
         rel = check_relpath(relpath, what)
         if not self.allows(root, rel):
@@ -84,9 +130,9 @@ class Confinement:
                                     hint=REPAIR_HINT)
         if real.is_dir():
             raise StateCorruptError(f"{what} names {root}:{rel}, which is a folder", hint=REPAIR_HINT)
-        return path
+        return self.place(root, rel)
 
-    def resolve_dir(self, root: str, relpath, *, what: str = "the state") -> Path:
+    def resolve_dir(self, root: str, relpath, *, what: str = "the state") -> Place:
         """A folder the overlay pack installs into (a run removes it when it leaves it empty), checked."""
         base = self.root_path(root)
         rel = check_relpath(relpath, what)
@@ -96,9 +142,11 @@ class Confinement:
         path = base.joinpath(*PurePosixPath(rel).parts)
         if Path(os.path.realpath(base)) not in Path(os.path.realpath(path)).parents:
             raise StateCorruptError(f"{what} names the folder {root}:{rel}, outside {base}", hint=REPAIR_HINT)
-        return path
+        return self.place(root, rel)
 
-    def relative_dir(self, folder: Path) -> tuple[str, str]:
+    def relative_dir(self, folder) -> Place:
+        if isinstance(folder, Place):
+            return folder
         for root in ROOTS:
             base = self.roots.get(root)
             if base is None:
@@ -108,27 +156,33 @@ class Confinement:
             except ValueError:
                 continue
             if self.overlay.allows(root, rel + "/"):   # roots nest (a venv inside the ComfyUI folder)
-                self.resolve_dir(root, rel, what="this run")
-                return root, rel
+                return self.resolve_dir(root, rel, what="this run")
         raise StateCorruptError(f"refusing to prune {folder}: not a folder of the overlay pack in this target",
                                 hint="a bug: please report it")
 
     def catalog_folders(self) -> list[Path]:
+        return [place.path for place in self.catalog_folder_places()]
+
+    def overlay_tops(self) -> list[Path]:
+        return [place.path for place in self.overlay_top_places()]
+
+    def catalog_folder_places(self) -> list[Place]:
         """Every folder a catalog patch writes into: where a killed atomic write can have left its temp file. A
         folder that a link leads outside its root (or into the state folder) is none of this target's: left out,
-        so that nothing is listed or removed there."""
+        so that nothing is listed or removed there (and the handle refuses it again when it is walked)."""
         folders = set()
         for root, relpaths in self.catalog_paths.items():
             base = self.roots.get(root)
             if base is None:
                 continue
             for rel in relpaths:
-                folder = base.joinpath(*PurePosixPath(rel).parts).parent
-                if self.own_folder(base, folder):
-                    folders.add(folder)
-        return sorted(folders)
+                folder_rel = PurePosixPath(rel).parent.as_posix()
+                folder_rel = "" if folder_rel == "." else folder_rel
+                if self.own_folder(base, base.joinpath(*PurePosixPath(folder_rel).parts)):
+                    folders.add(self.place(root, folder_rel))
+        return sorted(folders, key=lambda p: (p.root, p.relpath))
 
-    def overlay_tops(self) -> list[Path]:
+    def overlay_top_places(self) -> list[Place]:
         """The overlay pack's install folders in this target (the pack writes anywhere below them); one that a link
         leads outside its root is left out, as in catalog_folders."""
         tops = []
@@ -136,17 +190,18 @@ class Confinement:
                              ("comfyui", f"custom_nodes/{self.overlay.node}" if self.overlay.node else None)):
             base = self.roots.get(root)
             if base is not None and prefix is not None:
-                top = base.joinpath(*PurePosixPath(prefix).parts)
-                if self.own_folder(base, top):
-                    tops.append(top)
+                if self.own_folder(base, base.joinpath(*PurePosixPath(prefix).parts)):
+                    tops.append(self.place(root, prefix))
         return tops
 
     def own_folder(self, base: Path, folder: Path) -> bool:
         """folder, every link on its way followed, lies inside base and outside the state folder."""
         return real_inside(base, folder) and not real_inside(self.state_dir, folder)
 
-    def relative(self, path: Path) -> tuple[str, str]:
-        """(root, relpath) of a path the core is about to write: the inverse of resolve, with the same checks."""
+    def relative(self, path) -> Place:
+        """The Place of a path the core is about to write: the inverse of resolve, with the same checks."""
+        if isinstance(path, Place):
+            return path
         path = Path(path)
         for root in ROOTS:
             base = self.roots.get(root)
@@ -157,8 +212,7 @@ class Confinement:
             except ValueError:
                 continue
             if self.allows(root, rel):
-                self.resolve(root, rel, what="this run")
-                return root, rel
+                return self.resolve(root, rel, what="this run")
         raise StateCorruptError(f"refusing to write {path}: it is not a file any catalog patch or overlay touches "
                                 "inside this target", hint="a bug or a crafted catalog: please report it")
 

@@ -10,38 +10,23 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 from applier.errors import IOFailure
+from applier.heldroot import (SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside, NotRegularFile, hold,
+                              kind_of, parts_of, read_fd)
 from applier.paths import real_inside
 
-# Temp files are `.<name>.<random>.applier-tmp` beside the file they replace: recovery finds and removes them.
-TEMP_SUFFIX = ".applier-tmp"
 # The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
 # holds one such file.
 MAX_READ_BYTES = 64 * 1024 * 1024
+# Walks of applier's own folder and of the pack's install folders stop here (exit 7 / a refusal): applier writes
+# a few levels and a few thousand files; 1,200 nested folders or a million files are none of its making.
+MAX_WALK_DEPTH = 64
+MAX_WALK_ENTRIES = 200_000
 
-FILE_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-              stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
-
-
-class NotRegularFile(IOFailure):
-    """A path applier must read or write is a FIFO, a device, a socket, or (where links are refused) a link."""
-
-
-class FileTooLarge(IOFailure):
-    """A file is larger than applier ever needs to read."""
-
-
-class LeadsOutside(NotRegularFile):
-    """A path applier must read is, or passes through, a link leading outside the folder the read must stay in."""
-
-
-def kind_of(mode: int) -> str:
-    return FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+__all__ = ["TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "kind_of"]
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -86,40 +71,38 @@ def read_regular(path: Path, *, limit: int = MAX_READ_BYTES, follow_links: bool 
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(f"refusing to read {path}: it is {kind_of(st.st_mode)}, not a regular file",
                                  hint=SPECIAL_HINT)
-        if st.st_size > limit:
-            raise too_large(path, st.st_size, limit)
         os.set_blocking(fd, True)
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:
-                raise too_large(path, total, limit)
-        return b"".join(chunks)
+        return read_fd(fd, path, limit)
     finally:
         os.close(fd)
 
 
-SPECIAL_HINT = "nothing was changed; put a regular file in its place (or move it aside) and run the command again"
-
-
 def read_inside(top: Path, path: Path, *, limit: int = MAX_READ_BYTES) -> bytes:
-    """read_regular of a file that really lies inside top: links on its way may lead anywhere inside top, never out
-    of it (LeadsOutside, naming where it leads, before anything is opened there). The resolved path is what is
-    opened, its last step without following a link, so a link swapped in meanwhile is refused too."""
+    """read_regular of a file that really lies inside top, walked from a handle on top (heldroot): links on its way
+    may lead anywhere inside top, never out of it (LeadsOutside, before anything is opened there), and a link swapped
+    in meanwhile is walked by the same rules, never followed by the kernel."""
+    path, top = Path(path), Path(top)
     real = Path(os.path.realpath(path))
-    if not real_inside(top, real):
-        raise LeadsOutside(f"refusing to read {path}: it is a link leading outside {top} (to {real})",
-                           hint="applier reads nothing outside the install through a link; nothing was changed")
-    return read_regular(real, limit=limit, follow_links=False)
+    if not real_inside(top, real):      # refused before anything is opened; the walk below refuses a late swap
+        raise outside_read(top, path)
+    try:
+        rel = path.relative_to(top)
+    except ValueError:
+        rel = real.relative_to(Path(os.path.realpath(top)))
+    held = hold(top)
+    try:
+        return held.read(rel.as_posix(), limit=limit)
+    except LeadsOutside:
+        raise outside_read(top, path) from None
+    except IsADirectoryError as exc:
+        raise NotRegularFile(f"refusing to read {path}: it is a folder", hint=SPECIAL_HINT) from exc
+    finally:
+        held.close()
 
 
-def too_large(path: Path, size: int, limit: int) -> FileTooLarge:
-    return FileTooLarge(f"refusing to read {path}: {size} bytes or more, over applier's limit of {limit} bytes",
-                        hint="nothing was changed; that is not a file applier wrote or patches")
+def outside_read(top: Path, path: Path) -> LeadsOutside:
+    return LeadsOutside(f"refusing to read {path}: it is a link leading outside {top} (to {os.path.realpath(path)})",
+                        hint="applier reads nothing outside the install through a link; nothing was changed")
 
 
 def _none_if_absent(read, path: Path) -> bytes | None:
@@ -170,21 +153,31 @@ def check_no_links(top: Path, path: Path | None = None) -> None:
 
 
 def scan_no_links(top: Path) -> None:
-    """check_no_links for everything below top: every entry a real folder or a regular file (os.walk never
-    follows links; an entry removed meanwhile is skipped)."""
+    """check_no_links for everything below top: every entry a real folder or a regular file, walked iteratively
+    without following links (an entry removed meanwhile is skipped); NotRegularFile past MAX_WALK_DEPTH folders deep
+    or MAX_WALK_ENTRIES entries (no recursion: a deep tree is a clear refusal, never a RecursionError)."""
     check_no_links(top)
-    for folder, dirs, files in os.walk(top):
-        for name in [*dirs, *files]:
-            path = Path(folder) / name
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
+    for folder, entries in bounded_walk(top):
+        for name, st in entries:
             if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                raise NotRegularFile(f"{path} is {kind_of(st.st_mode)}: applier refuses to follow links or use "
-                                     f"special files inside {top}",
+                raise NotRegularFile(f"{folder / name} is {kind_of(st.st_mode)}: applier refuses to follow links "
+                                     f"or use special files inside {top}",
                                      hint="nothing was changed; move it aside by hand (a link there could lead a "
                                           "write outside the install)")
+
+
+def bounded_walk(top: Path, *, max_depth: int = MAX_WALK_DEPTH, max_entries: int = MAX_WALK_ENTRIES):
+    """(folder, [(name, lstat)]) for top and every real folder below it: HeldRoot.walk (breadth first, links never
+    entered, no recursion), a folder that vanishes meanwhile skipped; WalkLimit past max_depth or max_entries."""
+    try:
+        held = hold(top)
+    except OSError:
+        return
+    try:
+        for where, entries in held.walk("", max_depth=max_depth, max_entries=max_entries):
+            yield (Path(top) / where if where else Path(top)), entries
+    finally:
+        held.close()
 
 
 def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
@@ -203,41 +196,16 @@ def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
                      hint="nothing was changed; fix the cause (permissions, free space) and run the command again")
 
 
-def atomic_write(path: Path, data: bytes, *, like: Path | None = None, mode: int | None = None) -> None:
-    """Replace path with data atomically. A new inode is written, never the old one in place: uv hardlinks
-    site-packages files into its cache, and an in-place write would corrupt every linked copy.
-
-    The mode (and the owner when running as root) is copied from `like` (default: the file being replaced)."""
+def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace path with data atomically (HeldRoot.write on its folder: temp file, fsync, rename; a new inode; the
+    replaced file's mode, owner and extended attributes kept). For files outside any install (catalog authoring):
+    inside an install every write goes through the install's own held handle."""
     path = Path(path)
-    like = Path(like) if like is not None else path
+    held = hold(path.parent)
     try:
-        st = like.stat()
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise NotRegularFile(f"refusing to replace {like}: it is {kind_of(st.st_mode)}", hint=SPECIAL_HINT)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        elif st is not None:
-            os.chmod(tmp, stat.S_IMODE(st.st_mode))
-        else:
-            os.chmod(tmp, 0o666 & ~current_umask())
-        if st is not None and os.geteuid() == 0:
-            os.chown(tmp, st.st_uid, st.st_gid)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(path.parent)
+        held.write(path.name, data, mode=mode)
+    finally:
+        held.close()
 
 
 def fsync_dir(folder: Path) -> None:
@@ -253,12 +221,6 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def remove_file(path: Path) -> None:
     try:
         os.unlink(path)
@@ -268,48 +230,44 @@ def remove_file(path: Path) -> None:
 
 
 def remove_stale_bytecode(path: Path) -> list[Path]:
-    """Delete __pycache__/<stem>.*.pyc of a rewritten .py file: a timestamp pyc written in the same second as a
-    same-size edit, or a hash-based pyc that is never revalidated, would keep the old code running."""
+    """remove_stale_bytecode_at for a path, the folder holding it held for the call."""
     path = Path(path)
-    if path.suffix != ".py":
-        return []
-    cache = path.parent / "__pycache__"
-    removed = []
+    held = hold(path.parent)
     try:
-        is_folder = stat.S_ISDIR(os.lstat(cache).st_mode)
-    except OSError:
-        is_folder = False
-    if is_folder:   # a real folder: a __pycache__ that is a link is never followed (it may lead anywhere)
-        for pyc in cache.glob(f"{path.stem}.*.pyc"):
+        return [path.parent / rel for rel in remove_stale_bytecode_at(held, path.name)]
+    finally:
+        held.close()
+
+
+def remove_stale_bytecode_at(held: HeldRoot, rel: str) -> list[str]:
+    """Delete __pycache__/<stem>.*.pyc of a rewritten .py file (rel, below held): a timestamp pyc written in the same
+    second as a same-size edit, or a hash-based pyc that is never revalidated, would keep the old code running. Only
+    a real __pycache__ folder is looked in (one that is a link may lead anywhere); returns what was removed."""
+    parts = parts_of(rel)
+    if not parts or not parts[-1].endswith(".py"):
+        return []
+    stem = parts[-1][:-3]
+    cache = "/".join((*parts[:-1], "__pycache__"))
+    st = held.lstat(cache)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return []
+    removed = []
+    for name in held.listdir(cache):
+        if name.startswith(stem + ".") and name.endswith(".pyc") and name.count(".") == stem.count(".") + 2:
             try:
-                pyc.unlink()
-                removed.append(pyc)
-            except FileNotFoundError:
-                pass
+                if held.remove(f"{cache}/{name}", follow_last=False):
+                    removed.append(f"{cache}/{name}")
+            except OSError:
+                continue
     return removed
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a folder and everything in it, never through a link: a link in its place is unlinked, links inside
-    are removed as links (shutil.rmtree's fd-based walk), a missing folder is nothing to do."""
-    path = Path(path)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        remove_file(path)
-        return
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def subfolders(top: Path) -> list[Path]:
-    """top and every folder below it, symlinks not followed. A folder another process removes meanwhile (a
-    concurrent run tidying .applier/) is skipped, never an error: os.walk ignores what it cannot list."""
+    """top and every folder below it, links not followed, walked iteratively and bounded (bounded_walk)."""
     top = Path(top)
     if not top.is_dir() or top.is_symlink():
         return []
-    return [Path(folder) for folder, _, _ in os.walk(top)]
+    return [folder for folder, _ in bounded_walk(top)]
 
 
 def check_writable(path: Path) -> None:

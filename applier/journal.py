@@ -14,17 +14,19 @@ the target's Confinement: a crafted journal cannot make recovery write outside t
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from applier.confine import legacy_relative
+from applier.confine import Place, legacy_relative
 from applier.errors import IOFailure, StateCorruptError
-from applier.failpoints import failpoint
-from applier.fsutil import (TEMP_SUFFIX, atomic_write, check_writable, io_failure, read_regular, remove_file,
-                            remove_stale_bytecode, sha256_bytes, sha256_file, subfolders)
+from applier.failpoints import failpoint, hook
+from applier.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
+                            io_failure, remove_stale_bytecode_at, sha256_bytes)
+from applier.heldroot import HeldRoot, is_temp_name
 from applier.lock import target_lock
-from applier.state import SHA256, State, StateStore, dump_json, read_json
+from applier.state import SHA256, State, StateStore, dump_json
 
 JOURNAL_FORMAT = 2
 KEEP = object()              # manifest_after: leave the overlay manifest as it is
@@ -50,23 +52,26 @@ def data_dir(store: StateStore) -> Path:
 
 
 def execute(store: StateStore, ops: list[FileOp], new_state: State, description: str, *,
-            manifest_after=KEEP, prune: tuple[Path, ...] = ()) -> None:
+            manifest_after=KEEP, prune: tuple = ()) -> None:
     """Replace every file of ops, record new_state (and the overlay manifest, None to remove it), then remove the
-    folders of `prune` that the run left empty; or change nothing. Caller holds the target lock."""
+    folders of `prune` that the run left empty; or change nothing. Caller holds the target lock.
+
+    Each path is checked once, here, and carried from then on as a Place: every write goes through its root's held
+    handle, so a link swapped in after this check is refused at the write (the run is rolled back), never followed."""
     confinement = store.confinement
-    names = [confinement.relative(op.path) for op in ops]      # refuses any path no patch or overlay may touch
-    prune_names = [confinement.relative_dir(folder) for folder in prune]
-    for op in ops:
-        check_writable(op.path)
+    places = [confinement.relative(op.path) for op in ops]    # refuses any path no patch or overlay may touch
+    prune_places = [confinement.relative_dir(folder) for folder in prune]
+    for place in places:
+        check_writable(place.path)
     store.check_roots()
     payload_dir = data_dir(store)
     entries = []
     try:
         store.remove_tree(payload_dir)
         store.make_folder(payload_dir)
-        for n, (op, (root, relpath)) in enumerate(zip(ops, names)):
-            entry = {"root": root, "relpath": relpath, "old_sha256": op.old_sha, "new_sha256": op.new_sha,
-                     "old_bytes": None, "new_bytes": None}
+        for n, (op, place) in enumerate(zip(ops, places)):
+            entry = {"root": place.root, "relpath": place.relpath, "old_sha256": op.old_sha,
+                     "new_sha256": op.new_sha, "old_bytes": None, "new_bytes": None}
             for side, data in (("old", op.old), ("new", op.new)):
                 if data is not None:
                     name = f"{n:04d}.{side}"
@@ -81,37 +86,81 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
                            "being replaced; the next applier command finishes the run: each file still at "
                            "old_sha256 gets the bytes in journal-data/<new_bytes>",
             "files": entries,
-            "prune": [{"root": root, "relpath": rel} for root, rel in prune_names],
+            "prune": [{"root": p.root, "relpath": p.relpath} for p in prune_places],
             "state_after": new_state.to_json(),
         }
         if manifest_after is not KEEP:
             journal["manifest_after"] = manifest_after
         failpoint("after-backups")
         store.check_roots()
-        store.write(store.journal_file, dump_json(journal), mode=0o644)
+        store.write(store.journal_file, dump_json(journal), mode=0o600)
     except OSError as exc:
         store.remove_tree(payload_dir)
         raise io_failure(exc, store.dir, "write the journal in") from exc
     failpoint("after-journal")
 
-    done: list[FileOp] = []
-    try:
-        for op in ops:
+    done: list[tuple[Place, FileOp]] = []
+    fresh = missing_folders(places)
+    for op, place in zip(ops, places):
+        try:
             store.check_roots()   # a moved or deleted install: stop; its journal goes with it and finishes there
-            write_target(op.path, op.new)
-            done.append(op)
-            if len(done) == 1:
-                failpoint("after-first-file")
-    except OSError as exc:
-        rollback(done)
-        clear(store)
-        raise io_failure(exc, op.path, "replace") from exc
+            hook("before-write", place)
+            write_target(place, op.new)
+        except (OSError, IOFailure) as exc:
+            undo(store, done, exc, place, fresh)
+        done.append((place, op))
+        if len(done) == 1:
+            failpoint("after-first-file")
     failpoint("after-files")
-    finish(store, journal, [confinement.resolve_dir(root, rel) for root, rel in prune_names])
+    finish(store, journal, prune_places)
 
 
-def finish(store: StateStore, journal: dict, prune: list[Path]) -> None:
+def missing_folders(places: list[Place]) -> list[Place]:
+    """The folders the run's writes will create (they do not exist yet), deepest first: a rolled-back run removes
+    them again when it leaves them empty."""
+    out = {}
+    for place in places:
+        parts = place.relpath.split("/")[:-1]
+        while parts:
+            rel = "/".join(parts)
+            try:
+                there = place.held.lstat(rel) is not None
+            except (OSError, IOFailure):
+                there = True
+            if there:
+                break
+            out[(place.root, rel)] = Place(place.root, rel, place.held)
+            parts.pop()
+    return sorted(out.values(), key=lambda p: p.relpath.count("/"), reverse=True)
+
+
+def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException, place: Place,
+         fresh: list[Place]):
+    """A write failed (disk full, permission, a link leading out swapped in): give the files already written their
+    old bytes back, remove the folders the run created, drop the journal, then raise what failed. Should the
+    rollback itself fail, the journal stays: the next command finishes the run."""
+    try:
+        for written, op in reversed(done):
+            write_target(written, op.old)
+        for folder in fresh:
+            remove_if_empty(folder)
+    except (OSError, IOFailure) as second:
+        raise IOFailure(f"cannot replace {place}: {exc}; rolling back failed too ({second})",
+                        hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
+                             "install, which finishes the run") from exc
+    clear(store)
+    if isinstance(exc, NotRegularFile):
+        raise IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
+                        hint="the files this run had replaced got their old bytes back; nothing outside the install "
+                             "was touched. " + (exc.hint or "")) from exc
+    if isinstance(exc, IOFailure):
+        raise exc
+    raise io_failure(exc, place.path, "replace") from exc
+
+
+def finish(store: StateStore, journal: dict, prune: list[Place]) -> None:
     """Record what a run leaves (manifest, state), remove the folders it emptied, then the journal."""
+    hook("before-state", store)
     try:
         if "manifest_after" in journal:
             write_manifest(store, journal["manifest_after"])
@@ -119,8 +168,8 @@ def finish(store: StateStore, journal: dict, prune: list[Path]) -> None:
     except OSError as exc:
         raise io_failure(exc, store.dir, "record the state in") from exc
     failpoint("after-state")
-    for folder in prune:
-        prune_empty(folder)
+    for folder in sorted(prune, key=lambda p: p.relpath.count("/"), reverse=True):
+        remove_if_empty(folder)
     clear(store)
 
 
@@ -128,26 +177,23 @@ def write_manifest(store: StateStore, data: dict | None) -> None:
     if data is None:
         store.remove(store.overlay_manifest)
     else:
-        store.write(store.overlay_manifest, dump_json(data), mode=0o644)
+        store.write(store.overlay_manifest, dump_json(data), mode=0o600)
 
 
-def write_target(path: Path, data: bytes | None) -> None:
-    """Give path its new bytes (None: remove it). A symlink stays a symlink: the file it points to (inside the
-    target: planning and Confinement checked that) gets the bytes."""
-    path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
+def write_target(place: Place, data: bytes | None) -> None:
+    """Give the file its new bytes (None: remove it), through its root's held handle. A symlink stays a symlink:
+    the file it points to inside the root gets the bytes; one leading outside is refused (LeadsOutside)."""
+    held = place.held
+    try:
+        resolved = "/".join(held.resolved(place.relpath))
+    except (FileNotFoundError, NotADirectoryError):     # a new file in folders the write creates
+        resolved = place.relpath
     if data is None:
-        remove_file(path)
+        held.remove(place.relpath)
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, data)
-    remove_stale_bytecode(path)
-
-
-def rollback(done: list[FileOp]) -> None:
-    for op in reversed(done):
-        write_target(op.path, op.old)
+        held.write(place.relpath, data)
+    for rel in dict.fromkeys((place.relpath, resolved)):
+        remove_stale_bytecode_at(held, rel)
 
 
 def clear(store: StateStore) -> None:
@@ -155,23 +201,21 @@ def clear(store: StateStore) -> None:
     store.remove_tree(data_dir(store))
 
 
-def prune_empty(top: Path) -> None:
-    """Remove every folder at or below top that holds nothing (a __pycache__ holding only bytecode counts as
-    nothing), deepest first; never a folder above top, never through a symlink."""
-    for folder in sorted(subfolders(top), key=lambda p: len(p.parts), reverse=True):
+def remove_if_empty(folder: Place) -> None:
+    """Remove a folder the run emptied: its __pycache__ first when nothing is left there (write_target removed the
+    bytecode of every file it removed), then the folder itself when nothing is left. A folder holding anything (a
+    user's file, a user's bytecode) stays; nothing is followed through a link."""
+    for rel in (f"{folder.relpath}/__pycache__", folder.relpath):
         try:
-            if folder.name == "__pycache__" and all(p.suffix == ".pyc" for p in folder.iterdir()):
-                for p in folder.iterdir():
-                    p.unlink()
-            folder.rmdir()
-        except OSError:
-            continue
+            folder.held.rmdir(rel)
+        except (OSError, IOFailure):    # a link leading out on the way: nothing there is this run's
+            return
 
 
 def pending(store: StateStore) -> dict | None:
     """The journal of an interrupted run, None when there is none."""
     store.check_folder()
-    return read_json(store.journal_file)
+    return store.read_json(store.journal_file)
 
 
 def recover(store: StateStore) -> str | None:
@@ -185,25 +229,26 @@ def recover(store: StateStore) -> str | None:
         return f"removed {swept} temp file(s) left by an interrupted run" if swept else None
     entries, prune = read_journal(store, journal)
     finished = 0
-    for path, entry in entries:
-        current = sha256_file(path)
+    for place, entry in entries:
+        current = place_sha(place)
         if current == entry["new_sha256"]:
             continue
         if current != entry["old_sha256"]:
             raise StateCorruptError(
-                f"interrupted run: {path} holds neither its old nor its new bytes (sha256 {current})",
+                f"interrupted run: {place} holds neither its old nor its new bytes (sha256 {current})",
                 hint=f"someone changed it meanwhile; compare with {data_dir(store)} and fix by hand, "
                      f"then remove {store.journal_file}")
         new = None
         if entry["new_bytes"] is not None:
             new = read_blob(store, entry["new_bytes"])
             if new is None or sha256_bytes(new) != entry["new_sha256"]:
-                raise StateCorruptError(f"journal data for {path} is missing or damaged",
+                raise StateCorruptError(f"journal data for {place} is missing or damaged",
                                         hint=f"see {store.journal_file}")
         try:
-            write_target(path, new)
+            hook("before-write", place)
+            write_target(place, new)
         except OSError as exc:
-            raise io_failure(exc, path, "finish the interrupted run on") from exc
+            raise io_failure(exc, place.path, "finish the interrupted run on") from exc
         finished += 1
     finish(store, journal, prune)
     swept = sweep_temp_files(store)
@@ -211,7 +256,12 @@ def recover(store: StateStore) -> str | None:
     return f"finished an interrupted run ({journal.get('what', '?')}): {finished} file(s) completed{extra}"
 
 
-def read_journal(store: StateStore, journal) -> tuple[list[tuple[Path, dict]], list[Path]]:
+def place_sha(place: Place) -> str | None:
+    data = place.read(limit=MAX_READ_BYTES)
+    return None if data is None else sha256_bytes(data)
+
+
+def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], list[Place]]:
     """The journal's files as validated (path, entry) pairs and its prune folders; StateCorruptError (nothing
     written) when any field is missing, mistyped, or names a place outside what the run could touch."""
     where = f"journal {store.journal_file}"
@@ -262,50 +312,62 @@ def is_blob_name(name) -> bool:
 
 def read_blob(store: StateStore, name: str) -> bytes | None:
     """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
-    path = store.guard(data_dir(store) / name)
     try:
-        return read_regular(path, follow_links=False)
+        return store.read(data_dir(store) / name, limit=MAX_READ_BYTES)
     except (OSError, IOFailure):     # gone, special, far larger than any file a run writes: damaged
         return None
 
 
-def sweep_temp_files(store: StateStore) -> int:
-    """Remove `.<name>.<random>.applier-tmp` files a killed write left, in .applier/ and in every folder a catalog
-    patch or the overlay pack writes to. Caller holds the target lock (a live run's temp file is never touched)."""
-    folders = set(write_folders(store)) | set(subfolders(store.dir))
-    removed = 0
-    for folder in folders:
+def temp_files(store: StateStore) -> list[tuple[HeldRoot, str]]:
+    """Every temp file a killed write can have left: names of applier's own shape (heldroot.is_temp_name: a user's
+    file never matches by chance), regular files, in .applier/ and in every folder a catalog patch or the overlay
+    pack writes to, each folder walked through its root's handle (a link out of the root is not walked)."""
+    found = []
+    places = list(store.confinement.catalog_folder_places())
+    trees = [(top.held, top.relpath) for top in store.confinement.overlay_top_places()]
+    state = store.held()
+    if state is not None:
+        trees.append((state, ""))
+    listings = []
+    for place in places:
         try:
-            candidates = [p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX)]
-        except OSError:
+            names = place.held.listdir(place.relpath)
+        except (OSError, IOFailure):
             continue
-        for path in candidates:
-            if path.is_file() and not path.is_symlink():
-                remove_file(path)
+        listings.append((place.held, place.relpath, [(n, place.held.lstat(f"{place.relpath}/{n}"
+                                                                          if place.relpath else n)) for n in names
+                                                     if is_temp_name(n)]))
+    for held, top in trees:
+        try:
+            for where, entries in held.walk(top, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES):
+                listings.append((held, where, [(n, st) for n, st in entries if is_temp_name(n)]))
+        except (OSError, IOFailure):
+            continue
+    for held, where, entries in listings:
+        for name, st in entries:
+            if st is not None and stat.S_ISREG(st.st_mode):
+                found.append((held, f"{where}/{name}" if where else name))
+    return found
+
+
+def sweep_temp_files(store: StateStore) -> int:
+    """Remove the temp files killed writes left (temp_files). Caller holds the target lock (a live run's temp file
+    is never touched)."""
+    removed = 0
+    for held, rel in temp_files(store):
+        try:
+            if held.remove(rel, follow_last=False):
                 removed += 1
+        except (OSError, IOFailure):
+            continue
     return removed
-
-
-def write_folders(store: StateStore) -> list[Path]:
-    """Every folder a catalog patch writes into, and every folder below the overlay pack's install folders."""
-    folders = set(store.confinement.catalog_folders())
-    for top in store.confinement.overlay_tops():
-        folders.update(subfolders(top))
-    return sorted(folders)
 
 
 def needs_recovery(store: StateStore) -> bool:
     """A journal is pending, or a killed write left a temp file: a read-only command must recover first."""
     if os.path.lexists(store.journal_file) or os.path.lexists(data_dir(store)):
         return True
-    return any(has_temp_files(folder) for folder in [*subfolders(store.dir), *write_folders(store)])
-
-
-def has_temp_files(folder: Path) -> bool:
-    try:
-        return any(p.name.startswith(".") and p.name.endswith(TEMP_SUFFIX) for p in folder.iterdir())
-    except OSError:
-        return False
+    return bool(temp_files(store))
 
 
 def recover_if_pending(store: StateStore) -> str | None:

@@ -10,14 +10,15 @@ from pathlib import Path
 from applier import __version__, diffengine, journal
 from applier.allowlist import store_for
 from applier.catalog import Patch
+from applier.confine import Place
 from applier.diffengine import HunkState
 from applier.errors import DriftError, HunkConflict, RefusedError
-from applier.fsutil import io_failure, read_bytes_or_none, remove_file, sha256_bytes, sha256_file
-from applier.journal import FileOp, prune_empty
+from applier.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
+from applier.journal import FileOp, place_sha
 from applier.lock import target_lock
 from applier.planner import PatchPlan, load_file_patches, plan_apply, stale_advice
 from applier.record import pristine_hashes
-from applier.state import AppliedFile, AppliedPatch, State, StateStore, backup_name
+from applier.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, private_mode
 from applier.target import Target
 
 
@@ -69,7 +70,7 @@ def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None =
                 seq += 1
         except OSError as exc:  # disk full while backing up: nothing in the target changed; drop what we wrote
             for path in written:
-                remove_file(path)
+                store.remove(path)
             raise io_failure(exc, store.backups, "write backups into") from exc
         journal.execute(store, ops, new_state,
                         f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
@@ -83,7 +84,8 @@ def record_plan(store: StateStore, plan: PatchPlan, seq: int, fuzz: int, written
         backup = None
         if change.plan.old is not None:
             backup_path = store.backup_path(plan.patch.id, plan.patch.component, change.relpath)
-            store.write(backup_path, change.plan.old, mode=0o644)
+            # no more readable than the original: a private nodes.py gets a private backup
+            store.write(backup_path, change.plan.old, mode=private_mode(file_stat(change.path)))
             written.append(backup_path)
             backup = backup_name(plan.patch.id, plan.patch.component, change.relpath)
         files.append(AppliedFile(
@@ -103,7 +105,7 @@ def stale_records(target: Target, store: StateStore, plans: list[PatchPlan], sta
         record = state.applied.get(plan.patch.id)
         if plan.action != "not-applicable" or record is None:
             continue
-        intact = all(sha256_file(store.path_of(record, f)) == f.sha256_after for f in record.files)
+        intact = all(place_sha(store.path_of(record, f)) == f.sha256_after for f in record.files)
         if not intact:
             out.append((plan.patch.id, stale_advice(target, plan.patch.id, plan.reason)))
     return out
@@ -141,11 +143,16 @@ def digest(data: bytes | None) -> str | None:
     return None if data is None else sha256_bytes(data)
 
 
-def file_mode(path: Path) -> int | None:
+def file_stat(path: Path) -> os.stat_result | None:
     try:
-        return path.stat().st_mode & 0o7777
-    except FileNotFoundError:
+        return path.stat()
+    except OSError:
         return None
+
+
+def file_mode(path: Path) -> int | None:
+    st = file_stat(path)
+    return None if st is None else st.st_mode & 0o7777
 
 
 # ---------------------------------------------------------------- revert
@@ -191,9 +198,9 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
         if unknown:
             raise RefusedError(f"not recorded as applied: {', '.join(unknown)}",
                                hint="`applier status` lists what is applied")
-        pending: dict[Path, bytes | None] = {}
-        originals: dict[Path, bytes | None] = {}
-        displaced: list[tuple[Path, bytes]] = []
+        pending: dict[Place, bytes | None] = {}
+        originals: dict[Place, bytes | None] = {}
+        displaced: list[tuple[Place, bytes]] = []
         pristine = pristine_hashes(target.site_packages)
         reports = []
         for rec in reversed(chosen):
@@ -201,7 +208,7 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
             for f in rec.files:
                 path = store.path_of(rec, f)
                 if path not in pending:
-                    originals[path] = pending[path] = read_bytes_or_none(path)
+                    originals[path] = pending[path] = path.read(limit=MAX_READ_BYTES)
                 if forget:
                     outcome, new, note = "forgotten", pending[path], "record dropped, file left as it is"
                 else:
@@ -237,11 +244,9 @@ def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: Sta
         if all(f.action in RESTORED for f in report.files):
             store.remove_tree(store.backups / report.id)
         elif all(f.action == "forgotten" for f in report.files) and (store.backups / report.id).is_dir():
-            dest = store.displaced / time.strftime("%Y%m%d-%H%M%S") / "backups" / report.id
-            store.make_folder(dest.parent)
-            os.replace(store.guard(store.backups / report.id), store.guard(dest))
-    store.guard(store.backups)
-    prune_empty(store.backups)
+            folder = store.new_folder(store.displaced / time.strftime("%Y%m%d-%H%M%S"))
+            store.rename(store.backups / report.id, folder / "backups" / report.id)
+    store.prune_empty(store.backups)
     if not state.applied:
         store.remove(store.state_file)
 
@@ -353,7 +358,7 @@ def accept(target: Target, catalog: list[Patch], only: tuple[str, ...]) -> list[
             new_files = []
             for f in rec.files:
                 path = store.path_of(rec, f)
-                current = read_bytes_or_none(path)
+                current = path.read(limit=MAX_READ_BYTES)
                 if current is None or digest(current) == f.sha256_after:
                     files.append(FileRevert(str(path), "unchanged", "holds the recorded patched bytes"))
                     new_files.append(f)

@@ -10,10 +10,10 @@ from pathlib import Path
 from applier import journal
 from applier.allowlist import store_for
 from applier.catalog import load_catalog
-from applier.confine import REPAIR_HINT, OverlayPrefixes
-from applier.errors import DriftError, RefusedError, StateCorruptError
-from applier.fsutil import NotRegularFile, check_no_links, read_bytes_or_none, sha256_bytes, sha256_file
-from applier.journal import FileOp
+from applier.confine import REPAIR_HINT, OverlayPrefixes, Place
+from applier.errors import DriftError, IOFailure, RefusedError, StateCorruptError
+from applier.fsutil import MAX_READ_BYTES, NotRegularFile, check_no_links, sha256_bytes
+from applier.journal import FileOp, place_sha
 from applier.lock import target_lock
 from applier.pack import pack_prefixes, read_pack
 from applier.resources import OVERLAYS_DIR
@@ -58,12 +58,14 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
     with target_lock(store):
         journal.recover(store)
         ours = manifest_hashes(store)
-        wanted = planned_files(target, pack_dir, meta)
-        # every destination checked before anything there is read: a link on the way out of the target is exit 7
-        files = [manifest_entry(store, p, sha256_bytes(d)) for p, d in wanted]
+        # every destination checked once, before anything there is read (a link on the way out of the target is
+        # exit 7), and carried from then on as a Place: reads and writes go through the root's held handle
+        wanted = [(store.confinement.relative(p), d) for p, d in planned_files(target, pack_dir, meta)]
+        refuse_foreign_folders(store, ours)
+        files = [manifest_entry(p, sha256_bytes(d)) for p, d in wanted]
         ops = []
         for path, data in wanted:
-            current = read_bytes_or_none(path)
+            current = path.read(limit=MAX_READ_BYTES)
             if current is not None and path not in ours:
                 raise RefusedError(f"{path} exists and was not installed by applier: refusing to overwrite it",
                                    hint="move it aside, then install again")
@@ -73,8 +75,8 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
             if current != data:
                 ops.append(FileOp(path, current, data))
         wanted_paths = {p for p, _ in wanted}
-        for stale in sorted(set(ours) - wanted_paths):  # files an older pack had and this one does not
-            current = read_bytes_or_none(stale)
+        for stale in sorted(set(ours) - wanted_paths, key=str):  # files an older pack had and this one does not
+            current = stale.read(limit=MAX_READ_BYTES)
             if current is not None:
                 ops.append(FileOp(stale, current, None))
         manifest = {"format": MANIFEST_FORMAT, "pack": meta["name"], "version": meta["version"],
@@ -83,7 +85,8 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
         # One transaction: the files and the manifest that names them land together, or an interrupted install
         # is finished by the next command (journal.recover).
         journal.execute(store, ops, store.load(), f"install overlay pack {meta['name']} {meta['version']}",
-                        manifest_after=manifest, prune=tuple(install_tops(target, meta)))
+                        manifest_after=manifest,
+                        prune=pack_folders(store, [op.path for op in ops if op.new is None]))
         return {"pack": meta["name"], "version": meta["version"], "files": [str(p) for p, _ in wanted],
                 "changed": len(ops), "roots": [str(p) for p in install_tops(target, meta)]}
 
@@ -131,15 +134,50 @@ def install_tops(target: Target, meta: dict) -> list[Path]:
     return tops
 
 
-def manifest_entry(store: StateStore, path: Path, sha: str) -> dict:
-    root, relpath = store.confinement.relative(path)
-    return {"root": root, "relpath": relpath, "sha256": sha}
+def manifest_entry(place: Place, sha: str) -> dict:
+    return {"root": place.root, "relpath": place.relpath, "sha256": sha}
+
+
+def refuse_foreign_folders(store: StateStore, ours: dict[Place, str | None]) -> None:
+    """RefusedError when an install folder of the pack exists, holds anything, and the manifest owns nothing in
+    it: a folder of the pack's name that applier did not install (installed by ComfyUI-Manager or by hand, or the
+    user's own) is never merged into, and so never pruned by a later uninstall."""
+    for top in store.confinement.overlay_top_places():
+        owned = any(p.root == top.root and p.relpath.startswith(top.relpath + "/") for p in ours)
+        if owned:
+            continue
+        try:
+            names = top.held.listdir(top.relpath)
+        except (OSError, IOFailure):
+            names = []
+        if names:
+            raise RefusedError(f"{top} exists and was not installed by applier (a pack installed another way, or "
+                               "a folder of your own): refusing to install into it",
+                               hint="move it aside (or remove it), then install again; `applier overlay check` "
+                                    "reports on a pack installed by ComfyUI-Manager or git as it is")
+
+
+def pack_folders(store: StateStore, files: list) -> tuple[Place, ...]:
+    """The folders holding files a run removes, up to the pack's install folder: those a run may remove once it
+    left them empty (never a folder no file of the manifest was in)."""
+    tops = {(t.root, t.relpath) for t in store.confinement.overlay_top_places()}
+    folders = set()
+    for place in files:
+        parts = place.relpath.split("/")[:-1]
+        while parts:
+            rel = "/".join(parts)
+            folders.add((place.root, rel))
+            if (place.root, rel) in tops:
+                break
+            parts.pop()
+    return tuple(store.confinement.resolve_dir(root, rel, what="this run") for root, rel in sorted(folders)
+                 if store.confinement.overlay.allows(root, rel + "/"))
 
 
 def read_manifest(store: StateStore) -> dict | None:
     """The overlay manifest, validated like the state (exit 7 when it was crafted or damaged); None when absent."""
     store.check_folder()
-    data = read_json(store.overlay_manifest)
+    data = store.read_json(store.overlay_manifest)
     if data is None:
         return None
     where = f"overlay manifest {store.overlay_manifest}"
@@ -150,7 +188,7 @@ def read_manifest(store: StateStore) -> dict | None:
     return data
 
 
-def manifest_hashes(store: StateStore) -> dict[Path, str | None]:
+def manifest_hashes(store: StateStore) -> dict[Place, str | None]:
     """{installed file: sha256 recorded at install} from the manifest, each path validated."""
     manifest = read_manifest(store) or {}
     where = f"overlay manifest {store.overlay_manifest}"
@@ -198,8 +236,9 @@ def uninstall(target: Target, *, catalog: list | None = None, force: bool = Fals
         if manifest is None:
             return {"removed": [], "displaced": None}
         ops, displaced = [], []
-        for path, sha in manifest_hashes(store).items():
-            current = read_bytes_or_none(path)
+        files = manifest_hashes(store)
+        for path, sha in files.items():
+            current = path.read(limit=MAX_READ_BYTES)
             if current is None:
                 continue
             if sha and sha256_bytes(current) != sha:
@@ -209,11 +248,9 @@ def uninstall(target: Target, *, catalog: list | None = None, force: bool = Fals
                 displaced.append((path, current))
             ops.append(FileOp(path, current, None))
         saved = store.save_displaced(displaced) if displaced else None
-        # the names the store's confinement took (the manifest's, when they are plain names; else the pack's)
-        meta = {"package": store.confinement.overlay.package, "node": store.confinement.overlay.node}
-        tops = install_tops(target, meta) if meta["package"] and meta["node"] else []
+        # only folders that held a file of the manifest are removed, and only when the run left them empty
         journal.execute(store, ops, store.load(), f"uninstall overlay pack {manifest.get('pack')}",
-                        manifest_after=None, prune=tuple(tops))
+                        manifest_after=None, prune=pack_folders(store, list(files)))
         return {"removed": [str(op.path) for op in ops], "displaced": str(saved) if saved else None}
 
 
@@ -226,7 +263,7 @@ def listing(target: Target, *, catalog: list | None = None) -> dict:
     intact = modified = missing = 0
     files = manifest_hashes(store)
     for path, expected in files.items():
-        sha = sha256_file(path)
+        sha = place_sha(path)
         if sha is None:
             missing += 1
         elif sha == expected:

@@ -8,7 +8,7 @@ from applier import diffengine
 from applier.catalog import FORMAT_DOC, Patch, Variant
 from applier.diffengine import FilePatch, FilePlan, HunkState
 from applier.errors import ApplierError, HunkConflict, NoVariantError, RefusedError, UnsafePathError
-from applier.fsutil import read_bytes_or_none
+from applier.fsutil import read_inside_or_none
 from applier.paths import resolve_inside
 from applier.target import Target
 
@@ -99,10 +99,12 @@ NEWER_CATALOG_HINT = ("this release is newer than the catalog: a newer applier (
                       "`applier catalog refresh`) carries the variant for it")
 
 
-def read_planned(path: Path, pending: Pending | None) -> bytes | None:
+def read_planned(root: Path, path: Path, pending: Pending | None) -> bytes | None:
+    """What the file will hold when the run gets to it: what an earlier patch of the run writes, else its bytes now,
+    walked from root without a link leading out (fsutil.read_inside)."""
     if pending is not None and path in pending:
         return pending[path]
-    return read_bytes_or_none(path)
+    return read_inside_or_none(root, path)
 
 
 def plan_variant(target: Target, patch: Patch, variant: Variant, *, fuzz: int = 0, reverse: bool = False,
@@ -112,7 +114,7 @@ def plan_variant(target: Target, patch: Patch, variant: Variant, *, fuzz: int = 
     changes = []
     for fp in load_file_patches(patch, variant):
         path = resolve_inside(root, fp.path, patch_id=patch.id)
-        original = read_planned(path, pending)
+        original = read_planned(root, path, pending)
         changes.append(FileChange(fp.path, path, diffengine.plan_file(fp, original, reverse=reverse, fuzz=fuzz)))
     return changes
 
@@ -262,7 +264,7 @@ def unmet_requirement(target: Target, patch: Patch, pending: Pending | None = No
     root = target.component_root(patch.component)
     for requirement in patch.requires_text:
         path = resolve_inside(root, requirement.file, patch_id=patch.id)
-        if not requirement.met_by(read_planned(path, pending)):
+        if not requirement.met_by(read_planned(root, path, pending)):
             return f"needs what this tree lacks: {requirement.describe()}"
     for required in patch.requires:
         plan = (planned or {}).get(required)

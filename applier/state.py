@@ -26,10 +26,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from applier.confine import COMPONENT_ROOT, Confinement, check_relpath
+from applier.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
-from applier.fsutil import (NotRegularFile, atomic_write, check_no_links, io_failure, read_regular, remove_file,
-                            remove_tree, scan_no_links)
+from applier.fsutil import MAX_READ_BYTES, NotRegularFile, check_no_links, io_failure, read_regular, scan_no_links
+from applier.heldroot import HeldRoot, hold
 
 STATE_FORMAT = 2
 READABLE_FORMATS = (1, 2)      # format 1 (applier 0.1) also kept an absolute "path" per file: it is ignored
@@ -169,6 +169,8 @@ class StateStore:
         self.confinement = confinement
         self.install_root = Path(install_root) if install_root is not None else self.dir.parent
         self.identities = {path: identity(path) for path in self.held_roots()}
+        self.install = hold(self.install_root)
+        self._held: HeldRoot | None = None
 
     @property
     def state_file(self) -> Path:
@@ -221,9 +223,10 @@ class StateStore:
         except NotRegularFile as exc:
             raise StateCorruptError(exc.message, hint=exc.hint) from exc
 
-    def guard(self, path: Path) -> Path:
-        """path, once every component from the state folder down to it is a real folder (or, last, a regular file,
-        or not there yet); StateCorruptError otherwise. Called right before each write or removal."""
+    def guard(self, path: Path) -> str:
+        """The path of `path` relative to the state folder (the form every operation on it takes), once it is
+        lexically inside it and every component from the folder down is a real folder (or, last, a regular file, or
+        not there yet); StateCorruptError otherwise. The handle refuses a link swapped in later all the same."""
         path = Path(path)
         if path != self.dir and self.dir not in path.parents:
             raise StateCorruptError(f"refusing to write {path}: it is not inside {self.dir}",
@@ -232,56 +235,105 @@ class StateStore:
             check_no_links(self.dir, path)
         except NotRegularFile as exc:
             raise StateCorruptError(exc.message, hint=exc.hint) from exc
-        return path
+        return path.relative_to(self.dir).as_posix()
+
+    def held(self, *, create: bool = False) -> HeldRoot | None:
+        """The state folder as a held handle, opened from the install's own handle without following a link (links
+        anywhere below it are refused by the handle); None when it does not exist and create is False. Created
+        0700, and tightened to 0700 when applier writes into one that is more open: backups hold the install's
+        files, private ones among them."""
+        if self._held is not None:
+            return self._held
+        name = self.dir.name
+        try:
+            if not create and self.install.lstat(name) is None:
+                return None
+            self._held = self.install.subroot(name, links=False, create=create)
+        except (NotADirectoryError, NotRegularFile) as exc:
+            raise StateCorruptError(f"{self.dir} is not a real folder (a link or a file stands there)",
+                                    hint="nothing was changed; move it aside by hand") from exc
+        return self._held
+
+    def _op(self, action: str, path: Path, do):
+        """do(handle, relpath) on the state folder's handle; a link met there is a refusal (exit 7)."""
+        rel = self.guard(path)
+        try:
+            return do(self.held(create=True), rel)
+        except NotRegularFile as exc:
+            raise StateCorruptError(exc.message, hint=exc.hint) from exc
 
     def make_folder(self, folder: Path) -> None:
-        """Create folder (and the ones above it, inside the state folder), one checked step at a time."""
-        folder = self.guard(folder)
-        if not self.dir.exists():
-            try:
-                self.dir.mkdir()
-            except FileExistsError:   # a concurrent run made it first
-                pass
-            self.guard(self.dir)
+        """Create folder (and the ones above it, inside the state folder), each step on the held handle."""
+        fresh = self._held is None and not os.path.lexists(self.dir)
+        self._op("create", folder, lambda held, rel: held.make_folders(rel, mode=0o700))
+        if fresh:
             self.write_gitignore()
-        chain = [folder, *folder.parents]
-        for step in reversed(chain[:chain.index(self.dir)]):
-            try:
-                step.mkdir()
-            except FileExistsError:
-                pass
-            self.guard(step)
 
-    def write(self, path: Path, data: bytes, *, mode: int = 0o644) -> None:
-        path = self.guard(path)
-        self.make_folder(path.parent)
-        atomic_write(path, data, mode=mode)
+    def write(self, path: Path, data: bytes, *, mode: int = 0o600) -> None:
+        if self._held is None and not os.path.lexists(self.dir):
+            self.make_folder(self.dir)
+        self._op("write", path, lambda held, rel: held.write(rel, data, mode=mode))
+
+    def read(self, path: Path, *, limit: int) -> bytes | None:
+        """A file of the state folder, None when absent; StateCorruptError for a link or a special file there."""
+        if self.held() is None:
+            return None
+        try:
+            return self._op("read", path, lambda held, rel: held.read(rel, limit=limit))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def remove(self, path: Path) -> None:
-        remove_file(self.guard(path))
+        if self.held() is not None:
+            self._op("remove", path, lambda held, rel: held.remove(rel, follow_last=False))
 
     def remove_tree(self, path: Path) -> None:
-        remove_tree(self.guard(path))
+        if self.held() is None:
+            return
+        if Path(path) == self.dir:
+            self.close()
+            self.install.remove_tree(self.dir.name)
+            return
+        self._op("remove", path, lambda held, rel: held.remove_tree(rel))
+
+    def prune_empty(self, folder: Path) -> None:
+        """Remove every empty folder at or below folder (inside the state folder), never through a link."""
+        if self.held() is not None and os.path.lexists(folder):
+            self._op("remove", folder, lambda held, rel: held.prune_empty(rel))
+
+    def rename(self, src: Path, dst: Path) -> None:
+        self._op("move", src, lambda held, rel: held.rename(rel, self.guard(dst)))
+
+    def new_folder(self, base: Path) -> Path:
+        """A folder that did not exist before: base, or base-2, base-3, ... (created exclusively, so two runs in the
+        same second never share one)."""
+        self.make_folder(base.parent)
+        for n in range(1, 10_000):
+            folder = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                self._op("create", folder, lambda held, rel: held.make_folder_exclusive(rel, mode=0o700))
+                return folder
+            except FileExistsError:
+                continue
+        raise StateCorruptError(f"{base.parent} holds 10,000 folders named {base.name}-N",
+                                hint="move old ones aside by hand")
+
+    def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     def ensure(self) -> None:
-        """The state folder exists, with its .gitignore."""
+        """The state folder exists (0700), with its .gitignore."""
         self.check_folder()
-        self.make_folder(self.dir)
-        if not self.dir.joinpath(".gitignore").exists():
-            self.write_gitignore()
+        self.held(create=True)
+        self.write_gitignore()
 
     def write_gitignore(self) -> None:
         """Create .gitignore once, in one write and without a temp file: it is written before the lock is taken,
         and a recovering run (which holds it) sweeps temp files; a concurrent creator's copy is just as good."""
-        path = self.guard(self.dir / ".gitignore")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except FileExistsError:
-            return
-        try:
-            os.write(fd, GITIGNORE)
-        finally:
-            os.close(fd)
+        self._op("create", self.dir / ".gitignore",
+                 lambda held, rel: held.create_exclusive(rel, GITIGNORE, mode=0o644))
 
     # -------------------------------------------------------------- the install's identity
 
@@ -310,9 +362,13 @@ class StateStore:
             state = None
         return state, os.path.lexists(self.journal_file)
 
+    def read_json(self, path: Path):
+        """A JSON document of the state folder, read through its handle (read_json's rules)."""
+        return read_json(path, reader=lambda: self.read(path, limit=MAX_JSON_BYTES))
+
     def load(self) -> State:
         self.check_folder()
-        data = read_json(self.state_file)
+        data = self.read_json(self.state_file)
         if data is None:
             return State()
         return State.from_json(data, self.confinement, what=f"state file {self.state_file}")
@@ -321,7 +377,7 @@ class StateStore:
         self.ensure()
         self.write(self.state_file, dump_json(state.to_json()))
 
-    def path_of(self, record: AppliedPatch, f: AppliedFile) -> Path:
+    def path_of(self, record: AppliedPatch, f: AppliedFile) -> Place:
         """The file's place in this target (validated: the state may have been crafted)."""
         return self.confinement.resolve(record.root, f.relpath)
 
@@ -334,18 +390,23 @@ class StateStore:
             return None
         path = self.backup_path(record.id, record.component, f.relpath)
         try:
-            return read_regular(self.guard(path), follow_links=False)
-        except (OSError, StateCorruptError):
+            return self.read(path, limit=MAX_READ_BYTES)
+        except (OSError, StateCorruptError, IOFailure):
             return None
 
     def save_displaced(self, displaced: list[tuple[Path, bytes]]) -> Path:
-        """Save bytes a forced operation is about to replace under displaced/<time>/<root>/<relpath>."""
-        folder = self.displaced / time.strftime("%Y%m%d-%H%M%S")
+        """Save bytes a forced operation is about to replace under displaced/<time>[-N]/<root>/<relpath>: a folder
+        of its own (never one an earlier run of the same second wrote), each copy no more readable than the file
+        it came from."""
+        try:
+            folder = self.new_folder(self.displaced / time.strftime("%Y%m%d-%H%M%S"))
+        except OSError as exc:
+            raise io_failure(exc, self.displaced, "save the displaced bytes to") from exc
         for path, data in displaced:
-            root, relpath = self.confinement.relative(path)
-            dest = folder / root / relpath
+            place = self.confinement.relative(path)
+            dest = folder / place.root / place.relpath
             try:
-                self.write(dest, data)
+                self.write(dest, data, mode=private_mode(place.held.stat(place.relpath)))
             except OSError as exc:
                 raise io_failure(exc, dest, "save the displaced bytes to") from exc
         return folder
@@ -385,6 +446,12 @@ INTERPRETER_NAME = re.compile(r"python[0-9.]*(\.exe)?|pythonw?(\.exe)?|pypy[0-9.
 GITIGNORE = b"# applier's state folder: kept out of git by this file (applier never writes into .git)\n*\n"
 
 
+def private_mode(st: os.stat_result | None) -> int:
+    """The mode of a copy of a file (a backup, displaced bytes): its read and write bits, never more (no execute,
+    no setuid), so a copy is never more readable than its original; 0600 when the original is unknown."""
+    return 0o600 if st is None else stat.S_IMODE(st.st_mode) & 0o666
+
+
 def identity(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -400,17 +467,22 @@ def dump_json(data) -> bytes:
 MAX_JSON_BYTES = 16 * 1024 * 1024
 
 
-def read_json(path: Path):
-    """The parsed JSON of path, None when it does not exist; StateCorruptError when it is not a regular file (a
-    link, a FIFO, a device), too large, nested too deeply, unreadable or not JSON."""
+def read_json(path: Path, *, reader=None):
+    """The parsed JSON of path (read by reader() when given, None meaning absent), None when it does not exist;
+    StateCorruptError when it is not a regular file (a link, a FIFO, a device), too large, nested too deeply,
+    unreadable or not JSON."""
     try:
-        raw = read_regular(path, limit=MAX_JSON_BYTES, follow_links=False)
+        raw = reader() if reader is not None else read_regular(path, limit=MAX_JSON_BYTES, follow_links=False)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except IOFailure as exc:
         raise StateCorruptError(exc.message, hint=exc.hint) from exc
     except OSError as exc:
         raise StateCorruptError(f"cannot read {path}: {exc.strerror}") from exc
+    return None if raw is None else parse_json(raw, path)
+
+
+def parse_json(raw: bytes, path: Path):
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

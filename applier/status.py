@@ -10,7 +10,7 @@ from applier.allowlist import confinement_for
 from applier.confine import Confinement
 from applier.diffengine import FileState
 from applier.errors import ApplierError, NoVariantError
-from applier.fsutil import read_bytes_or_none, sha256_bytes
+from applier.fsutil import MAX_READ_BYTES, sha256_bytes
 from applier.node_pack import find_copies
 from applier.overlays import manifest_pack
 from applier.pack import read_pack
@@ -113,7 +113,7 @@ def file_status(confinement: Confinement, record: AppliedPatch, f, patch: Patch 
                 pristine: dict[str, str]) -> FileStatus:
     path = confinement.resolve(record.root, f.relpath)
     shown = str(path)
-    current = read_bytes_or_none(path)
+    current = path.read(limit=MAX_READ_BYTES)
     current_sha = None if current is None else sha256_bytes(current)
     if current_sha == f.sha256_after:
         return FileStatus(shown, "applied")

@@ -85,7 +85,7 @@ def test_applier_has_no_import_cycle_function_level_imports_included():
 
 def test_confinement_knows_neither_the_catalog_nor_the_overlay_pack():
     graph = import_graph()
-    assert graph["applier.confine"] <= {"applier.errors", "applier.paths"}
+    assert graph["applier.confine"] <= {"applier.errors", "applier.paths", "applier.heldroot", "applier.fsutil"}
 
 
 def test_the_state_folder_layer_does_not_reach_up():

@@ -141,12 +141,15 @@ def test_a_catalog_diff_into_the_state_folder_is_refused(setup, tmp_path):
 def test_stray_temp_files_of_a_killed_write_are_removed_by_status(setup):
     comfy, catalog = setup
     run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
-    stray = [comfy / ".nodes.py.k3j2h1.applier-tmp", comfy / ".applier" / ".state.json.x9y8.applier-tmp"]
-    for path in stray:
+    marker = "applier-" + "0123456789abcdef" * 2      # the shape every temp file of a run carries
+    stray = [comfy / f".nodes.py.{marker}.applier-tmp", comfy / ".applier" / f".state.json.{marker}.applier-tmp"]
+    theirs = [comfy / ".nodes.py.k3j2h1.applier-tmp", comfy / ".notes.applier-tmp"]   # a user's, named alike
+    for path in stray + theirs:
         path.write_bytes(b"half")
     code, out = cli_json("status", "--target", str(comfy), "--patches", str(catalog))
     assert code == 0 and "temp file" in out["recovered"]
     assert not any(path.exists() for path in stray)
+    assert all(path.read_bytes() == b"half" for path in theirs)
 
 
 def test_a_symlinked_file_stays_a_symlink_through_apply_and_revert(setup):

@@ -1,0 +1,881 @@
+"""A folder held open as a directory handle, every operation below it walked one component at a time from that
+handle: in the spirit of Go's `os.Root` and systemd's `chase()`.
+
+A path checked at one moment and written by name at the next can be turned into a link meanwhile, and the kernel
+would follow it. Here nothing below the root is ever resolved by the kernel from a path string: each folder on the
+way is opened relative to the one before it with O_NOFOLLOW | O_DIRECTORY, and the last step (open, create,
+rename, unlink, mkdir, stat) is a `*at` call on the held parent. A link met on the way is resolved by this module's
+own rules, never by the kernel's:
+
+    relative target      followed from the folder holding the link; `..` may climb, never above the root
+    absolute target      followed only when it names a place inside the root (its real path, taken at open)
+    anything else        LeadsOutside, before anything there is opened
+
+A link whose target stays inside keeps working (a `nodes.py` that is a link to a file inside the install is written
+through); with `links=False` (applier's own `.applier/`) every link is a refusal. A link swapped in after the walk
+is never written through: the final step is a rename onto the held parent or an O_NOFOLLOW open, which act on the
+link itself or fail.
+
+Where the platform lacks `dir_fd` (Windows), `supported()` is False and callers fall back to path operations with
+a check before each step: a race there can still lead outside (the README's safety section says so)."""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path, PurePosixPath
+
+from applier.errors import IOFailure
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+O_NOCTTY = getattr(os, "O_NOCTTY", 0)
+MAX_LINK_HOPS = 40          # as the kernel's own limit (ELOOP)
+TEMP_SUFFIX = ".applier-tmp"
+# Every temp file a run creates carries this run's marker between the name and the suffix; the sweep removes only
+# names of that exact shape (`.<name>.applier-<32 hex>.applier-tmp`), which no user file is named like by chance.
+TEMP_MARKER = "applier-"
+
+FILE_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+              stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
+
+
+def kind_of(mode: int) -> str:
+    return FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def supported() -> bool:
+    return os.open in os.supports_dir_fd and os.stat in os.supports_dir_fd and bool(O_NOFOLLOW)
+
+
+class NotRegularFile(IOFailure):
+    """A path applier must read or write is a FIFO, a device, a socket, or (where links are refused) a link."""
+
+
+class LeadsOutside(NotRegularFile):
+    """A path applier must use is, or passes through, a link leading outside the folder it must stay in."""
+
+
+class FileTooLarge(IOFailure):
+    """A file is larger than applier ever needs to read."""
+
+
+def read_fd(fd: int, shown, limit: int) -> bytes:
+    """The bytes of an open regular file, at most limit (FileTooLarge past it; `shown` names it)."""
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise too_large(shown, size, limit)
+    chunks, total = [], 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise too_large(shown, total, limit)
+    return b"".join(chunks)
+
+
+def too_large(shown, size: int, limit: int) -> FileTooLarge:
+    return FileTooLarge(f"refusing to read {shown}: {size} bytes or more, over applier's limit of {limit} bytes",
+                        hint="nothing was changed; that is not a file applier wrote or patches")
+
+
+class WalkLimit(NotRegularFile):
+    """A tree applier walks is deeper or larger than any it makes."""
+
+
+WALK_HINT = "nothing was changed; that is not a tree applier made: move the extra folders or files aside by hand"
+SPECIAL_HINT = "nothing was changed; put a regular file in its place (or move it aside) and run the command again"
+OUTSIDE_HINT = ("applier never reads or writes outside the install through a link; nothing more was changed. Put the "
+                "folder or file itself in place of the link (or move the link aside) and run again")
+
+
+def parts_of(relpath) -> tuple[str, ...]:
+    """The components of a relative path ('' and '.' dropped); ValueError for an absolute path or a NUL."""
+    text = relpath.as_posix() if isinstance(relpath, PurePosixPath) else str(relpath)
+    if "\x00" in text or text.startswith("/"):
+        raise ValueError(f"not a relative path: {text!r}")
+    return tuple(p for p in text.split("/") if p not in ("", "."))
+
+
+class HeldRoot:
+    """One folder, opened once; every operation below it by relative path, walked from the handle."""
+
+    def __init__(self, path: Path, *, links: bool = True):
+        self.path = Path(path)
+        self.links = links
+        self.fd = os.open(self.path, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        st = os.fstat(self.fd)
+        self.identity = (st.st_dev, st.st_ino)
+        self.real = Path(os.path.realpath(self.path))
+
+    @classmethod
+    def from_fd(cls, fd: int, path: Path, *, links: bool = True) -> "HeldRoot":
+        """A handle on a folder already opened (the fd becomes the handle's); path is for messages."""
+        held = cls.__new__(cls)
+        held.path, held.links, held.fd = Path(path), links, fd
+        st = os.fstat(fd)
+        held.identity = (st.st_dev, st.st_ino)
+        held.real = Path(os.path.realpath(held.path))
+        return held
+
+    def __deepcopy__(self, memo):     # a record holding a handle is copied with the same handle
+        return self
+
+    def __repr__(self) -> str:
+        return f"HeldRoot({str(self.path)!r})"
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):
+        try:
+            self.close()
+        except (OSError, AttributeError):
+            pass
+
+    def display(self, rel) -> Path:
+        return self.path.joinpath(*parts_of(rel))
+
+    # ------------------------------------------------------------------ the walk
+
+    def walk_to(self, rel, *, follow_last: bool = True, create_folders: bool = False) -> tuple[int, str, tuple]:
+        """(an fd of the folder holding the last component, its name, its path from the root after links) for rel.
+        The fd is the caller's to close. The last component may not exist; a folder on the way that does not exist
+        is created with create_folders (else FileNotFoundError). LeadsOutside for a link leading out of the root
+        (or any link where links are refused); an empty rel is refused (the root itself has no parent here)."""
+        todo = list(parts_of(rel))
+        if not todo:
+            raise IsADirectoryError(errno.EISDIR, "the root itself", str(self.path))
+        fds = [os.dup(self.fd)]
+        where: list[str] = []
+        hops = 0
+        try:
+            while True:
+                name = todo.pop(0)
+                last = not todo
+                if name == "..":
+                    if not where:
+                        raise self.outside(rel, "'..' climbs above the root")
+                    os.close(fds.pop())
+                    where.pop()
+                    if last:
+                        raise IsADirectoryError(errno.EISDIR, "a folder", str(self.display(rel)))
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=fds[-1], follow_symlinks=False)
+                except FileNotFoundError:
+                    if last:
+                        return self.hand_over(fds, name, where)
+                    if not create_folders:
+                        raise
+                    try:
+                        os.mkdir(name, 0o777, dir_fd=fds[-1])
+                    except FileExistsError:
+                        pass
+                    todo.insert(0, name)
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    if not self.links:
+                        raise NotRegularFile(
+                            f"{self.display([*where, name])} is a symbolic link: applier refuses to follow links "
+                            f"inside {self.path}", hint="nothing was changed; move it aside by hand (a link there "
+                                                        "could lead a write outside the install)")
+                    if last and not follow_last:
+                        return self.hand_over(fds, name, where)
+                    hops += 1
+                    if hops > MAX_LINK_HOPS:
+                        raise OSError(errno.ELOOP, "too many links", str(self.display(rel)))
+                    target = os.readlink(name, dir_fd=fds[-1])
+                    if target.startswith("/"):
+                        inside = self.inside_parts(target)
+                        if inside is None:
+                            raise self.outside(rel, f"a link leads to {target}")
+                        for fd in fds[1:]:
+                            os.close(fd)
+                        del fds[1:]
+                        where.clear()
+                        todo[:0] = list(inside)
+                    else:
+                        todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
+                    if not todo:        # a link to the root itself
+                        raise IsADirectoryError(errno.EISDIR, "a folder", str(self.display(rel)))
+                    continue
+                if last:
+                    return self.hand_over(fds, name, where)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise NotADirectoryError(errno.ENOTDIR, "a folder on the way is a file",
+                                             str(self.display([*where, name])))
+                try:
+                    fd = os.open(name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=fds[-1])
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                        todo.insert(0, name)     # swapped meanwhile: look at it again
+                        hops += 1
+                        if hops > MAX_LINK_HOPS:
+                            raise
+                        continue
+                    raise
+                fds.append(fd)
+                where.append(name)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+
+    @staticmethod
+    def hand_over(fds: list[int], name: str, where: list[str]) -> tuple[int, str, tuple]:
+        for fd in fds[:-1]:
+            os.close(fd)
+        return fds[-1], name, (*where, name)
+
+    def inside_parts(self, target: str) -> tuple[str, ...] | None:
+        """The parts of an absolute link target below the root, None when it is not inside the root."""
+        pure = PurePosixPath(target)
+        for base in (self.real, self.path):
+            try:
+                return parts_of(pure.relative_to(PurePosixPath(base)))
+            except ValueError:
+                continue
+        return None
+
+    def outside(self, rel, why: str) -> LeadsOutside:
+        return LeadsOutside(f"refusing to use {self.display(rel)}: {why}, outside {self.path}", hint=OUTSIDE_HINT)
+
+    def resolved(self, rel) -> tuple[str, ...]:
+        """The path of rel from the root once every link on its way (the last one included) is followed."""
+        fd, _, where = self.walk_to(rel)
+        os.close(fd)
+        return where
+
+    # ------------------------------------------------------------------ reads
+
+    def lstat(self, rel) -> os.stat_result | None:
+        """The stat of rel's last component itself (a link is not followed), None when it does not exist."""
+        return self.stat(rel, follow_last=False)
+
+    def stat(self, rel, *, follow_last: bool = True) -> os.stat_result | None:
+        """The stat of what rel leads to, links followed inside the root; None when it does not exist."""
+        try:
+            fd, name, _ = self.walk_to(rel, follow_last=follow_last)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(fd)
+
+    def open_file(self, rel) -> int:
+        """A read-only fd of the regular file rel leads to (links followed inside the root). Looked at before it is
+        opened: a FIFO, device or socket is refused unopened; the open itself never blocks and never follows a link
+        swapped in meanwhile (that is walked again)."""
+        for _ in range(MAX_LINK_HOPS):
+            fd, name, where = self.walk_to(rel)
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    continue        # a link swapped in after the walk: walk again
+                if not stat.S_ISREG(st.st_mode):
+                    raise NotRegularFile(f"refusing to read {self.display(where)}: it is {kind_of(st.st_mode)}, "
+                                         "not a regular file", hint=SPECIAL_HINT)
+                try:
+                    file_fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC,
+                                      dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        continue
+                    raise
+            finally:
+                os.close(fd)
+            st = os.fstat(file_fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(file_fd)
+                raise NotRegularFile(f"refusing to read {self.display(where)}: it is {kind_of(st.st_mode)}, not a "
+                                     "regular file", hint=SPECIAL_HINT)
+            os.set_blocking(file_fd, True)
+            return file_fd
+        raise OSError(errno.ELOOP, "links keep changing", str(self.display(rel)))
+
+    def read(self, rel, *, limit: int) -> bytes:
+        """The bytes of the regular file rel leads to, at most limit (FileTooLarge past it)."""
+        fd = self.open_file(rel)
+        try:
+            return read_fd(fd, self.display(rel), limit)
+        finally:
+            os.close(fd)
+
+    def listdir(self, rel=()) -> list[str]:
+        """The names in the folder rel leads to (links followed inside the root); [] when it is not a folder."""
+        try:
+            fd = self.open_folder(rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def open_folder(self, rel, *, follow_last: bool = True) -> int:
+        """An fd of the folder rel leads to (the root itself for an empty rel), links followed inside the root
+        (without follow_last, a link as the last step is NotADirectoryError)."""
+        if not parts_of(rel):
+            return os.dup(self.fd)
+        fd, name, where = self.walk_to(rel, follow_last=follow_last)
+        try:
+            return os.open(name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotADirectoryError(errno.ENOTDIR, "a link swapped in", str(self.display(where))) from exc
+            raise
+        finally:
+            os.close(fd)
+
+    def walk(self, rel="", *, max_depth: int, max_entries: int):
+        """(folder's relpath, [(name, lstat)]) for the folder rel leads to and every real folder below it, breadth
+        first, each opened from the one above it without following links (a link below rel is listed, never
+        entered). Iterative; WalkLimit past max_depth or max_entries. Nothing there yields nothing."""
+        try:
+            top = self.open_folder(rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        queue = [(top, "/".join(parts_of(rel)), 0)]
+        seen = 0
+        try:
+            while queue:
+                fd, where, depth = queue.pop(0)
+                try:
+                    entries = []
+                    for entry in os.scandir(fd):
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        entries.append((entry.name, st))
+                        seen += 1
+                        if seen > max_entries:
+                            raise WalkLimit(f"{self.display(rel)} holds more than {max_entries} entries",
+                                            hint=WALK_HINT)
+                        if stat.S_ISDIR(st.st_mode):
+                            if depth + 1 > max_depth:
+                                raise WalkLimit(f"{self.display(rel)} holds folders nested more than {max_depth} "
+                                                "deep", hint=WALK_HINT)
+                            try:
+                                child = os.open(entry.name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                                                dir_fd=fd)
+                            except OSError:
+                                continue
+                            queue.append((child, f"{where}/{entry.name}" if where else entry.name, depth + 1))
+                    yield where, entries
+                finally:
+                    os.close(fd)
+        finally:
+            for fd, _, _ in queue:
+                os.close(fd)
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, rel, data: bytes, *, mode: int | None = None, keep_metadata: bool = True) -> None:
+        """Give rel (links followed inside the root: the file a link points to gets the bytes) new bytes, atomically:
+        a temp file in the same held folder, fsync, rename onto the name. A new inode, never the old one written in
+        place (uv hardlinks site-packages files into its cache). The mode (setuid/setgid included), the owner when
+        running as root, and the extended attributes (POSIX ACLs among them) are taken from the file replaced, or
+        `mode` when given. Missing folders on the way are created."""
+        fd, name, where = self.walk_to(rel, create_folders=True)
+        try:
+            old = self.open_existing(fd, name, where)
+            tmp = temp_name(name)
+            tmp_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600, dir_fd=fd)
+            try:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(tmp_fd, view):]
+                    os.fsync(tmp_fd)
+                    copy_metadata(old, tmp_fd, mode)
+                finally:
+                    os.close(tmp_fd)
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                raise
+            finally:
+                if old is not None:
+                    os.close(old)
+            fsync_fd(fd)
+        finally:
+            os.close(fd)
+
+    def open_existing(self, fd: int, name: str, where) -> int | None:
+        """An fd of the regular file being replaced (for its metadata), None when there is none; a special file
+        there is a refusal (NotRegularFile), never opened."""
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(st.st_mode):    # swapped in after the walk: the rename replaces the link itself
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"refusing to replace {self.display(where)}: it is {kind_of(st.st_mode)}",
+                                 hint=SPECIAL_HINT)
+        try:
+            return os.open(name, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
+
+    def create_exclusive(self, rel, data: bytes, *, mode: int = 0o644) -> bool:
+        """Create rel with data unless something is there already (False then); no temp file, no link followed."""
+        fd, name, _ = self.walk_to(rel, follow_last=False, create_folders=True)
+        try:
+            try:
+                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode, dir_fd=fd)
+            except FileExistsError:
+                return False
+            try:
+                os.write(out, data)
+            finally:
+                os.close(out)
+            return True
+        finally:
+            os.close(fd)
+
+    def remove(self, rel, *, follow_last: bool = True) -> bool:
+        """Remove the file rel leads to (with follow_last, a link's target inside the root; else the link itself).
+        False when there was nothing; a folder is left alone (IsADirectoryError)."""
+        try:
+            fd, name, where = self.walk_to(rel, follow_last=follow_last)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "a folder", str(self.display(where)))
+            os.unlink(name, dir_fd=fd)
+            fsync_fd(fd)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(fd)
+
+    def make_folders(self, rel, *, mode: int = 0o777) -> None:
+        """Create the folder rel and every missing one above it, each step on the held handle."""
+        if not parts_of(rel):
+            return
+        fd, name, _ = self.walk_to(rel, create_folders=True)
+        try:
+            os.mkdir(name, mode, dir_fd=fd)
+        except FileExistsError:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(self.display(rel))) from None
+        finally:
+            os.close(fd)
+
+    def make_folder_exclusive(self, rel, *, mode: int = 0o700) -> None:
+        """Create the folder rel, FileExistsError when anything is there already (folders above it are made)."""
+        fd, name, _ = self.walk_to(rel, follow_last=False, create_folders=True)
+        try:
+            os.mkdir(name, mode, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def rmdir(self, rel) -> bool:
+        """Remove the folder rel when it is empty (the entry itself, never a link's target); False when it is not
+        there, not empty, or not a folder."""
+        try:
+            fd, name, _ = self.walk_to(rel, follow_last=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            os.rmdir(name, dir_fd=fd)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def subroot(self, rel, *, links: bool = True, create: bool = False, mode: int = 0o700) -> "HeldRoot":
+        """The folder rel as a handle of its own, reached without following a link at its last step (a link there:
+        NotADirectoryError); created with mode when absent and create is set; tightened to mode when created or
+        when it is more open than mode and create is set."""
+        if create:
+            self.make_folders(rel, mode=mode)
+        fd = self.open_folder(rel, follow_last=False)
+        held = HeldRoot.from_fd(fd, self.display(rel), links=links)
+        if create and stat.S_IMODE(os.fstat(fd).st_mode) & ~mode:
+            os.fchmod(fd, mode)
+        return held
+
+    def open_flags(self, rel, flags: int, mode: int = 0o600) -> int:
+        """os.open of rel's last component on its held folder, with O_NOFOLLOW added (the caller's fd)."""
+        fd, name, _ = self.walk_to(rel, follow_last=False)
+        try:
+            return os.open(name, flags | O_NOFOLLOW | O_CLOEXEC, mode, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def rename(self, src, dst) -> None:
+        """Move src (the entry itself, never a link's target) to dst, both below the root; dst's folders are made."""
+        sfd, sname, _ = self.walk_to(src, follow_last=False)
+        try:
+            dfd, dname, _ = self.walk_to(dst, follow_last=False, create_folders=True)
+            try:
+                os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+                fsync_fd(dfd)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+
+    def remove_tree(self, rel) -> None:
+        """Remove rel and everything below it, iteratively (no depth limit, no recursion), never through a link:
+        a link is removed as a link. Nothing there is nothing to do."""
+        try:
+            fd, name, _ = self.walk_to(rel, follow_last=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            remove_tree_at(fd, name)
+        finally:
+            os.close(fd)
+
+    def prune_empty(self, rel) -> None:
+        """Remove every empty folder at or below rel, deepest first (a __pycache__ holding only bytecode counts as
+        empty); never a folder above rel, never through a link."""
+        try:
+            top = self.open_folder(rel)
+        except (FileNotFoundError, NotADirectoryError, NotRegularFile):
+            return
+        try:
+            prune_at(top)
+        finally:
+            os.close(top)
+        parent_fd, name, _ = self.walk_to(rel, follow_last=False)
+        try:
+            os.rmdir(name, dir_fd=parent_fd)
+        except OSError:
+            pass
+        finally:
+            os.close(parent_fd)
+
+
+def temp_name(name: str) -> str:
+    return f".{name}.{TEMP_MARKER}{secrets.token_hex(16)}{TEMP_SUFFIX}"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether name is one applier's own temp files carry: `.<name>.applier-<32 hex>.applier-tmp`."""
+    if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+        return False
+    stem = name[:-len(TEMP_SUFFIX)]
+    marker = stem.rsplit(".", 1)[-1]
+    token = marker[len(TEMP_MARKER):]
+    return marker.startswith(TEMP_MARKER) and len(token) == 32 and all(c in "0123456789abcdef" for c in token) \
+        and len(stem) > len(marker) + 2
+
+
+def copy_metadata(old_fd: int | None, new_fd: int, mode: int | None) -> None:
+    """The replaced file's access rights onto the new one: mode bits (setuid/setgid/sticky included), owner and
+    group when running as root, extended attributes (POSIX ACLs live there on Linux). Without an old file: `mode`,
+    or 0666 less the umask."""
+    st = os.fstat(old_fd) if old_fd is not None else None
+    if st is not None and os.geteuid() == 0:
+        os.fchown(new_fd, st.st_uid, st.st_gid)     # before the chmod: chown clears setuid/setgid
+    if mode is not None:
+        os.fchmod(new_fd, mode)
+    elif st is not None:
+        os.fchmod(new_fd, stat.S_IMODE(st.st_mode))
+    else:
+        os.fchmod(new_fd, 0o666 & ~current_umask())
+    if old_fd is not None and hasattr(os, "listxattr"):
+        try:
+            names = os.listxattr(old_fd)
+        except OSError:
+            names = []
+        for attr in names:
+            try:
+                os.setxattr(new_fd, attr, os.getxattr(old_fd, attr))
+            except OSError:
+                continue        # e.g. security.* without the privilege: the rest is still kept
+        if st is not None and mode is None:
+            os.fchmod(new_fd, stat.S_IMODE(st.st_mode))   # an ACL written after the chmod may have moved the mask
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_fd(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+
+
+def remove_tree_at(parent_fd: int, name: str) -> None:
+    """Remove parent/name and all below it with an explicit stack of held folders: no recursion, no link
+    followed."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent_fd)
+        return
+    stack = [(os.dup(parent_fd), name)]
+    opened: list[tuple[int, int, str]] = []    # (fd of the folder, fd of its parent, its name)
+    try:
+        while stack:
+            pfd, fname = stack.pop()
+            try:
+                fd = os.open(fname, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=pfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    os.unlink(fname, dir_fd=pfd)
+                elif exc.errno != errno.ENOENT:
+                    raise
+                os.close(pfd)
+                continue
+            opened.append((fd, pfd, fname))
+            for entry in os.scandir(fd):
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((os.dup(fd), entry.name))
+                else:
+                    try:
+                        os.unlink(entry.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+        for fd, pfd, fname in reversed(opened):
+            try:
+                os.rmdir(fname, dir_fd=pfd)
+            except FileNotFoundError:
+                pass
+    finally:
+        for fd, pfd, _ in opened:
+            os.close(fd)
+            os.close(pfd)
+        for pfd, _ in stack:
+            os.close(pfd)
+
+
+def prune_at(top_fd: int) -> None:
+    """Remove every empty folder below the held folder top_fd, deepest first, iteratively."""
+    order: list[tuple[int, str]] = []           # (parent fd, name), parents before children
+    held = []
+    queue = [top_fd]
+    while queue:
+        fd = queue.pop()
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False):
+                try:
+                    child = os.open(entry.name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
+                except OSError:
+                    continue
+                held.append(child)
+                order.append((fd, entry.name))
+                queue.append(child)
+    try:
+        for pfd, name in reversed(order):
+            try:
+                if name == "__pycache__":
+                    cache = os.open(name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=pfd)
+                    try:
+                        entries = list(os.scandir(cache))
+                        if all(e.name.endswith(".pyc") and e.is_file(follow_symlinks=False) for e in entries):
+                            for e in entries:
+                                os.unlink(e.name, dir_fd=cache)
+                    finally:
+                        os.close(cache)
+                os.rmdir(name, dir_fd=pfd)
+            except OSError:
+                continue
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+class PathRoot(HeldRoot):
+    """The same operations where the platform has no dir_fd (Windows): by path, each path checked right before it
+    is used (its real path inside the root; no link at all where links are refused). Weaker than HeldRoot: a link
+    swapped in between that check and the operation is followed (the README's safety section says so)."""
+
+    def __init__(self, path: Path, *, links: bool = True):
+        self.path, self.links, self.fd = Path(path), links, -1
+        st = os.stat(self.path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(self.path))
+        self.identity = (st.st_dev, st.st_ino)
+        self.real = Path(os.path.realpath(self.path))
+
+    def close(self) -> None:
+        pass
+
+    def checked(self, rel, *, follow_last: bool = True) -> Path:
+        parts = parts_of(rel)
+        path = self.path.joinpath(*parts)
+        if not self.links:
+            step = self.path
+            for part in parts:
+                step = step / part
+                if os.path.islink(step):
+                    raise NotRegularFile(f"{step} is a symbolic link: applier refuses to follow links inside "
+                                         f"{self.path}", hint="nothing was changed; move it aside by hand")
+        probe = path if follow_last else path.parent
+        real = Path(os.path.realpath(probe))
+        if real != self.real and self.real not in real.parents:
+            raise self.outside(rel, f"it leads to {real}")
+        return path
+
+    def resolved(self, rel) -> tuple[str, ...]:
+        real = Path(os.path.realpath(self.checked(rel)))
+        return real.relative_to(self.real).parts
+
+    def stat(self, rel, *, follow_last: bool = True):
+        try:
+            path = self.checked(rel, follow_last=follow_last)
+            return os.stat(path) if follow_last else os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def read(self, rel, *, limit: int) -> bytes:
+        path = self.checked(rel)
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"refusing to read {path}: it is {kind_of(st.st_mode)}, not a regular file",
+                                 hint=SPECIAL_HINT)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            return read_fd(fd, path, limit)
+        finally:
+            os.close(fd)
+
+    def listdir(self, rel=()) -> list[str]:
+        try:
+            return os.listdir(self.checked(rel)) if parts_of(rel) else os.listdir(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def walk(self, rel="", *, max_depth: int, max_entries: int):
+        top = self.checked(rel) if parts_of(rel) else self.path
+        queue, seen = [(top, "/".join(parts_of(rel)), 0)], 0
+        while queue:
+            folder, where, depth = queue.pop(0)
+            entries = []
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                try:
+                    st = os.lstat(folder / name)
+                except OSError:
+                    continue
+                entries.append((name, st))
+                seen += 1
+                if seen > max_entries:
+                    raise WalkLimit(f"{top} holds more than {max_entries} entries", hint=WALK_HINT)
+                if stat.S_ISDIR(st.st_mode):
+                    if depth + 1 > max_depth:
+                        raise WalkLimit(f"{top} holds folders nested more than {max_depth} deep", hint=WALK_HINT)
+                    queue.append((folder / name, f"{where}/{name}" if where else name, depth + 1))
+            yield where, entries
+
+    def write(self, rel, data: bytes, *, mode: int | None = None, keep_metadata: bool = True) -> None:
+        path = self.checked(rel)
+        if os.path.islink(path):        # the file a link inside the root points to gets the bytes
+            path = Path(os.path.realpath(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        old = path if path.exists() else None
+        tmp = path.with_name(temp_name(path.name))
+        with open(tmp, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.chmod(tmp, mode if mode is not None else
+                     stat.S_IMODE(os.stat(old).st_mode) if old else 0o666 & ~current_umask())
+            self.checked(rel)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def create_exclusive(self, rel, data: bytes, *, mode: int = 0o644) -> bool:
+        path = self.checked(rel, follow_last=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(path, "xb") as handle:
+                handle.write(data)
+        except FileExistsError:
+            return False
+        return True
+
+    def remove(self, rel, *, follow_last: bool = True) -> bool:
+        try:
+            os.unlink(self.checked(rel, follow_last=follow_last))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def make_folders(self, rel, *, mode: int = 0o777) -> None:
+        if parts_of(rel):
+            os.makedirs(self.checked(rel), mode=mode, exist_ok=True)
+
+    def make_folder_exclusive(self, rel, *, mode: int = 0o700) -> None:
+        path = self.checked(rel, follow_last=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, mode)
+
+    def rmdir(self, rel) -> bool:
+        try:
+            os.rmdir(self.checked(rel, follow_last=False))
+            return True
+        except OSError:
+            return False
+
+    def subroot(self, rel, *, links: bool = True, create: bool = False, mode: int = 0o700) -> "HeldRoot":
+        if create:
+            self.make_folders(rel, mode=mode)
+        path = self.checked(rel, follow_last=False)
+        if os.path.islink(path) or not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a real folder", str(path))
+        return PathRoot(path, links=links)
+
+    def rename(self, src, dst) -> None:
+        target = self.checked(dst, follow_last=False)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.checked(src, follow_last=False), target)
+
+    def remove_tree(self, rel) -> None:
+        import shutil
+        path = self.checked(rel, follow_last=False)
+        if os.path.islink(path) or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+
+    def prune_empty(self, rel) -> None:
+        top = self.checked(rel, follow_last=False)
+        for where, _ in reversed(list(self.walk(rel, max_depth=64, max_entries=200_000))):
+            try:
+                os.rmdir(self.path / where if where else top)
+            except OSError:
+                continue
+
+
+def hold(path: Path, *, links: bool = True) -> HeldRoot:
+    """A handle on the folder: HeldRoot where the platform has dir_fd, PathRoot (checked paths) where it has not."""
+    return HeldRoot(path, links=links) if supported() else PathRoot(path, links=links)
