@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from applier import __version__
+from applier import __version__, settings
 from applier.catalog import COMPONENTS, load_catalog, select_patches
 from applier.errors import (EXIT_DRIFT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_VERIFY_FAILED,
                             ApplierError, RefusedError)
@@ -27,11 +27,33 @@ def raise_terminated(signum, frame):
 
 
 def main() -> None:
+    """The entry point of `applier` and `python -m applier`."""
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        cli.main(prog_name="applier")
-    except BrokenPipeError:
-        quiet_broken_pipe()
+        try:
+            cli.main(prog_name="applier")
+        except BrokenPipeError:
+            quiet_broken_pipe()
+    except SystemExit as exc:
+        if sys.flags.inspect:
+            exit_past_inspect(exc.code)
+        raise
+
+
+def exit_past_inspect(code) -> None:
+    """Under PYTHONINSPECT (or -i) Python answers our SystemExit with a traceback and exit 1, and would open a >>>
+    prompt on a terminal: end as a plain exit does (exit handlers run, output flushed), without either."""
+    import atexit
+    if code is not None and not isinstance(code, int):   # SystemExit("message"): printed, exit 1, as Python does
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code or 0)
 
 
 INTERRUPTED_HINT = ("a run cut short is finished or rolled back by the next applier command on this install (its "
@@ -156,7 +178,8 @@ def cli(ctx):
     applier revert --target ComfyUI/      byte-identical restore
     """
     ctx.ensure_object(dict)
-    if os.environ.get("NO_COLOR"):  # https://no-color.org: any non-empty value
+    settings.check_environment()    # a bad APPLIER_* value is exit 2 before any command starts
+    if settings.no_color():
         ctx.color = False
 
 
@@ -693,6 +716,53 @@ def overlay_check(target, python, patches_dir, as_json):
             state = f"runs {verdict['variant']} (verified on {verdict['matched']})" if verdict["matched"] else \
                 f"stock: {verdict['reason']}"
             click.echo(f"    {family:10} {state}")
+
+
+# ------------------------------------------------------------------ budget
+
+@cli.command("budget")
+@target_options
+@click.option("--model", "model_name", required=True, metavar="MODEL",
+              help="Model family: flux-dev, flux2-dev, wan-14b, qwen-image, sdxl.")
+@click.option("--size", required=True, metavar="WxH", help="Canvas width x height in pixels, e.g. 32768x18432.")
+@click.option("--frames", type=click.IntRange(min=1), help="Frames of a video model [default: the model's].")
+@click.option("--gpu", "gpu_name", metavar="NAME", help="A GPU of the budget's table [default: the detected one].")
+@click.option("--steps", type=click.IntRange(min=1), help="Sampling steps [default: the model's reference sampler].")
+@click.option("--cfg", type=float, help="CFG scale: 1.0 runs one forward per step, any other two "
+                                        "[default: the model's].")
+@click.option("--within", default="1h", show_default=True, metavar="DURATION",
+              help="The time a generation may take (1h, 90m, 2h30m, seconds): native only if it finishes within it.")
+def budget_cmd(target, python, patches_dir, as_json, model_name, size, frames, gpu_name, steps, cfg, within):
+    """What a canvas costs: tokens, FLOPs, memory, time per step and generation, the target's caps, a verdict.
+
+    Reads files and nvidia-smi only, never torch. Exit 3 for a model or GPU the table does not know. Example:
+    applier budget --target ComfyUI/ --model flux-dev --size 32768x18432 --gpu rtx-4090
+    """
+    from applier import budget
+    from applier.budget_caps import read_target_caps
+    from applier.budget_data import load_budget_data
+    try:
+        width, height = budget.parse_size(size)
+        within_s = budget.parse_duration(within)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    data = load_budget_data()
+    model = budget.find_model(data, model_name)
+    if frames is not None and not model.video:
+        raise click.BadParameter(f"{model.name} makes images; --frames is for video models", param_hint="--frames")
+    found = detect_target(target, python, gpu=gpu_name is None)
+    gpu, how, memory_mib = budget.choose_gpu(data, gpu_name, [(g.name, g.memory_mib) for g in found.gpus],
+                                             found.gpu_problem)
+    canvas = budget.Canvas(width, height, frames or model.frames)
+    request = budget.Request(model, gpu, canvas, steps or model.steps,
+                             model.cfg_forwards if cfg is None else (1 if cfg == 1.0 else 2), within_s,
+                             found.comfyui_version, sys.platform.startswith("win"), memory_mib, how)
+    caps = read_target_caps(found, max(width, height), data.measured.pillow_max_image_pixels)
+    report = budget.plan_budget(data, request, caps)
+    if as_json:
+        return out_json({"target": str(found.root), **report})
+    for line in budget.report_lines(report):
+        click.echo(line)
 
 
 # ------------------------------------------------------------------ catalog maintenance
