@@ -37,8 +37,8 @@ CONFIGS = {
     "overlay_all": ("elementwise", "attention"),
     "overlay_all_fp8": ("elementwise", "attention", "fp8"),
 }
-FP8_ASSUMES = ("FP8 times assume weights quantised once: fp8_weights=alongside, or --disable-dynamic-vram; "
-               "replace under DynamicVRAM is host-bound on small canvases")
+FP8_ASSUMES = ("FP8 times are device time, as measured with --disable-dynamic-vram; under DynamicVRAM small canvases "
+               "are host-bound and slower (benchmarks/results/budget-validation.json)")
 FAMILY_WORDS = {"elementwise": "norm_rope + adaln + gate", "attention": "attention (fastest exact SDPA backend)",
                 "fp8": "fp8_linear"}
 # The lowest compute capability each family runs on: Triton bf16 kernels and cuDNN/flash attention need Ampere,
