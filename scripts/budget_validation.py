@@ -76,7 +76,8 @@ def derive_efficiencies(data: budget.BudgetData) -> dict:
     }
     before = new["before_aimdo_log_level"]["configs"]
     kitchen = {"other": work.elementwise_bytes / (stock["kernel_ms"]["other"] / 1e3 * bandwidth),
-               "elementwise_factor": before["overlay_all"]["kernel_ms"]["other"] / before["stock"]["kernel_ms"]["other"],
+               "elementwise_factor": (before["overlay_all"]["kernel_ms"]["other"]
+                                      / before["stock"]["kernel_ms"]["other"]),
                "host_gap_s": stock["s_per_step"] - stock["kernel_ms_total"] / 1e3}
     configs, work = flux_1024(old)
     stock, overlay = configs["stock"], configs["overlay"]
@@ -132,7 +133,8 @@ def scope_of(run: dict, config: str) -> str | None:
     """Why a compared run lies outside what the budget models (None: inside)."""
     if "fp8" in budget.CONFIGS[config] and run.get("vram_mode") == "dynamic":
         return ("FP8 under DynamicVRAM: host-bound at small canvases (step-profile-0.33.0.json results[0] "
-                "overlay_all_fp8_alongside: 100 of its 211 ms per Flux-dev 1024 step are not kernel time); the budget prices device time")
+                "overlay_all_fp8_alongside: 100 of its 211 ms per Flux-dev 1024 step are not kernel time); "
+                "the budget prices device time")
     return None
 
 

@@ -168,6 +168,34 @@ def test_cfg_one_halves_the_step_of_a_model_that_guides_with_two_forwards(comfy)
     assert guided["configs"][0]["seconds_per_step"] == pytest.approx(2 * plain["configs"][0]["seconds_per_step"])
 
 
+def test_weights_that_do_not_fit_beside_the_activations_stream_and_fp8_weights_may_not(comfy):
+    configs = {c["config"]: c for c in report(comfy, "--model", "qwen-image", "--size", "1024x1024",
+                                              "--gpu", "rtx-4090")["configs"]}
+    stock, fp8 = configs["stock"], configs["overlay_all_fp8"]
+    assert stock["streamed_weights_bytes"] > 0 and stock["seconds_per_forward"]["weight_streaming"] > 0
+    assert fp8["streamed_weights_bytes"] < stock["streamed_weights_bytes"]
+    roomy = report(comfy, "--model", "qwen-image", "--size", "1024x1024", "--gpu", KNOWN_GPU)["configs"][0]
+    assert roomy["streamed_weights_bytes"] == 0 and roomy["seconds_per_forward"]["weight_streaming"] == 0
+
+
+def test_a_video_model_takes_its_own_frames_unless_told():
+    model = DATA.models["wan-14b"]
+    result = budget.plan_budget(DATA, budget.Request(model, DATA.gpus[KNOWN_GPU], budget.Canvas(832, 480, model.frames),
+                                                     model.steps, model.cfg_forwards))
+    assert result["canvas"]["frames"] == model.frames > 1
+    assert result["tokens"]["latent"]["frames"] == (model.frames - 1) // 4 + 1
+
+
+def test_windows_keeps_cudnn_first_where_linux_runs_flash_first():
+    model, gpu = DATA.models["flux-dev"], DATA.gpus[KNOWN_GPU]
+    for windows, backend in ((False, "flash"), (True, "cudnn")):
+        request = budget.Request(model, gpu, budget.Canvas(1024, 1024), 28, 1, comfyui_version="0.33.0",
+                                 windows=windows)
+        result = budget.plan_budget(DATA, request)
+        assert result["comfyui"]["stock_attention"] == backend
+        assert result["configs"][0]["attention_backend"] == backend
+
+
 # ---------------------------------------------------------------- caps
 
 def test_stock_caps_refuse_a_32k_canvas_and_name_the_fix(comfy):
