@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -154,11 +155,16 @@ def wait_for(base: str, server: subprocess.Popen, timeout: float) -> float:
     raise TimeoutError(f"no answer from {base} in {timeout:.0f} s")
 
 
-def run_prompt(base: str, timeout: float) -> dict:
+# the node's defaults, then FP8 and attention on (FP8's seam is verified on 0.33.0: on the CPU it takes the eager path)
+NODE_CONFIGS = {"defaults": {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": False},
+                "fp8_linear+attention": {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": True,
+                                         "attention": True}}
+
+
+def run_prompt(base: str, timeout: float, node: dict) -> dict:
     prompt = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": CHECKPOINT, "weight_dtype": "default"}},
-        "2": {"class_type": "FusedDiTOps", "inputs": {"model": ["1", 0], "norm_rope": True, "adaln": True,
-                                                      "gate": True, "fp8_linear": False}},
+        "2": {"class_type": "FusedDiTOps", "inputs": {"model": ["1", 0], **node}},
         "3": {"class_type": "NodePackProbeZeroConditioning", "inputs": {"tokens": 8, "channels": 4096}},
         "4": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 64, "height": 64, "length": 5,
                                                                   "batch_size": 1}},
@@ -196,6 +202,16 @@ def applier_view(comfyui: Path, work: Path) -> dict:
             "check_node_pack_note": check.get("node_pack_note")}
 
 
+def git_head() -> str | None:
+    """This checkout's commit, with "+dirty" when its pack or applier differ from it (None outside a checkout)."""
+    try:
+        head = run(["git", "-C", REPO, "rev-parse", "HEAD"]).stdout.strip()
+        dirty = run(["git", "-C", REPO, "status", "--porcelain", "--", "applier", "overlays"]).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mirror", type=Path, required=True, help="the fetched ComfyUI git folder")
@@ -231,15 +247,16 @@ def main(argv=None) -> int:
             report["listed"] = "FusedDiTOps" in info
             report["object_info"] = {k: info["FusedDiTOps"][k] for k in ("display_name", "category", "python_module")
                                      } if report["listed"] else None
-            report["prompt"] = run_prompt(base, args.timeout) if report["listed"] else {"ran": False}
+            report["prompts"] = {name: run_prompt(base, args.timeout, node) if report["listed"] else {"ran": False}
+                                 for name, node in NODE_CONFIGS.items()}
         finally:
             server.terminate()
             server.wait(timeout=60)
-    lines = (work / "server.log").read_text(errors="replace").splitlines()
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", (work / "server.log").read_text(errors="replace")).splitlines()
     report["server_log"] = {"pack_import": [ln for ln in lines if FOLDER in ln],
                             "node_says": [ln for ln in lines if "Fused DiT Ops:" in ln or "fused_dit" in ln],
                             "errors": [ln for ln in lines if "Traceback" in ln or "IMPORT FAILED" in ln]}
-    report["applier"] = applier_view(comfyui, work)
+    report["applier"] = {"commit": git_head(), **applier_view(comfyui, work)}
     report["environment"] = {
         "python": run([python, "-c", "import platform; print(platform.python_version())"]).stdout.strip(),
         "torch": run([python, "-c", "import torch; print(torch.__version__)"]).stdout.strip(),
@@ -248,8 +265,9 @@ def main(argv=None) -> int:
         "command": "python scripts/validate_node_pack.py --mirror MIRROR --work WORK --out " + str(args.out)}
     text = json.dumps(report, indent=2).replace(str(work), "WORK").replace(str(args.mirror.resolve()), "MIRROR")
     args.out.write_text(text + "\n")
-    print(f"listed: {report['listed']}, prompt ran: {report['prompt'].get('ran')} -> {args.out}")
-    return 0 if report["listed"] and report["prompt"].get("ran") else 1
+    ran = all(p.get("ran") for p in report["prompts"].values())
+    print(f"listed: {report['listed']}, prompts ran: {ran} -> {args.out}")
+    return 0 if report["listed"] and ran else 1
 
 
 if __name__ == "__main__":
