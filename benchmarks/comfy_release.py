@@ -145,6 +145,57 @@ def eager_weights():
 
 
 # ------------------------------------------------------------------------------------------- main.py's start
+# the ComfyUI this process imported and how it was started (import_comfyui): one per process, as in ComfyUI
+STARTED: dict = {}
+
+
+def import_comfyui(checkout: Path, device: str, allocator: str, disable_dynamic_vram: bool = False) -> dict:
+    """Import ComfyUI the way its main.py starts it (start(): cuda_malloc, comfy-aimdo and ModelPatcherDynamic where
+    the release has them; the command's import_paths put the checkout and overlays/ on sys.path); returns the
+    release as its files describe it and how it was started (comfyui_version, vram_mode, ...), also kept in STARTED.
+
+    Must run before torch is imported: main.py's cuda_malloc step sets PYTORCH_CUDA_ALLOC_CONF
+    (backend:cudaMallocAsync on a supported GPU) and comfy-aimdo initialises before anything imports torch."""
+    if not (checkout / "comfy" / "sd.py").exists():
+        raise SystemExit(f"{checkout} is not a ComfyUI checkout (no comfy/sd.py)")
+    release = read_release(checkout)
+    started = start(checkout, release, device, allocator, disable_dynamic_vram)
+    import comfy.sample  # noqa: F401
+    import comfy.sd  # noqa: F401
+    STARTED.clear()
+    STARTED.update({**release.as_dict(), **started, "sdpa_priority": sdpa_priority(),
+                    "comfy_kitchen": comfy_kitchen()})
+    return dict(STARTED)
+
+
+def sdpa_priority() -> list[str] | None:
+    """The SDPA backend order ComfyUI's comfy.ops sets around its attention calls on this machine (None: none)."""
+    import comfy.ops
+    priority = getattr(comfy.ops, "SDPA_BACKEND_PRIORITY", None)
+    return None if priority is None else [getattr(b, "name", str(b)) for b in priority]
+
+
+def comfy_kitchen() -> dict | None:
+    """comfy-kitchen as this ComfyUI uses it (comfy.quant_ops.ck): version and the backends it lists."""
+    import sys
+    quant_ops = sys.modules.get("comfy.quant_ops")
+    ck = getattr(quant_ops, "ck", None) if quant_ops is not None else None
+    if ck is None:
+        return None
+    try:
+        from importlib.metadata import version
+        ck_version = version("comfy-kitchen")
+    except Exception:
+        ck_version = getattr(ck, "__version__", None)
+    try:
+        backends = {str(name): {key: value for key, value in info.items() if key != "capabilities"}
+                    if isinstance(info, dict) else str(info) for name, info in ck.list_backends().items()}
+    except Exception as error:
+        backends = {"error": f"{type(error).__name__}: {error}"}
+    return {"version": ck_version, "backends": backends}
+
+
+
 def start(checkout: Path, release: Release, device: str, allocator: str, disable_dynamic: bool) -> dict:
     """Import the checkout the way its main.py starts: returns what was done (vram_mode, why, aimdo version).
 

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Where one sampling step's GPU time goes (GEMM, FP8 GEMM, attention, fused_dit kernels, other), and the ceiling
 that overlays which leave GEMMs and attention alone can reach.
 
-It reuses benchmarks/generation.py by import: the same random-weight Flux-dev (and Wan 2.1 T2V 14B) at full size,
+It reuses generation.py: the same random-weight Flux-dev (and Wan 2.1 T2V 14B) at full size,
 loaded by ComfyUI's own loader inside torch.inference_mode() and left in the mode the release leaves it in (0.3.64:
 training; later: eval), started as the release's main.py starts it (DynamicVRAM where it has it, unless
 --disable-dynamic-vram), the same configs (generation.py's, compile configs aside, built with the nodes' calls) and
@@ -28,28 +27,29 @@ The ceilings, per model and resolution (stock's figures; "free" means taking zer
 The weights are random: the figures are for speed only, never image quality.
 
 Examples:
-    python benchmarks/step_profile.py --comfyui DIR --tiny --out /tmp/step-profile-tiny.json     # CPU smoke test
-    python benchmarks/step_profile.py --comfyui DIR --models flux-dev,wan2.1-t2v-14b \\
+    python -m benchmarks step-profile --comfyui DIR --tiny --out /tmp/step-profile-tiny.json     # CPU smoke test
+    python -m benchmarks step-profile --comfyui DIR --models flux-dev,wan2.1-t2v-14b \\
         --out benchmarks/results/step-profile-0.3.64.json
-    python benchmarks/step_profile.py --comfyui DIR --models flux-dev --resolutions 1024x1024 --host-profile \\
+    python -m benchmarks step-profile --comfyui DIR --models flux-dev --resolutions 1024x1024 --host-profile \\
         --configs stock,overlay_all,overlay_all_fp8_alongside --out benchmarks/results/step-profile-0.33.0.json
 One current file per ComfyUI release: benchmarks/results/step-profile-<release>.json.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
-import sys
 import time
 import traceback
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from . import generation, generation_configs, results
+from .comfy_release import import_comfyui
+from .models import (MODELS, SAMPLER, WEIGHTS_LOADED, add_model_arguments, check_device, check_model_arguments,
+                     free_memory, inputs_for, resolution_name, resolutions_of, sample, synchronize)
+from .models import import_paths  # noqa: F401  (the checkout and overlays/: the entry point asks this module)
 
+REPO = Path(__file__).resolve().parent.parent
 CATEGORIES = ("gemm", "fp8_gemm", "attention", "fused_dit", "other")
-import generation_configs  # noqa: E402
 
 # generation.py's configs but the compiled ones (the profiler's step would include recompiles)
 CONFIGS = tuple(c for c in generation_configs.CONFIGS if c not in generation_configs.COMPILE_CONFIGS)
@@ -88,7 +88,7 @@ _FP8_OPS = ("aten::_scaled_mm",)
 _TRITON_JIT = re.compile(r"@triton\.jit[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+(\w+)")
 
 
-def fused_dit_kernel_names(ops_dir: Path = REPO_ROOT / "overlays" / "fused_dit" / "ops") -> frozenset:
+def fused_dit_kernel_names(ops_dir: Path = REPO / "overlays" / "fused_dit" / "ops") -> frozenset:
     """The names of the functions decorated @triton.jit in overlays/fused_dit/ops/*.py (a launched Triton kernel
     shows in the profiler under its function's name; helpers are inlined and never show)."""
     names = set()
@@ -217,7 +217,7 @@ def kernel_events(profiler, device: str) -> list:
     return kernels
 
 
-def profile_step(generation, patched, inputs, seed: int, device: str) -> tuple:
+def profile_step(patched, inputs, seed: int, device: str) -> tuple:
     """One sampling step under torch.profiler: the third of a 3-step call (callback-driven schedule)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -226,11 +226,11 @@ def profile_step(generation, patched, inputs, seed: int, device: str) -> tuple:
     marks: list[float] = []
     with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=1, repeat=1)) as profiler:
         def callback(*_):
-            generation.synchronize(device)
+            synchronize(device)
             marks.append(time.perf_counter())
             profiler.step()
-        generation.sample(patched, noise, latent, positive, PROFILED_STEPS, seed, callback=callback)
-        generation.synchronize(device)
+        sample(patched, noise, latent, positive, PROFILED_STEPS, seed, callback=callback)
+        synchronize(device)
     if len(marks) != PROFILED_STEPS:
         raise RuntimeError(f"the sampler called back {len(marks)} times for {PROFILED_STEPS} steps")
     wall_ms = (marks[2] - marks[1]) * 1e3
@@ -244,7 +244,7 @@ HOST_FUNCTIONS = ("cast_bias_weight", "uncast_bias_weight", "forward_comfy_cast_
                   "scaled_dot_product_attention", "synchronize")
 
 
-def host_profile(generation, patched, inputs, seed: int, device: str, top: int = 25) -> dict:
+def host_profile(patched, inputs, seed: int, device: str, top: int = 25) -> dict:
     """Where one sampling step's host time goes: step 2 of a 2-step call under cProfile (enabled by the sampler's
     callback after step 1, disabled by the one after step 2, which synchronises: its wait for the GPU shows as
     `synchronize`). cProfile slows Python-heavy code, so compare configs with each other, not with s_per_step."""
@@ -255,10 +255,10 @@ def host_profile(generation, patched, inputs, seed: int, device: str, top: int =
     calls = []
 
     def callback(*_):
-        generation.synchronize(device)
+        synchronize(device)
         (profiler.disable if calls else profiler.enable)()
         calls.append(1)
-    generation.sample(patched, noise, latent, positive, 2, seed, callback=callback)
+    sample(patched, noise, latent, positive, 2, seed, callback=callback)
     profiler.disable()
     stats = pstats.Stats(profiler).stats       # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
     total = sum(value[2] for value in stats.values())
@@ -280,16 +280,16 @@ def host_profile(generation, patched, inputs, seed: int, device: str, top: int =
                                  "cumulative_ms": round(value[3] * 1e3, 2)} for key, value in ranked]}
 
 
-def time_steps(generation, patched, inputs, steps: int, warmup: int, seed: int, device: str) -> dict:
+def time_steps(patched, inputs, steps: int, warmup: int, seed: int, device: str) -> dict:
     latent, noise, positive = inputs
     started = time.perf_counter()
-    generation.sample(patched, noise, latent, positive, warmup, seed)
-    generation.synchronize(device)
+    sample(patched, noise, latent, positive, warmup, seed)
+    synchronize(device)
     first_call_s = time.perf_counter() - started
     marks: list[float] = []
     started = time.perf_counter()
-    generation.sample(patched, noise, latent, positive, steps, seed,
-                      callback=lambda *_: (generation.synchronize(device), marks.append(time.perf_counter())))
+    sample(patched, noise, latent, positive, steps, seed,
+                      callback=lambda *_: (synchronize(device), marks.append(time.perf_counter())))
     steps_s = [b - a for a, b in zip([started] + marks[:-1], marks)]
     later = steps_s[1:] or steps_s
     return {"first_call_s": round(first_call_s, 3), "step_times_s": [round(s, 4) for s in steps_s],
@@ -304,12 +304,12 @@ def profile_record(wall_ms: float, kernels: list, cpu_events: int, fused_names: 
             "cpu_events": cpu_events, "kernel_ms": {c: table[c]["ms"] for c in CATEGORIES}, "categories": table}
 
 
-def run_config(generation, session, spec, resolutions, config: str, fused_names, options, device) -> dict:
+def run_config(session, spec, resolutions, config: str, fused_names, options, device) -> dict:
     """One config built once (FP8 copies are quantised once), timed at every resolution, then profiled at every
     resolution, so no timing of this config follows a profile of it. resolution name -> record; an error is
     recorded in the records it concerns, not raised."""
     import torch
-    records = {generation.resolution_name(r): {} for r in resolutions}
+    records = {resolution_name(r): {} for r in resolutions}
     patched = None
     run = generation.parse_run_spec(config)
     try:
@@ -320,24 +320,24 @@ def run_config(generation, session, spec, resolutions, config: str, fused_names,
                            "training_mode": base.model.diffusion_model.training})
         for phase in ("timing", "profile") + (("host",) if options.host_profile else ()):
             for resolution in resolutions:
-                name = generation.resolution_name(resolution)
+                name = resolution_name(resolution)
                 record = records[name]
                 if "error" in record:
                     continue
                 print(f"{spec.key} {name} {config} {phase} ...", flush=True)
                 try:
-                    inputs = generation.inputs_for(spec, resolution, options.tiny, options.seed)
+                    inputs = inputs_for(spec, resolution, options.tiny, options.seed)
                     with torch.inference_mode():
                         if phase == "timing":
-                            record.update(time_steps(generation, patched, inputs, options.steps,
+                            record.update(time_steps(patched, inputs, options.steps,
                                                      options.warmup_steps, options.seed, device))
                             print(f"  {record['s_per_step']} s/step", flush=True)
                         elif phase == "host":
-                            record["host"] = host_profile(generation, patched, inputs, options.seed, device)
+                            record["host"] = host_profile(patched, inputs, options.seed, device)
                             print(f"  host {record['host']['host_profiled_ms']} ms under cProfile: "
                                   f"{record['host']['functions']}", flush=True)
                         else:
-                            record.update(profile_record(*profile_step(generation, patched, inputs, options.seed,
+                            record.update(profile_record(*profile_step(patched, inputs, options.seed,
                                                                        device), fused_names))
                             print(f"  wall {record['profiled_wall_ms']} ms profiled, kernels {record['kernel_ms']},"
                                   f" idle {record['idle_ms']} ms", flush=True)
@@ -354,56 +354,29 @@ def run_config(generation, session, spec, resolutions, config: str, fused_names,
         if patched is not None:
             generation.release_config(patched, session.patcher)
         del patched
-        generation.free_memory()
+        free_memory()
     return records
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--comfyui", type=Path, required=True, help="a ComfyUI checkout (its comfy/ is imported)")
-    parser.add_argument("--models", default="flux-dev", help="comma list of flux-dev, wan2.1-t2v-14b")
+def add_arguments(parser) -> None:
+    add_model_arguments(parser, models="flux-dev", steps=3, warmup_steps=1)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
-    parser.add_argument("--resolutions", default="", help="comma list to keep, e.g. 1024x1024,480x832x33")
-    parser.add_argument("--steps", type=int, default=3, help="steps of the unprofiled timed call (default 3)")
-    parser.add_argument("--warmup-steps", type=int, default=1, help="steps of the warm-up call (default 1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tiny", action="store_true", help="shrunk models on the CPU: a smoke test of the path")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--allocator", choices=("comfy", "native"), default="comfy")
     parser.add_argument("--host-profile", action="store_true",
                         help="also one step under cProfile per config: where the host time goes")
-    parser.add_argument("--disable-dynamic-vram", action="store_true",
-                        help="start the release as `main.py --disable-dynamic-vram` does (legacy ModelPatcher)")
-    parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
-    options = parser.parse_args(argv)
 
-    import generation
-    options.models = [m for m in options.models.split(",") if m]
-    unknown = [m for m in options.models if m not in generation.MODELS]
-    if unknown:
-        parser.error(f"unknown models {unknown}; known: {', '.join(generation.MODELS)}")
+
+def run(options, parser) -> int:
+    check_model_arguments(options, parser)
     options.configs = [c for c in options.configs.split(",") if c]
     bad = [c for c in options.configs if c not in CONFIGS]
     if bad:
         parser.error(f"unknown configs {bad}; known: {', '.join(CONFIGS)}")
     if "stock" not in options.configs:
         options.configs.insert(0, "stock")   # the ceilings are stock's
-    if options.steps < 2:
-        parser.error("--steps must be at least 2 (the first timed step is left out of s_per_step)")
-    wanted_resolutions = {r for r in options.resolutions.split(",") if r}
     device = options.device
-    if device == "auto":
-        device = "cpu" if options.tiny or not Path("/dev/nvidia0").exists() else "cuda"
-
-    comfyui = generation.import_comfyui(options.comfyui.resolve(), device, options.allocator,
-                                        options.disable_dynamic_vram)
-    import torch
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda but torch sees no CUDA device")
+    comfyui = import_comfyui(options.comfyui.resolve(), device, options.allocator, options.disable_dynamic_vram)
+    check_device(device)
     environment = generation.environment(device, comfyui)
-    if device != "cuda":
-        import results_io
-        environment["command"] = results_io.command_line()
     fused_names = fused_dit_kernel_names()
     # generation.Session reads these attributes of its options: weights from state dicts, loaded as ComfyUI does
     options.load_outside_inference_mode = False
@@ -413,39 +386,34 @@ def main(argv=None) -> int:
     report = {"benchmark": "step-profile", "script": "benchmarks/step_profile.py", "note": NOTE,
               "environment": environment,
               "settings": {"steps": options.steps, "warmup_steps": options.warmup_steps, "seed": options.seed,
-                           "tiny": options.tiny, **generation.SAMPLER, "allocator": options.allocator,
+                           "tiny": options.tiny, **SAMPLER, "allocator": options.allocator,
                            "profiled_step": f"step 3 of a {PROFILED_STEPS}-step call, after the timing pass of the same build",
                            "order": "per model: configs in turn, each built once, timed at every resolution, "
                                     "then profiled at every resolution",
-                           "weights_loaded": generation.WEIGHTS_LOADED[False], "model_mode": generation.AS_LOADED,
+                           "weights_loaded": WEIGHTS_LOADED[False], "model_mode": generation.AS_LOADED,
                            "vram_mode": comfyui.get("vram_mode"),
                            "fused_dit_kernel_names": sorted(fused_names),
                            "activities": ["CPU", "CUDA"] if device == "cuda" else ["CPU"]},
               "definitions": DEFINITIONS, "setup": [], "results": []}
     for model_key in options.models:
-        spec = generation.MODELS[model_key]
-        resolutions = spec.tiny_resolutions if options.tiny else spec.resolutions
-        if wanted_resolutions:
-            resolutions = [r for r in resolutions if generation.resolution_name(r) in wanted_resolutions]
+        spec = MODELS[model_key]
+        resolutions = resolutions_of(spec, options)
         entries = {}
         for resolution in resolutions:
-            name = generation.resolution_name(resolution)
+            name = resolution_name(resolution)
             entries[name] = {"model": model_key, "resolution": name, "weights": "bf16", "configs": {}}
             report["results"].append(entries[name])
         for config in options.configs:
-            records = run_config(generation, session, spec, resolutions, config, fused_names, options, device)
+            records = run_config(session, spec, resolutions, config, fused_names, options, device)
             for name, record in records.items():
                 entries[name]["configs"][config] = record
             report["setup"] = session.setup
-            generation.write_report(report, options.out)
+            results.write_json(report, options.out)
         for name, entry in entries.items():
             entry["derived"] = ceilings(entry["configs"].get("stock", {}), entry["configs"])
             print(f"{model_key} {name} derived: {entry['derived']}", flush=True)
-        generation.write_report(report, options.out)
+        results.write_json(report, options.out)
         session.unload()
     print(f"wrote {options.out}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,16 +1,9 @@
 #!/usr/bin/env bash
-# comfy-kitchen (and, with --kit, everything generation.py needs) for the device machine, which has no network.
-# Never committed: comfy-kitchen's code (Apache-2.0) fetched from PyPI, ComfyUI's code (GPL-3.0) copied from trees.
-#
-#   scripts/comfy_kitchen_for_device.sh [VERSION]
-#       its cp312 wheel unpacked into .ck/ (in .gitignore) without the HIP backend's library (150 MiB, no use on an
-#       NVIDIA GPU); run's carry: [".ck"], then PYTHONPATH=$PWD/.ck. benchmarks/kernels.py times its CUDA backend.
-#   scripts/comfy_kitchen_for_device.sh --kit VERSION AIMDO_VERSION TREE...
-#       .gen-device/ (add /.gen-device/ to .git/info/exclude): comfy-kitchen VERSION without HIP as ck.tar.xz (its
-#       CUDA library is 170 MiB unpacked, about 21 MiB in xz), the wheels of comfy-aimdo, torchsde, trampoline and
-#       sageattention 1.0.6 (pure Triton), and trees.tar.xz with the Python and config files of each ComfyUI TREE
-#       (a folder named for its release, e.g. 0.33.0; a REVISION file "commit\ndate" in it is kept). Everything
-#       fits one run's 64 MiB; scripts/generation_for_device.sh unpacks it there (carry: [".gen-device"]).
+# comfy-kitchen (and, with --kit, everything `python -m benchmarks generation` needs) for the device machine, which
+# has no network. Never committed: comfy-kitchen's code (Apache-2.0) from PyPI, ComfyUI's code (GPL-3.0) from trees.
+# Usage: benchmarks/README.md ("Device scripts").
+#   scripts/comfy_kitchen_for_device.sh [VERSION]                        # .ck/ (carry [".ck"])
+#   scripts/comfy_kitchen_for_device.sh --kit VERSION AIMDO_VERSION TREE...   # .gen-device/ (carry [".gen-device"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64

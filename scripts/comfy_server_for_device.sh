@@ -1,33 +1,9 @@
 #!/usr/bin/env bash
-# A real ComfyUI server (0.33.0 by default) on the device machine, which has no network: the Fused DiT Ops pack
-# installed by `python -m applier overlay install`, prompts queued over HTTP (benchmarks/comfy_server_run.py).
-# Never committed: the kit holds code of ComfyUI (GPL-3.0) and of packages from PyPI.
-#
-#   TMPDIR=$PWD/.cache/tmp scripts/comfy_server_for_device.sh --kit TREE
-#       here (network): .server-device/ (add /.server-device/ to .git/info/exclude), for the ComfyUI folder TREE
-#       named for its release (e.g. .realcomfy/0.33.0): comfy-kitchen and comfy-aimdo at the versions TREE's
-#       requirements.txt pins, and trees.tar.xz (TREE's Python and config files), both made by
-#       scripts/comfy_kitchen_for_device.sh --kit (run from a copy in a temporary folder, so a .gen-device/ of
-#       this checkout is left alone), torchsde and trampoline from there too; the cp312 wheels of what the
-#       server needs to start and run a prompt that the device's image lacks (SQLAlchemy, alembic + Mako for its
-#       database, pydantic (+ core, annotated-types, typing-inspection, typing-extensions >= 4.16), pydantic-settings
-#       + python-dotenv, blake3, simpleeval) and unidiff (applier's own; the image has click, packaging and
-#       filelock); PyAV unpacked and xz'd as av.tar.xz (35 MiB as a wheel, 23 as xz).
-#       Not carried: comfyui-frontend-package (the server gets an empty --front-end-root), the workflow templates
-#       and embedded docs (an error line each in the log, no more), kornia, spandrel, comfy-angle, PyOpenGL (a few
-#       comfy_extras nodes fail to import: a warning). trees.tar.xz has what comfy_kitchen_for_device.sh keeps:
-#       no comfy_api_nodes/ (the server then loads no partner-API nodes), tests, blueprints, nor files of 1000 KiB
-#       and more (tokenizer files: no text encoder is loaded). About 55 MiB; with the repo under one run's 64 MiB.
-#   bash scripts/comfy_server_for_device.sh [ERA]
-#       on the device machine, from the repo root (run's carry: [".server-device"]): unpack the kit into /tmp,
-#       write a random-weight Flux-dev checkpoint (benchmarks/generation.py's ensure_checkpoint, drawn on the GPU,
-#       kept in /tmp/comfy-server-ckpt), then benchmarks/comfy_server_run.py on the ERA tree (0.33.0) started as
-#       its main.py starts by default (DynamicVRAM on NVIDIA with torch >= 2.8): stock, the node with FP8, stock
-#       again, the node without FP8, the node with attention (where it offers it), Flux-dev at 1024x1024, steps
-#       2 and 6. $OUT gets comfy-server-ERA.json, its server log (comfy-server-ERA.server.log) and device.log.
-# Environment: STEPS ("2 6"), RESOLUTION (1024x1024), TIME_LIMIT (510 s for comfy_server_run.py, the checkpoint's
-# writing (at most 300 s) included), SERVER_ARGS (more main.py flags), EXTRA (more comfy_server_run.py arguments, e.g. --tiny),
-# KIT (.server-device), WORK (/tmp: where the kit is unpacked and the checkpoint kept).
+# A real ComfyUI server (0.33.0 by default) on the device machine, which has no network: the pack installed by
+# `python -m applier overlay install`, prompts queued over HTTP (`python -m benchmarks comfy-server`). Never committed:
+# the kit holds ComfyUI's code (GPL-3.0) and packages from PyPI. Usage and environment: benchmarks/README.md.
+#   TMPDIR=$PWD/.cache/tmp scripts/comfy_server_for_device.sh --kit TREE     # here (network): .server-device/
+#   bash scripts/comfy_server_for_device.sh [ERA]                            # there (carry [".server-device"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kit="${KIT:-.server-device}"
@@ -76,8 +52,8 @@ mkdir -p "$site" "$trees" "$ckpt"
     python3 -c 'import torch, sqlalchemy, pydantic, av, comfy_aimdo, comfy_kitchen, torchsde; print("torch",
         torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), "sqlalchemy", sqlalchemy.__version__,
         "pydantic", pydantic.VERSION, "av", av.__version__)'
-    echo "== $(date -u +%T) comfy_server_run.py on $era"
-    timeout -k 20 "${TIME_LIMIT:-510}" python3 benchmarks/comfy_server_run.py \
+    echo "== $(date -u +%T) benchmarks comfy-server on $era"
+    timeout -k 20 "${TIME_LIMIT:-510}" python3 -m benchmarks comfy-server \
         --comfyui "$trees/$era" --make-checkpoint "$ckpt" --model flux-dev \
         --resolution "${RESOLUTION:-1024x1024}" --steps ${STEPS:-2 6} --checkpoint-timeout 300 \
         --startup-timeout 150 --prompt-timeout 120 ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-} \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -15,9 +16,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 def load_tree_builder():
     """The ComfyUI-shaped tree builder the tests use (tests/fixtures/comfy_tree.py; stdlib only)."""
-    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
-    import comfy_tree
-    return comfy_tree
+    spec = importlib.util.spec_from_file_location("comfy_tree", REPO / "tests" / "fixtures" / "comfy_tree.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)   # its dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def step(title: str) -> None:
@@ -111,8 +113,7 @@ def main() -> None:
         print("DIFFERENT after revert:\n  " + "\n  ".join(changed))
         sys.exit(1)
     print(f"all {len(before)} files under the ComfyUI tree and torch/cuda are byte-identical to before apply")
-    sys.path.insert(0, str(REPO))
-    from applier.record import pristine_hashes  # noqa: E402
+    from applier.record import pristine_hashes   # make demo runs .venv's python, where applier is installed
     record = pristine_hashes(site)
     cuda_files = [p for p in (site / "torch" / "cuda").glob("*.py")]
     bad = [p for p in cuda_files

@@ -28,7 +28,7 @@ from tests.fixtures.comfy_tree import ERAS, STOCK_PIL_LIMIT, build_comfy_tree, e
 
 REPO = Path(__file__).resolve().parent.parent
 PROBES = REPO / "verify" / "probes"
-# scripts/fetch_comfyui_upstream.py --cache DIR fills DIR/comfyui; point APPLIER_UPSTREAM_CACHE at DIR to check it.
+# python -m benchmarks upstream comfyui --cache DIR fills DIR/comfyui; point APPLIER_UPSTREAM_CACHE at DIR to check it.
 UPSTREAM_CACHE = Path(os.environ.get("APPLIER_UPSTREAM_CACHE") or "/nonexistent-upstream-cache") / "comfyui"
 PATCH_IDS = ("comfyui/max-resolution", "comfyui/oom-retry", "comfyui/pil-pixel-limit")
 PATCHED_MAX_RESOLUTION = 40960
@@ -495,7 +495,7 @@ def cached_snapshots() -> list[Path]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not cached_snapshots(), reason=f"no ComfyUI upstream cache at {UPSTREAM_CACHE} "
-                    "(scripts/fetch_comfyui_upstream.py fills it; CI has none)")
+                    "(python -m benchmarks upstream comfyui fills it; CI has none)")
 def test_every_cached_upstream_snapshot_has_exactly_one_clean_variant_that_round_trips(comfy_patches):
     parsed = {(p.id, v.name): diffengine.parse_patch(v.read_diff()) for p in comfy_patches.values() for v in p.variants}
     problems = []

@@ -37,7 +37,7 @@ from applier.errors import HunkConflict
 
 REPO = Path(__file__).resolve().parent.parent
 PROBES = REPO / "verify" / "probes"
-# scripts/fetch_torch_upstream.py --cache DIR fills DIR/torch; point APPLIER_UPSTREAM_CACHE at DIR to check it.
+# python -m benchmarks upstream torch --cache DIR fills DIR/torch; point APPLIER_UPSTREAM_CACHE at DIR to check it.
 UPSTREAM_CACHE = Path(os.environ.get("APPLIER_UPSTREAM_CACHE") or "/nonexistent-upstream-cache")
 PROBE_TIMEOUT_S = 180
 # find_spec locates the installed torch without importing it (importing takes seconds and is not needed here).
@@ -325,7 +325,7 @@ def test_catalog_check_of_torch_patches_on_the_installed_release(torch_catalog, 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (UPSTREAM_CACHE / "torch").is_dir(),
-                    reason="no upstream cache (scripts/fetch_torch_upstream.py)")
+                    reason="no upstream cache (python -m benchmarks upstream torch)")
 def test_catalog_check_of_torch_patches_on_every_cached_release(torch_catalog):
     report = check_catalog(list(torch_catalog.values()), UPSTREAM_CACHE)
     assert report.ok, report.problems
@@ -335,10 +335,8 @@ def test_catalog_check_of_torch_patches_on_every_cached_release(torch_catalog):
 # ------------------------------------------------------------------------------------------ upstream fetcher
 
 def load_fetch_script():
-    spec = importlib.util.spec_from_file_location("fetch_torch_upstream", REPO / "scripts" / "fetch_torch_upstream.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import fetch_torch
+    return fetch_torch
 
 
 def test_fetcher_keeps_only_the_files_the_catalog_and_detection_need():

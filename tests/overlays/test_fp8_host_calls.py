@@ -1,4 +1,4 @@
-"""Host work per FP8 Linear call (issue 21.3): counted, never timed (scripts/fp8_host_calls.py has the times).
+"""Host work per FP8 Linear call (issue 21.3): counted, never timed (fp8-host-calls.json has the times).
 
 With the GPU work stubbed (fp8_host_harness), one FP8 Linear call is its plan lookup, one codes allocation and its
 uint8 view for the kernels, the two quantisation launches (the stats buffer is the stream's own), the GEMM and the

@@ -15,7 +15,7 @@ Sections, one file each:
                               (round 3)
     test_rel_probes.py        interpreters, probes and nvidia-smi that misbehave (round 2, issue 22)
 
-Shared helpers live in reltools.py; scripts/reliability_figures.py runs the sections and writes the figures.
+Shared helpers live in reltools.py; `python -m benchmarks reliability` runs the sections and writes the figures.
 """
 from __future__ import annotations
 

@@ -402,7 +402,7 @@ def set_up(inst: Install, command: str) -> None:
 # ------------------------------------------------------------------------------------------------- figures
 
 def record_figure(section: str, **values) -> None:
-    """Extra figures for scripts/reliability_figures.py (kills made, fuzz examples run): one JSON line each, to
+    """Extra figures for `python -m benchmarks reliability` (kills made, fuzz examples run): one JSON line each, to
     the file named by APPLIER_RELIABILITY_FIGURES when it is set."""
     target = os.environ.get("APPLIER_RELIABILITY_FIGURES")
     if not target:

@@ -1,4 +1,4 @@
-"""Maintainer script: the overlay's variants checked against real ComfyUI trees of several eras.
+"""The overlay's variants checked against real ComfyUI trees of several eras (and recorded into variants.json).
 
 For each tree (a folder of ComfyUI's code, e.g. an extracted release; never committed):
 1. `applier overlay check`'s logic (static, no torch): which variant each model family and op family would run;
@@ -9,13 +9,13 @@ For each tree (a folder of ComfyUI's code, e.g. an extracted release; never comm
    process per tree (a clean `sys.modules`); modules unrelated to the model code that the tree imports and this
    machine lacks are stubbed, and the JSON lists them.
 
-    python scripts/validate_overlay_eras.py --tree 0.3.64=DIR --tree 0.33.0=DIR ... \\
+    python -m benchmarks validate overlay-eras --tree 0.3.64=DIR --tree 0.33.0=DIR ... \\
         --out benchmarks/results/overlay-eras.json
-    python scripts/validate_overlay_eras.py --record 0.3.64=DIR     # write that release's fingerprints into
-                                                                    # overlays/fused_dit/variants.json
-    python scripts/validate_overlay_eras.py --gpu-rope GPU.json     # on a CUDA device with comfy-kitchen: the RoPE
-                                                                    # seam against it (bits, ulp, ms); --with-gpu
-                                                                    # GPU.json puts it into --out
+    python -m benchmarks validate overlay-eras --record 0.3.64=DIR   # write that release's fingerprints into
+                                                                     # overlays/fused_dit/variants.json
+    python -m benchmarks validate overlay-eras --gpu-rope GPU.json   # on a CUDA device with comfy-kitchen: the
+                                                                     # RoPE seam against it (bits, ulp, ms);
+                                                                     # --with-gpu GPU.json puts it into --out
 `--record` fills only the variants whose verified_on already lists the release: verifying a variant on a release
 is a decision made in variants.json, the script only takes the hashes.
 """
@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from applier import overlay_check
 
-from applier import overlay_check  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+DEPS = REPO / ".cache" / "eras-deps"      # comfy-kitchen and friends for the child (pip --target), never committed
 
 VARIANTS_JSON = REPO / "overlays" / "fused_dit" / "variants.json"
 RECORD_FROM = {"flux_block_forward_0.3": "Flux", "wan_block_forward_0.3": "Wan 2.1"}
@@ -225,7 +225,6 @@ def runtime_child(tree: Path) -> dict:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     stubbed: list[str] = []
     _install_stubs(stubbed)
-    sys.path[:0] = [str(tree), str(REPO / "overlays"), str(REPO / ".cache" / "eras-deps")]
     sys.argv = ["main.py", "--cpu"]
     import comfy.options
     comfy.options.enable_args_parsing()              # as main.py does, so --cpu is read
@@ -343,15 +342,10 @@ def gpu_rope() -> dict:
     return out
 
 
-def runtime_check(tree: Path, timeout: float) -> dict:
-    """The child process's JSON (this script with --runtime-child), or why there is none."""
-    return child_json(Path(__file__), tree, timeout)
-
-
-def child_json(script: Path, tree: Path, timeout: float) -> dict:
-    """The last JSON line `script --runtime-child TREE` prints (each tree's ComfyUI is imported in a process of its
-    own), or {"ran": False, "reason": ...}."""
-    child = [sys.executable, str(script), "--runtime-child", str(tree)]
+def child_json(mode: str, tree: Path, timeout: float) -> dict:
+    """The last JSON line `python -m benchmarks validate MODE --runtime-child TREE` prints (each tree's ComfyUI is
+    imported in a process of its own), or {"ran": False, "reason": ...}."""
+    child = [sys.executable, "-m", "benchmarks", "validate", mode, "--runtime-child", str(tree)]
     try:
         done = subprocess.run(child, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
@@ -390,8 +384,7 @@ def summary(report: dict) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--tree", action="append", default=[], metavar="VERSION=DIR")
     parser.add_argument("--record", action="append", default=[], metavar="VERSION=DIR")
     parser.add_argument("--out", type=Path)
@@ -401,7 +394,16 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu-rope", type=Path, metavar="JSON",
                         help="on a CUDA device with comfy-kitchen: the RoPE seam against comfy-kitchen, into JSON")
     parser.add_argument("--with-gpu", type=Path, metavar="JSON", help="a --gpu-rope result to include in --out")
-    args = parser.parse_args(argv)
+
+
+def import_paths(options) -> list[Path]:
+    """A runtime child imports its tree's ComfyUI (comfy-kitchen and friends from DEPS); both import the pack."""
+    if options.runtime_child:
+        return [options.runtime_child.resolve(), REPO / "overlays", DEPS]
+    return [REPO / "overlays"] if getattr(options, "gpu_rope", None) else []
+
+
+def run(args, parser=None) -> int:
     if args.gpu_rope:
         args.gpu_rope.write_text(json.dumps(gpu_rope(), indent=1) + "\n")
         return 0
@@ -415,8 +417,8 @@ def main(argv=None) -> int:
     for item in args.tree:
         version, _, folder = item.partition("=")
         report = overlay_check.check_tree(Path(folder), version)
-        runtime = {"ran": False, "reason": "--no-runtime"} if args.no_runtime else runtime_check(
-            Path(folder), args.timeout)
+        runtime = {"ran": False, "reason": "--no-runtime"} if args.no_runtime else child_json(
+            "overlay-eras", Path(folder), args.timeout)
         if runtime.get("ran"):
             runtime["fingerprints_against_check"] = compare_prints(static_prints(report), runtime["fingerprints"])
         report.pop("comfyui_root")
@@ -430,7 +432,7 @@ def main(argv=None) -> int:
                           "run-time recognition, exactness and attn1_patch on tiny blocks built by each tree's "
                           "own classes (CPU, fp32)",
                   "date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "python": platform.python_version(),
-                  "torch": torch.__version__, "command": "python scripts/validate_overlay_eras.py "
+                  "torch": torch.__version__, "command": "python -m benchmarks validate overlay-eras "
                   + " ".join(f"--tree {e['comfyui_version']}=DIR" for e in eras)
                   + (" --with-gpu GPU.json (from --gpu-rope GPU.json on the H200, comfy-kitchen 0.2.31 carried)"
                      if args.with_gpu else "") + " --out " + str(args.out),
@@ -440,6 +442,3 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

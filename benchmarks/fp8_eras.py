@@ -1,4 +1,4 @@
-"""Maintainer script: the FP8 seam's reach into ComfyUI's weight system, checked against real trees of several eras.
+"""The FP8 seam's reach into ComfyUI's weight system, checked against real trees of several eras.
 
 For each tree (a folder of ComfyUI's code, never committed), in a child process on the CPU with the FP8 GEMM
 emulated from the same codes (fused_dit.testing.fp8_emulated), through the tree's own comfy.ops and comfy-kitchen:
@@ -13,11 +13,11 @@ emulated from the same codes (fused_dit.testing.fp8_emulated), through the tree'
 4. whether the tree has ModelPatcherDynamic (DynamicVRAM) and `is_dynamic`, which the node's replace path reads;
 5. whether each Linear op class's forward is one the FP8 seam was verified on (variants.json), as the node decides.
 DynamicVRAM's streaming itself needs comfy-aimdo and a CUDA device (on a CPU ComfyUI's cast takes its CPU branch):
-the JSON says so; benchmarks/generation.py's overlay_fp8 / overlay_all_fp8 configs measure it on the GPU.
+the JSON says so; the generation command's overlay_fp8 / overlay_all_fp8 configs measure it on the GPU.
 Modules the trees import that this machine lacks and that have nothing to do with the ops are stubbed (as in
-validate_overlay_eras.py) and listed.
+eras.py) and listed.
 
-    python scripts/validate_fp8_eras.py --tree 0.3.64=DIR --tree 0.33.0=DIR ... [--out benchmarks/results/fp8-eras.json]
+    python -m benchmarks validate fp8-eras --tree 0.3.64=DIR --tree 0.33.0=DIR ... [--out FILE]
         [--record-mixed]      # each tree's mixed_precision_ops().Linear, where its checks passed, becomes a verified
                               # era of the FP8 Linear seam (variants.json: VERSION:mixed_precision_ops().Linear)
 """
@@ -29,8 +29,11 @@ import platform
 import sys
 from pathlib import Path
 
+from . import results
+from .eras import _install_stubs, child_json
+from .eras import import_paths  # noqa: F401  (the tree, overlays/ and the deps: the entry point asks this module)
+
 REPO = Path(__file__).resolve().parents[1]
-DEPS = REPO / ".cache" / "eras-deps"      # comfy-kitchen and friends for the child (pip --target), never committed
 
 
 def _error(a, b) -> float:
@@ -40,8 +43,6 @@ def _error(a, b) -> float:
 def runtime_child(tree: Path) -> dict:
     import os
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    sys.path[:0] = [str(REPO / "scripts"), str(tree), str(REPO / "overlays"), str(DEPS)]
-    from validate_overlay_eras import _install_stubs
     stubbed: list[str] = []
     _install_stubs(stubbed)
     sys.argv = ["main.py", "--cpu"]
@@ -85,7 +86,7 @@ def runtime_child(tree: Path) -> dict:
         "ModelPatcher.is_dynamic": hasattr(mp.ModelPatcher, "is_dynamic"),
         "streaming_checked_here": False,
         "why": "DynamicVRAM streams through comfy-aimdo on a CUDA device; on a CPU ComfyUI's cast takes its CPU branch "
-               "(benchmarks/generation.py overlay_fp8 / overlay_all_fp8 count the FP8 GEMMs there)"}
+               "(the generation command's overlay_fp8 / overlay_all_fp8 count the FP8 GEMMs there)"}
     classes = {"disable_weight_init.Linear": comfy.ops.disable_weight_init.Linear,
                "manual_cast.Linear": comfy.ops.manual_cast.Linear}
     if hasattr(comfy.ops, "mixed_precision_ops"):
@@ -176,13 +177,7 @@ def _mixed_precision(torch, ops, fp8_modules, fl, fp8_emulated, base, x) -> dict
     return row
 
 
-def run_tree(tree: Path, timeout: float) -> dict:
-    from validate_overlay_eras import child_json   # this script's folder is on sys.path when it runs
-    return child_json(Path(__file__), tree, timeout)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--tree", action="append", default=[], help="VERSION=DIR")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fp8-eras.json")
     parser.add_argument("--timeout", type=float, default=300)
@@ -190,34 +185,30 @@ def main(argv=None) -> int:
                         help="accept each tree's mixed_precision_ops().Linear forward as a verified era of the FP8 "
                              "Linear seam in overlays/fused_dit/variants.json, where its checks passed")
     parser.add_argument("--runtime-child", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def run(args, parser=None) -> int:
     if args.runtime_child:
         print(json.dumps(runtime_child(args.runtime_child), default=str))
         return 0
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from results_io import dumps
-    import datetime
     import torch
     trees = {}
     for spec in args.tree:
         version, _, folder = spec.partition("=")
-        trees[version] = run_tree(Path(folder), args.timeout)
-    report = {"benchmark": "fp8-eras", "script": "scripts/validate_fp8_eras.py",
+        trees[version] = child_json("fp8-eras", Path(folder), args.timeout)
+    report = {"benchmark": "fp8-eras", "script": "benchmarks/fp8_eras.py",
               "about": __doc__.split("\n\n")[1].replace("\n", " "),
               "environment": {"gpu": "none (CPU, FP8 GEMM emulated)", "torch": torch.__version__,
                               "python": platform.python_version(),
-                              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                              "date": results.now(),
                               # the trees' folders are this machine's: the command names them by release only
-                              "command": " ".join(["python scripts/validate_fp8_eras.py",
+                              "command": " ".join(["python -m benchmarks validate fp8-eras",
                                                    *(f"--tree {v}=TREE-{v}" for v in trees)])},
               "trees": trees}
-    args.out.write_text(dumps(report) + "\n")
+    args.out.write_text(results.dumps(report) + "\n")
     print(json.dumps(trees, indent=1, default=str))
     if args.record_mixed:
         labels = record_mixed(trees, REPO / "overlays" / "fused_dit" / "variants.json")
         print(f"recorded {', '.join(labels) or 'nothing'}")
     return 0 if all(t.get("ran") for t in trees.values()) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

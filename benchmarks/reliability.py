@@ -1,8 +1,8 @@
 """Run the reliability suite (tests/reliability, issue 16) and write what it tried and what passed, per section, to
 benchmarks/results/reliability-<date>.json (date: today, UTC).
 
-    .venv/bin/python scripts/reliability_figures.py [--kills N] [--fuzz-examples N] [--rounds N]
-                                                    [--baseline COMMIT] [--out FILE]
+    .venv/bin/python -m benchmarks reliability [--kills N] [--fuzz-examples N] [--rounds N]
+                                               [--baseline COMMIT] [--out FILE]
 
 Each section is one test file; a test is "tried" when it ran (not skipped) and "passed" when it passed. Beside the
 test counts, the sections that count inside a test report their own figures (tests/reliability/reltools.py
@@ -15,7 +15,6 @@ as DIR / REPO.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -104,8 +103,7 @@ def run_suite(product: Path, settings: dict, workdir: Path) -> dict:
             "sections": sections}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--kills", type=int, default=int(os.environ.get("APPLIER_KILLS", 50)),
                         help="SIGKILLs per command (default 50, the CI setting)")
     parser.add_argument("--fuzz-examples", type=int, default=int(os.environ.get("APPLIER_FUZZ_EXAMPLES", 100)),
@@ -114,7 +112,9 @@ def main() -> None:
                         help="runs per concurrent writer (default 10)")
     parser.add_argument("--baseline", metavar="COMMIT", help="also run the tests against this commit's product")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/reliability-<date>.json")
-    args = parser.parse_args()
+
+
+def run(args, parser=None) -> int:
     settings = {"kills": args.kills, "fuzz_examples": args.fuzz_examples, "concurrency_rounds": args.rounds}
     date = time.strftime("%Y-%m-%d", time.gmtime())
     out = args.out or REPO / "benchmarks" / "results" / f"reliability-{date}.json"
@@ -123,7 +123,7 @@ def main() -> None:
     report = {
         "kind": "reliability",
         "date": date,
-        "command": "python scripts/reliability_figures.py " + " ".join(
+        "command": "python -m benchmarks reliability " + " ".join(
             f"--{k.replace('_', '-').replace('concurrency-rounds', 'rounds')} {v}" for k, v in settings.items())
             + (f" --baseline {args.baseline}" if args.baseline else ""),
         "python": platform.python_version(),
@@ -160,7 +160,5 @@ def main() -> None:
                 print(f"    {name:18} {s['passed']:4}/{s['tried']:<4} passed" + (f", {s['skipped']} skipped"
                                                                                if s["skipped"] else ""))
     print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    return 0
 
-
-if __name__ == "__main__":
-    main()

@@ -1,27 +1,126 @@
-"""Write benchmarks/results/README.md: per result file, what it is, its date, GPU, and the command that produced it.
+"""How a result is written and indexed: `python -m benchmarks index [--check]` rewrites benchmarks/results/README.md.
 
-    python3 scripts/index_results.py            # rewrite the index
-    python3 scripts/index_results.py --check    # exit 1 when the index is stale or a file is not described
+Every command writes its JSON the same way: a header (GPU, versions, UTC date, the command as typed) and the data,
+with the paths of the machine that ran it written as placeholders (REPO, TMP, HOME), so a committed result names no
+machine's folders; `dumps` keeps a table of cases one line per case. The index reads those headers; what a file is,
+and the command of older files whose header has none, come from KINDS below: add a line there with each new kind.
 
-Date, GPU and command come from each JSON's header (`results_io.environment()` writes them; older files have
-some of them at the top or under "environment"). What a file is, and the command of files whose header has none,
-come from KINDS below: add a line there with each new kind of result.
+    python -m benchmarks index            # rewrite the index
+    python -m benchmarks index --check    # exit 1 when the index is stale or a file is not described
 """
 from __future__ import annotations
 
-import argparse
+import datetime
 import fnmatch
 import json
+import os
+import platform
+import re
+import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+# Folders of the machine that runs a script, longest first, and what a committed file says instead.
+_TEMP_ROOTS = ("/tmp", "/var/tmp", tempfile.gettempdir())
+_HOME_PATTERN = re.compile(r"(?<![\w./])/(?:home/[^/\s\"']+|root)(?=/|\b)")
+
+
+def placeholder_paths(text: str) -> str:
+    """text with this machine's repository, temporary and home folders replaced by REPO, TMP and HOME."""
+    text = text.replace(str(REPO), "REPO")
+    for root in sorted(set(_TEMP_ROOTS), key=len, reverse=True):
+        text = re.sub(r"(?<![\w./])" + re.escape(root.rstrip("/")) + r"(?=/|\b)", "TMP", text)
+    return _HOME_PATTERN.sub("HOME", text)
+
+
+def scrub(value):
+    """value (JSON data) with placeholder_paths applied to every string, keys included."""
+    if isinstance(value, str):
+        return placeholder_paths(value)
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v) for v in value]
+    return value
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed from the repository root: `python -m benchmarks generation --comfyui ...`."""
+    argv = list(sys.argv if argv is None else argv)
+    env = " ".join(f"{name}={os.environ[name]}" for name in ("PYTHONPATH",) if os.environ.get(name))
+    script = argv[0] if argv else ""
+    try:
+        script = str(Path(script).resolve().relative_to(REPO))
+    except ValueError:
+        pass
+    program = ["-m", "benchmarks"] if script == "benchmarks/__main__.py" else [script]
+    words = ["python", *program, *argv[1:]]
+    return placeholder_paths(" ".join(filter(None, [env, shlex.join(words)])))
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def environment(device: str = "cuda") -> dict:
+    """A file's header: the GPU and its capability (device "cuda"), torch/triton/CUDA/Python versions, the UTC time
+    and the command."""
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    env = {"gpu": None, "torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
+           "date": now(), "command": command_line()}
+    if device == "cuda":
+        env.update({"gpu": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
+                    "cuda": torch.version.cuda,
+                    "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2 ** 30, 1)})
+    return env
+
+
+INLINE_WIDTH = 120
+EXPANDED_DEPTH = 2
+
+
+def dumps(value, *, _depth: int = 0, _indent: str = "") -> str:
+    """JSON for a committed result: containers whose one-line form is short, or that sit deeper than
+    EXPANDED_DEPTH, stay on one line; others get one member per line. A table of cases is then one line per case
+    (readable in a diff) instead of one line per number."""
+    inline = json.dumps(value, separators=(", ", ": "), default=str)
+    if not isinstance(value, (dict, list)) or not value or len(inline) <= INLINE_WIDTH or _depth >= EXPANDED_DEPTH:
+        return inline
+    inner = _indent + " "
+    if isinstance(value, dict):
+        members = [f"{inner}{json.dumps(str(k))}: {dumps(v, _depth=_depth + 1, _indent=inner)}"
+                   for k, v in value.items()]
+        return "{\n" + ",\n".join(members) + "\n" + _indent + "}"
+    members = [inner + dumps(v, _depth=_depth + 1, _indent=inner) for v in value]
+    return "[\n" + ",\n".join(members) + "\n" + _indent + "]"
+
+
+def write_json(report: dict, out: Path, stem: str | None = None) -> Path:
+    """Write report (paths as placeholders) to `out` (a file), or to `out/<stem>.json` when out is a folder; the
+    file is replaced whole, so a command that writes after every run leaves a readable file when it is cut off.
+
+    The stable name is deliberate: a new run replaces the file, and git keeps the earlier ones."""
+    path = out / f"{stem}.json" if stem and out.is_dir() else out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".partial")
+    partial.write_text(dumps(scrub(report)) + "\n")
+    partial.replace(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- the index
 HISTORY = "5227c0c"  # the last commit whose tree holds the run folders (benchmarks/results/h200-2026-11-30-run*)
 # the last commit whose tree holds the retired probes (their question answered: their JSON stay, the code is in git)
 RETIRED_AT = "b07e3cd"
-
 
 
 class Kind(NamedTuple):
@@ -131,17 +230,17 @@ KINDS: dict[str, Kind] = {
     "comfyui-sweep.json": Kind(
         "apply / status / revert on ComfyUI commits spread over a mirror's history plus every release tag, with "
         "byte identity after revert: every commit where a patch refuses, and why",
-        "python scripts/sweep_comfyui.py --mirror MIRROR -n N --work DIR", "", CPU),
+        "python -m benchmarks validate comfyui-sweep --mirror MIRROR -n N --work DIR", "", CPU),
     "generation-*.json": Kind(
         "whole generations through one ComfyUI release's own loader and sampler, started as its main.py starts "
         "(the release in the name; seeded random weights): speed, memory, VRAM mode, SDPA backend and which code "
         "ran, stock against the overlays, ComfyUI's fp8 --fast, sage attention and torch.compile",
-        "python benchmarks/generation.py --comfyui TREE --out benchmarks/results/generation-RELEASE.json", ""),
+        "python -m benchmarks generation --comfyui TREE --out benchmarks/results/generation-RELEASE.json", ""),
     "step-profile-*.json": Kind(
         "one sampling step per config on one ComfyUI release (in the name), as its main.py starts it, by kernel "
         "category (GEMM, FP8 GEMM, attention, fused_dit, other) and idle gap (host work and launch gaps), and the "
         "no-FP8 ceiling with GEMMs and attention untouched",
-        "python benchmarks/step_profile.py --comfyui TREE --models flux-dev --out "
+        "python -m benchmarks step-profile --comfyui TREE --models flux-dev --out "
         "benchmarks/results/step-profile-RELEASE.json", "", H200),
     "fp8-codes-comfyui.json": Kind(
         "the node's fp8_weights=replace through a real ComfyUI 0.3.64 ModelPatcher (tiny models): same bits as "
@@ -164,7 +263,17 @@ KINDS: dict[str, Kind] = {
     "reliability-*.json": Kind(
         "the reliability suite's figures (tests/reliability: failpoints, random SIGKILLs, concurrent writers, "
         "confinement, bad inputs, fuzzing): tests tried and passed per section",
-        "python scripts/reliability_figures.py", "", CPU),
+        "python -m benchmarks reliability", "", CPU),
+    "node-pack-*.json": Kind(
+        "the node pack installed the ComfyUI way (git clone into custom_nodes/, as ComfyUI-Manager's Install via Git "
+        "URL) into a real ComfyUI release (in the name), `main.py --cpu`: listed by /object_info, prompts with the "
+        "node run, `applier status` on the clone",
+        "python scripts/validate_node_pack.py --mirror MIRROR --work WORK --out "
+        "benchmarks/results/node-pack-RELEASE.json",
+        "", CPU),
+    "budget-validation.json": Kind(
+        "`applier budget`'s predicted seconds per step against the committed H200 measurements, run by run",
+        "python scripts/budget_validation.py --out benchmarks/results/budget-validation.json", "", H200),
     "real-torch-envs.json": Kind(
         "real torch 2.14.1+cu130 and 2.13.0+cpu venvs: apply, verify, revert, RECORD",
         "python3 scripts/validate_torch_env.py --target VENV214 VENV213 --out benchmarks/results/real-torch-envs.json",
@@ -233,7 +342,7 @@ def cell(text) -> str:
 
 def render(found: list[dict]) -> str:
     lines = ["# benchmarks/results: the evidence behind the figures in the docs", "",
-             "Generated by `scripts/index_results.py` (do not edit by hand). One current file per benchmark kind, "
+             "Generated by `python -m benchmarks index` (do not edit by hand). One current file per benchmark kind, "
              "under a stable name: a new run replaces the file, and git keeps the earlier ones. Machine paths in "
              "the files are placeholders: REPO (this repository), TMP (a temporary folder), HOME, MIRROR (a ComfyUI "
              "git mirror), CACHE (an upstream cache). The GPU figures are summarised in `docs/gpu-report.md` "
@@ -258,10 +367,11 @@ def render(found: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--check", action="store_true", help="exit 1 when the index is stale or a file undescribed")
-    args = parser.parse_args()
+
+
+def run(args, parser=None) -> int:
     found = rows()
     text = render(found)
     index = RESULTS / "README.md"
@@ -269,14 +379,11 @@ def main() -> int:
         undescribed = [row["file"] for row in found if not row["what"]]
         stale = not index.exists() or index.read_text() != text
         for name in undescribed:
-            print(f"{name}: not described (add it to KINDS in scripts/index_results.py)", file=sys.stderr)
+            print(f"{name}: not described (add it to KINDS in benchmarks/results.py)", file=sys.stderr)
         if stale:
-            print(f"{index.relative_to(REPO)} is stale: run python3 scripts/index_results.py", file=sys.stderr)
+            print(f"{index.relative_to(REPO)} is stale: run python -m benchmarks index", file=sys.stderr)
         return 1 if stale or undescribed else 0
     index.write_text(text)
     print(f"wrote {index.relative_to(REPO)} ({len(found)} files)")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

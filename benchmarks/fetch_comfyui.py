@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fill the ComfyUI upstream cache that the comfyui/* catalog variants are checked against.
 
 ComfyUI is not on any package registry; its history is read from a local git directory (a bare mirror is enough).
@@ -19,7 +18,7 @@ Which commits are taken (first-parent history of the branch):
 
 Usage:
 
-    python scripts/fetch_comfyui_upstream.py --repo MIRROR --cache DIR
+    python -m benchmarks upstream comfyui --repo MIRROR --cache DIR
 
 MIRROR is a ComfyUI git directory (a bare mirror); DIR the cache root that `applier catalog check --cache DIR`
 and the tests (APPLIER_UPSTREAM_CACHE=DIR) read.
@@ -28,12 +27,10 @@ A label already in the cache is left alone unless --force.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,13 +162,14 @@ def extract(git: Git, snap: Snapshot, cache_root: Path, force: bool) -> str:
     return "written"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--repo", type=Path, required=True, help="a ComfyUI git directory (bare is fine)")
     parser.add_argument("--cache", type=Path, required=True, help="cache root (comfyui/ is created in it)")
     parser.add_argument("--branch", default="master")
     parser.add_argument("--force", action="store_true", help="rewrite labels already cached")
-    args = parser.parse_args(argv)
+
+
+def run(args, parser=None) -> int:
 
     git = Git(args.repo)
     versioned = versioned_snapshots(git, args.branch)
@@ -184,6 +182,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(unversioned)} unversioned + {len(versioned)} versioned snapshots in {args.cache / 'comfyui'}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

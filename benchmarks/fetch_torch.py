@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Fill the torch upstream cache that `applier.catalog_check` and docs/coverage.md are built from.
 
 For each torch release, download the small macOS arm64 wheel (the pure-Python torch/cuda/*.py files are identical
@@ -10,14 +9,13 @@ across platforms), keep only what the catalog's diffs and version detection need
 
 The cache lives outside the repository (upstream source is never committed). Usage:
 
-    python scripts/fetch_torch_upstream.py --cache DIR           # every release below, into DIR/torch
-    python scripts/fetch_torch_upstream.py --cache DIR 2.13.0    # one release, another cache root
+    python -m benchmarks upstream torch --cache DIR           # every release below, into DIR/torch
+    python -m benchmarks upstream torch --cache DIR 2.13.0    # one release, another cache root
 
 A version already in the cache (it has torch/version.py) is skipped unless --force.
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import os
 import shutil
@@ -88,12 +86,13 @@ def fetch(version: str, cache_root: Path, force: bool) -> None:
     print(f"{version}: {count} files from {wheel.name} ({size_mb:.0f} MB, deleted) -> {version_dir}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("versions", nargs="*", default=list(RELEASES), help="torch releases (default: all)")
     parser.add_argument("--cache", type=Path, required=True, help="cache root (DIR): DIR/torch/<version>/...")
     parser.add_argument("--force", action="store_true", help="download again even when cached")
-    args = parser.parse_args(argv)
+
+
+def run(args, parser=None) -> int:
     (args.cache / "torch").mkdir(parents=True, exist_ok=True)
     failed = []
     for version in args.versions:
@@ -104,6 +103,3 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(version)
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Maintainer sweep: the applier CLI against many real ComfyUI trees, with byte-identity after revert.
+"""The applier CLI against many real ComfyUI trees, with byte-identity after revert.
 
 Given a ComfyUI git directory (a bare mirror is enough), it exports N commits spread evenly over the first-parent
 history, every release tag (vX.Y.Z), and every release commit (the commit that set a new `__version__` in
@@ -15,15 +14,13 @@ Trees given with --extra (folders prepared by hand outside the repository, e.g. 
 than the mirror; each may hold a SWEEP.json with {"label", "date", "commit", "source", "only": [patch ids]}) are
 swept the same way.
 
-    python scripts/sweep_comfyui.py --mirror DIR -n 40 [--commit SHA ...] [--work DIR] [--extra DIR ...] [--out FILE]
+    python -m benchmarks validate comfyui-sweep --mirror DIR -n 40 [--commit SHA ...] [--work DIR] [--extra DIR ...]
 
 Writes benchmarks/results/comfyui-sweep.json (paths as placeholders). Nothing from ComfyUI is kept: each export is
 deleted after its run.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import hashlib
 import json
 import os
@@ -35,9 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .results import command_line, now, write_json
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
-from results_io import command_line, write_json  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "comfyui-sweep.json"
 VERSION_RE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.MULTILINE)
@@ -194,8 +191,7 @@ def read_version(tree: Path) -> str | None:
     return match.group(1) if match else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--mirror", type=Path, required=True, help="a ComfyUI git directory (bare is fine)")
     parser.add_argument("-n", type=int, default=40, help="commits spread over the history (plus every release)")
     parser.add_argument("--branch", default="master")
@@ -203,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", action="append", default=[], help="a commit to sweep as well (repeatable)")
     parser.add_argument("--extra", type=Path, action="append", default=[], help="a prepared tree to sweep too")
     parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
 
+
+def run(args, parser) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="comfyui-sweep-"))
     if work.resolve().is_relative_to(REPO) and subprocess.run(
             ["git", "-C", str(REPO), "check-ignore", "-q", str(work)]).returncode != 0:
@@ -260,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "kind": "comfyui-sweep",
         "environment": {"python": platform.python_version(), "platform": platform.platform(terse=True),
-                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                        "date": now(),
                         "command": command_line().replace(str(args.mirror), "MIRROR"),
                         "applier_commit": subprocess.run(
                             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -274,10 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "not_applicable": not_applicable,
         "trees": rows,
     }
-    write_json(report, args.out, "comfyui-sweep")
+    print(f"wrote {write_json(report, args.out, 'comfyui-sweep')}")
     failed = [r for r in rows if r["outcome"] == "FAILED" or not r["byte_identical"]]
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """The Fused DiT Ops node through a real ComfyUI server: install, start, queue prompts over HTTP, measure.
 
 Steps, each recorded in the JSON:
   0. with --make-checkpoint DIR (instead of --checkpoint FILE): the random-weight checkpoint, written in a child
-     process by benchmarks/generation.py's own functions (import_comfyui, ensure_checkpoint: the release's own
-     model class names the keys; drawn on the GPU where there is one) and kept in DIR for later runs;
+     process by `python -m benchmarks checkpoint` (models.py: the release's own model class names the keys; drawn
+     on the GPU where there is one) and kept in DIR for later runs;
   1. a venv inside the ComfyUI folder (--system-site-packages, so it sees this interpreter's torch), unless
      --python names one; then `python -m applier overlay install --target DIR` installs the pack as a user would;
   2. a probe custom node written into custom_nodes/ by this script: it counts torch._scaled_mm calls (the GEMM of
@@ -26,15 +25,13 @@ Steps, each recorded in the JSON:
 The weights are random: speed, memory and which code ran, never image quality.
 
 Examples (the GPU run on 0.33.0 without network: scripts/comfy_server_for_device.sh):
-    python benchmarks/comfy_server_run.py --comfyui DIR --checkpoint /tmp/ckpt/flux-dev-random-seed0.safetensors \\
+    python -m benchmarks comfy-server --comfyui DIR --checkpoint /tmp/ckpt/flux-dev-random-seed0.safetensors \\
         --model flux-dev --out benchmarks/results/comfy-server-RELEASE.json
-    python benchmarks/comfy_server_run.py --comfyui DIR --make-checkpoint CKPT_DIR --tiny --server-args=--cpu \\
+    python -m benchmarks comfy-server --comfyui DIR --make-checkpoint CKPT_DIR --tiny --server-args=--cpu \\
         --out OUT.json        # CPU smoke test: 1+1 Flux blocks at 64x64
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import platform
@@ -49,16 +46,15 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from . import comfy_release, results
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import comfy_release  # noqa: E402
-import results_io  # noqa: E402
 PROBE_NAME = "generation_probe.py"
 NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed and which code ran "
         "(torch._scaled_mm calls), never for image quality.")
 
 PROBE_SOURCE = '''\
-"""Benchmark probe written by benchmarks/comfy_server_run.py (applier project); not part of ComfyUI.
+"""Benchmark probe written by benchmarks/comfy_server.py (applier project); not part of ComfyUI.
 
 Counts torch._scaled_mm calls (GET /generation_probe/counts, POST /generation_probe/reset) and offers a zero
 CONDITIONING of a text encoder's output shape, so a prompt needs no text encoder."""
@@ -121,23 +117,6 @@ MODELS = {
 }
 # the node's inputs: the overlay families on; FP8 off, on; attention (an optional input since the node has it) on
 OVERLAY = {"norm_rope": True, "adaln": True, "gate": True}
-
-# written to a file and run by a child process (ComfyUI and its torch stay out of this one, so this process holds
-# no GPU memory while the server runs): generation.py's own checkpoint, by the release's own model class
-CHECKPOINT_SOURCE = '''\
-import json, sys
-from pathlib import Path
-benchmarks, comfyui, directory, model, seed, tiny = sys.argv[1:7]
-sys.path.insert(0, benchmarks)
-import generation
-# the model is only built on the meta device to name the weights: ComfyUI is imported as for the CPU (no
-# comfy-aimdo, no CUDA allocator set-up), the random numbers are drawn on the GPU where there is one
-generation.import_comfyui(Path(comfyui), "cpu", "native")
-import torch
-device = "cuda" if torch.cuda.is_available() else "cpu"
-path, seconds = generation.ensure_checkpoint(Path(directory), generation.MODELS[model], tiny == "1", int(seed), device)
-print("CHECKPOINT " + json.dumps({"path": str(path), "write_s": round(seconds, 1), "drawn_on": device}))
-'''
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # lines of the server's log that say how it started (matched as substrings)
@@ -245,15 +224,14 @@ def compare(a, b) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- set-up
 def make_checkpoint(comfyui: Path, directory: Path, model: str, seed: int, tiny: bool, timeout: float) -> dict:
-    """generation.py's random-weight checkpoint for this release (kept in DIRECTORY; written once), made by a
-    child process; {"path", "write_s" (0.0: it was there), "drawn_on", "seconds"}."""
+    """The random-weight checkpoint for this release (kept in DIRECTORY; written once) by a child process (ComfyUI
+    and its torch stay out of this one, so it holds no GPU memory while the server runs): `python -m benchmarks
+    checkpoint`; {"path", "write_s" (0.0: it was there), "drawn_on", "seconds"}."""
     directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    script = directory / "write_checkpoint.py"
-    script.write_text(CHECKPOINT_SOURCE)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, str(script), str(REPO_ROOT / "benchmarks"), str(comfyui), str(directory),
-                           model, str(seed), "1" if tiny else "0"], capture_output=True, text=True, timeout=timeout,
+    command = [sys.executable, "-m", "benchmarks", "checkpoint", "--comfyui", str(comfyui), "--dir", str(directory),
+               "--model", model, "--seed", str(seed), *(["--tiny"] if tiny else [])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("CHECKPOINT ")]
     if done.returncode or not lines:
@@ -261,7 +239,7 @@ def make_checkpoint(comfyui: Path, directory: Path, model: str, seed: int, tiny:
                            f"{(done.stdout + done.stderr)[-3000:]}")
     record = json.loads(lines[-1].split(" ", 1)[1])
     record.update({"seconds": round(time.perf_counter() - started, 1), "tiny": tiny,
-                   "written_by": "benchmarks/generation.py ensure_checkpoint (random_state_dict)"})
+                   "written_by": "benchmarks/models.py ensure_checkpoint (random_state_dict)"})
     return record
 
 
@@ -364,16 +342,15 @@ def link_checkpoint(comfyui: Path, checkpoint: Path) -> str:
     return checkpoint.name
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--comfyui", type=Path, required=True, help="the ComfyUI folder to install into and run")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", type=Path, help="the random-weight safetensors file")
     which.add_argument("--make-checkpoint", type=Path, metavar="DIR",
-                       help="write it (generation.py's, for this release) into DIR, or reuse the one there")
+                       help="write it (`python -m benchmarks checkpoint`, for this release) into DIR, or reuse the "
+                            "one there")
     parser.add_argument("--tiny", action="store_true",
-                        help="with --make-checkpoint: generation.py's tiny model (CPU smoke test; default resolution "
-                             "64x64)")
+                        help="with --make-checkpoint: the tiny model (CPU smoke test; default resolution 64x64)")
     parser.add_argument("--checkpoint-timeout", type=float, default=300)
     parser.add_argument("--model", choices=tuple(MODELS), default="flux-dev")
     parser.add_argument("--resolution", default="", help="HxW (Flux) or HxWxFRAMES (Wan); default per model")
@@ -385,7 +362,9 @@ def main(argv=None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=180)
     parser.add_argument("--prompt-timeout", type=float, default=300)
     parser.add_argument("--out", type=Path, required=True)
-    options = parser.parse_args(argv)
+
+
+def run(options, parser) -> int:
     low, high = options.steps
     if not 1 <= low < high:
         parser.error("--steps LOW HIGH needs 1 <= LOW < HIGH")
@@ -400,17 +379,16 @@ def main(argv=None) -> int:
     resolution = (tuple(int(v) for v in options.resolution.split("x")) if options.resolution
                   else model["tiny_resolution" if options.tiny else "resolution"])
 
-    report = {"benchmark": "comfy-server", "script": "benchmarks/comfy_server_run.py", "note": NOTE,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    report = {"benchmark": "comfy-server", "script": "benchmarks/comfy_server.py", "note": NOTE,
+              "date": results.now(),
               "python": platform.python_version(), "model": options.model,
               "resolution": "x".join(map(str, resolution)), "steps": [low, high], "seed": options.seed,
               "sampler": {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0},
-              "command": results_io.command_line(), "comfyui": comfy_release.read_release(comfyui).as_dict(),
+              "command": results.command_line(), "comfyui": comfy_release.read_release(comfyui).as_dict(),
               "prompts": []}
 
-    def write():   # this machine's folders as placeholders (results_io: REPO, TMP, HOME)
-        options.out.parent.mkdir(parents=True, exist_ok=True)
-        options.out.write_text(results_io.dumps(results_io.scrub(report)) + "\n")
+    def write():   # this machine's folders as placeholders (REPO, TMP, HOME)
+        results.write_json(report, options.out)
 
     checkpoint = options.checkpoint
     if options.make_checkpoint is not None:
@@ -548,6 +526,3 @@ def summarise(report: dict, output_dir: Path, low: int, high: int) -> None:
                                             "execution_s": after["execution_s"]})
     report["summary"] = summary
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,12 @@
-#!/usr/bin/env python3
 """Write docs/coverage.md: which catalog variant applies to which cached upstream release.
 
-    python scripts/fetch_torch_upstream.py            # fill DIR/torch (and the ComfyUI cache likewise)
-    PYTHONPATH=. python scripts/coverage_report.py --cache DIR
+    python -m benchmarks upstream torch --cache DIR      # fill DIR/torch (and the ComfyUI cache likewise)
+    python -m benchmarks coverage --cache DIR
 
 Exits 1 when the check finds problems (the file is still written, problems listed at its end).
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 from pathlib import Path
@@ -31,11 +29,13 @@ def render(report: CoverageReport, today: datetime.date) -> str:
     lines = [
         "# Catalog coverage",
         "",
-        f"Generated {today.isoformat()} by `scripts/coverage_report.py` from the upstream cache; do not edit by hand.",
+        f"Generated {today.isoformat()} by `python -m benchmarks coverage` from the upstream cache; do not edit by "
+        "hand.",
         "Regenerate after changing a diff or a specifier, or after a new upstream release:",
         "",
-        "    python scripts/fetch_torch_upstream.py --cache DIR     # pristine torch/cuda files per release",
-        "    PYTHONPATH=. python scripts/coverage_report.py --cache DIR",
+        "    python -m benchmarks upstream torch --cache DIR        # pristine torch/cuda files per release",
+        "    python -m benchmarks upstream comfyui --repo MIRROR --cache DIR   # ComfyUI snapshots from a git mirror",
+        "    python -m benchmarks coverage --cache DIR",
         "",
         "Each cell dry-runs the variant's diff on that release's pristine files with the diff engine (no fuzz)",
         "and reverses it: `clean` = claimed by the variant's specifier, applies, and reverses to identical bytes;",
@@ -68,12 +68,13 @@ def render(report: CoverageReport, today: datetime.date) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--cache", type=Path, required=True, help="upstream cache root (DIR)")
     parser.add_argument("--catalog", type=Path, default=PATCHES_DIR, help="catalog folder (default: patches/)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "coverage.md")
-    args = parser.parse_args(argv)
+
+
+def run(args, parser=None) -> int:
     report = check_catalog(load_catalog(args.catalog), args.cache)
     args.out.write_text(render(report, datetime.date.today()), encoding="utf-8")
     print(f"wrote {args.out}: {len(report.rows)} variants, {len(report.problems)} problems, "
@@ -82,6 +83,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"problem: {problem}", file=sys.stderr)
     return 0 if report.ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

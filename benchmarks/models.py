@@ -1,0 +1,415 @@
+"""How a model is built and loaded: seeded random weights of a release's own model class, loaded as UNETLoader loads.
+
+Flux-dev (12B), Wan 2.1 T2V 14B and Qwen-Image (20B) at full size (or shrunk to what ComfyUI's model detection still
+recognises, --tiny), built with the release's own diffusion model class, in the key format of the released
+checkpoint files, written as safetensors (`checkpoint`) or handed over as a state dict, and loaded by
+comfy.sd.load_diffusion_model(_state_dict) inside torch.inference_mode() as ComfyUI's executor does; with the inputs
+KSampler gets and its sampling call. The weights are random: speed, memory and which code ran, never image quality.
+
+    python -m benchmarks checkpoint --comfyui DIR --model flux-dev --dir CKPT_DIR [--tiny]
+writes the file a UNETLoader reads (once; its name carries the key format), and prints `CHECKPOINT {json}`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from . import comfy_release
+
+REPO = Path(__file__).resolve().parent.parent
+# how the weights were loaded: as ComfyUI does (UNETLoader and load_models_gpu inside torch.inference_mode(), so
+# they are inference tensors), or outside it (--load-outside-inference-mode)
+WEIGHTS_LOADED = {False: "in inference_mode (as ComfyUI)", True: "outside inference_mode (not as ComfyUI)"}
+SAMPLER = {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0, "denoise": 1.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    key: str
+    family: str            # "flux" | "wan" | "qwen_image"
+    full: dict             # constructor arguments of ComfyUI's diffusion model class at full size
+    tiny: dict             # the same, shrunk to what ComfyUI's model detection still recognises
+    resolutions: tuple     # (height, width) or (height, width, frames)
+    tiny_resolutions: tuple
+    text_tokens: int       # T5 tokens for Flux (FluxTokenizer min_length), umT5 tokens for Wan, Qwen2.5-VL for Qwen
+    tiny_text_tokens: int
+    model_class: str = ""  # the comfy.model_base class ComfyUI's detection must pick for these weights
+
+
+FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=3072,
+                mlp_ratio=4.0, num_heads=24, depth=19, depth_single_blocks=38, axes_dim=[16, 56, 56], theta=10000,
+                patch_size=2, qkv_bias=True, guidance_embed=True)
+WAN21_T2V_14B = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=16, dim=5120, ffn_dim=13824,
+                     freq_dim=256, text_dim=4096, out_dim=16, num_heads=40, num_layers=40, window_size=(-1, -1),
+                     qk_norm=True, cross_attn_norm=True, eps=1e-6)
+# Qwen-Image (Qwen/Qwen-Image, 20B; Comfy-Org's qwen_image_bf16.safetensors): what ComfyUI's detection yields for the
+# released weights (model_detection: image_model "qwen_image", in_channels = img_in.weight's 64 = 16 latent channels x
+# 2 x 2, num_layers = the 60 transformer_blocks; supported_models.QwenImage adds nothing), the rest being
+# QwenImageTransformer2DModel's defaults, which match the release's transformer config. Every argument here exists
+# in every release from 0.3.64 to 0.33.0; default_ref_method and use_additional_t_cond (there from 0.8.0 on) stay
+# default: detection sets them only for the Edit-2511 and Layered models, from keys the text-to-image file lacks.
+QWEN_IMAGE = dict(image_model="qwen_image", patch_size=2, in_channels=64, out_channels=16, num_layers=60,
+                  attention_head_dim=128, num_attention_heads=24, joint_attention_dim=3584, pooled_projection_dim=768,
+                  axes_dims_rope=(16, 56, 56))
+# Qwen-Image's text context: ComfyUI's QwenImageTokenizer wraps the prompt in its chat template and the text encoder
+# cuts the template off (QwenImageTEModel.encode_token_weights), with no padding and no attention mask for a single
+# prompt; the Qwen-Image release's own example prompt (the coffee-shop sign of its README) gives 115 tokens there
+# (a one-line prompt such as "A cat holding a sign that says hello world" gives 14)
+QWEN_IMAGE_TEXT_TOKENS = 115
+MODELS = {
+    # ComfyUI's Flux detection fixes hidden 3072 / 24 heads, so the tiny Flux only loses depth
+    "flux-dev": ModelSpec("flux-dev", "flux", FLUX_DEV, {**FLUX_DEV, "depth": 1, "depth_single_blocks": 1},
+                          ((1024, 1024), (2048, 2048)), ((64, 64),), 256, 8, "Flux"),
+    # Wan's detection reads dim (heads = dim // 128), ffn_dim and the depth from the weights
+    "wan2.1-t2v-14b": ModelSpec("wan2.1-t2v-14b", "wan", WAN21_T2V_14B,
+                                {**WAN21_T2V_14B, "dim": 256, "ffn_dim": 512, "num_heads": 2, "num_layers": 1},
+                                ((480, 832, 33),), ((64, 64, 5),), 512, 8, "WAN21"),
+    # Qwen-Image's detection reads in_channels and the depth only: the tiny Qwen-Image only loses depth
+    "qwen-image": ModelSpec("qwen-image", "qwen_image", QWEN_IMAGE, {**QWEN_IMAGE, "num_layers": 1},
+                            ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage"),
+}
+
+
+def resolution_name(resolution: tuple) -> str:
+    return "x".join(str(v) for v in resolution)
+
+
+
+class ModelUnavailable(Exception):
+    """This ComfyUI release has no code for the model (its runs are recorded as skipped, with this reason)."""
+
+
+def diffusion_model_class(spec: ModelSpec):
+    if spec.family == "flux":
+        from comfy.ldm.flux.model import Flux
+        return Flux
+    if spec.family == "qwen_image":
+        try:
+            from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
+        except ModuleNotFoundError as error:
+            if error.name not in ("comfy.ldm.qwen_image", "comfy.ldm.qwen_image.model"):
+                raise
+            raise ModelUnavailable(f"this ComfyUI release has no Qwen-Image model (no {error.name})") from None
+        return QwenImageTransformer2DModel
+    from comfy.ldm.wan.model import WanModel
+    return WanModel
+
+
+def constructor_arguments(spec: ModelSpec, tiny: bool) -> dict:
+    """The arguments of this release's diffusion model class (Flux: txt_ids_dims where FluxParams has it)."""
+    arguments = spec.tiny if tiny else spec.full
+    if spec.family == "flux":
+        from comfy.ldm.flux.model import FluxParams
+        arguments = comfy_release.flux_arguments(arguments, {f.name for f in dataclasses.fields(FluxParams)})
+    return arguments
+
+
+def checkpoint_shapes(spec: ModelSpec, tiny: bool) -> dict:
+    """{key: shape} of this release's model (built on the meta device), keys spelt as the released checkpoint
+    files spell them (comfy_release.checkpoint_key), which the release's own loader then converts."""
+    import torch
+    import comfy.ops
+    # under DynamicVRAM (comfy.memory_management.aimdo_enabled) ComfyUI's Linear creates no weight until a state
+    # dict is loaded into it, so the model that names the weights is built the legacy way
+    with comfy_release.eager_weights(), torch.device("meta"):
+        model = diffusion_model_class(spec)(**constructor_arguments(spec, tiny),
+                                            operations=comfy.ops.disable_weight_init, device="meta",
+                                            dtype=torch.bfloat16)
+    shapes = {comfy_release.checkpoint_key(name, spec.family): tuple(t.shape)
+              for name, t in model.state_dict().items()}
+    del model
+    return shapes
+
+
+def random_state_dict(spec: ModelSpec, tiny: bool, seed: int, device: str) -> dict:
+    """Seeded random bf16 weights with the names and shapes of the release's checkpoint (checkpoint_shapes).
+
+    Scales keep activations finite through the whole depth: matrices ~ N(0, 1/fan_in), norm scales near 1,
+    biases and Wan's modulation tables small. Tensors are drawn on `device` and returned on the CPU."""
+    import torch
+    shapes = checkpoint_shapes(spec, tiny)
+    state = {}
+    for index, (name, shape) in enumerate(sorted(shapes.items())):
+        generator = torch.Generator(device=device).manual_seed(seed * 100003 + index)
+        noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+        leaf = name.rsplit(".", 1)[-1]
+        if "modulation" in name:
+            noise *= 0.1
+        elif len(shape) >= 2:
+            noise /= math.sqrt(math.prod(shape[1:]))
+        elif leaf in ("scale", "weight"):
+            noise = 1.0 + 0.1 * noise
+        else:
+            noise *= 0.05
+        state[name] = noise.to(torch.bfloat16).cpu().contiguous()
+        del noise
+    return state
+
+
+def checkpoint_path(directory: Path, spec: ModelSpec, tiny: bool, seed: int) -> Path:
+    """The file's name carries a tag of its key format, so releases that spell keys alike share one file."""
+    tag = comfy_release.key_format_tag(checkpoint_shapes(spec, tiny))
+    return directory / f"{spec.key}{'-tiny' if tiny else ''}-random-seed{seed}-keys{tag}.safetensors"
+
+
+def ensure_checkpoint(directory: Path, spec: ModelSpec, tiny: bool, seed: int, device: str) -> tuple[Path, float]:
+    """The random-weight safetensors file a UNETLoader would read (written once); seconds spent writing it."""
+    from safetensors.torch import save_file
+    path = checkpoint_path(directory, spec, tiny, seed)
+    if path.exists():
+        return path, 0.0
+    started = time.perf_counter()
+    directory.mkdir(parents=True, exist_ok=True)
+    state = random_state_dict(spec, tiny, seed, device)
+    partial = path.with_suffix(".partial")
+    save_file(state, str(partial), metadata={"note": "seeded random weights (benchmarks/models.py)"})
+    del state
+    partial.replace(path)
+    # written back to disk before anything is timed: the kernel's write-back of tens of GB takes host CPU for a
+    # minute after the write, and a host-bound step (DynamicVRAM) measured meanwhile ran 2x slower (Qwen-Image)
+    os.sync()
+    return path, time.perf_counter() - started
+
+
+
+def inputs_for(spec: ModelSpec, resolution: tuple, tiny: bool, seed: int):
+    """Empty latent (EmptySD3LatentImage / EmptyHunyuanLatentVideo shapes), KSampler's noise, and random text
+    conditioning of the encoders' shapes (Flux: T5 tokens + CLIP pooled + guidance 3.5; Wan: umT5 tokens; Qwen-Image:
+    Qwen2.5-VL's last hidden states, 3584 wide, nothing else: QwenImage.extra_conds takes c_crossattn, and an
+    attention_mask only where the encoder padded, which one prompt never is)."""
+    import torch
+    import comfy.sample
+    tokens = spec.tiny_text_tokens if tiny else spec.text_tokens
+    generator = torch.Generator().manual_seed(seed + 7)
+    if spec.family == "flux":
+        height, width = resolution
+        latent = torch.zeros(1, 16, height // 8, width // 8)
+        context = torch.randn(1, tokens, 4096, generator=generator)
+        pooled = torch.randn(1, 768, generator=generator)
+        positive = [[context, {"pooled_output": pooled, "guidance": 3.5}]]
+    elif spec.family == "qwen_image":
+        height, width = resolution
+        # EmptySD3LatentImage's [1, 16, H/8, W/8] as KSampler hands it on (comfy.sample.fix_empty_latent_channels
+        # adds a frame axis for Qwen-Image's Wan21 latent format, before KSampler prepares the noise)
+        latent = torch.zeros(1, 16, 1, height // 8, width // 8)
+        context = torch.randn(1, tokens, 3584, generator=generator)
+        positive = [[context, {}]]
+    else:
+        height, width, frames = resolution
+        latent = torch.zeros(1, 16, (frames - 1) // 4 + 1, height // 8, width // 8)
+        context = torch.randn(1, tokens, 4096, generator=generator)
+        positive = [[context, {}]]
+    noise = comfy.sample.prepare_noise(latent, seed)
+    return latent, noise, positive
+
+
+def sample(model, noise, latent, positive, steps, seed, callback=None):
+    import comfy.sample
+    latent = comfy.sample.fix_empty_latent_channels(model, latent)
+    return comfy.sample.sample(model, noise, steps, SAMPLER["cfg"], SAMPLER["sampler_name"], SAMPLER["scheduler"],
+                               positive, positive, latent, denoise=SAMPLER["denoise"], callback=callback,
+                               disable_pbar=True, seed=seed)
+
+
+
+def weight_dtype_of(diffusion_model) -> str:
+    """The dtype most of the model's parameters are stored in (the first parameter can be a small fp32 one)."""
+    counts: dict = {}
+    for parameter in diffusion_model.parameters():
+        counts[parameter.dtype] = counts.get(parameter.dtype, 0) + parameter.numel()
+    return str(max(counts, key=counts.get)).replace("torch.", "")
+
+
+def linear_class_of(diffusion_model) -> str | None:
+    import torch
+    for module in diffusion_model.modules():
+        if isinstance(module, torch.nn.Linear):
+            return f"{type(module).__module__}.{type(module).__qualname__}"
+    return None
+
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
+
+def free_memory() -> None:
+    gc.collect()
+    import torch
+    if torch.cuda.is_available():
+        import comfy.model_management
+        comfy.model_management.soft_empty_cache()
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------ the commands' arguments
+def add_model_arguments(parser, *, models: str, steps: int, warmup_steps: int, comfyui_required: bool = True):
+    """The arguments of every command that starts a release and samples its models (generation, step-profile)."""
+    parser.add_argument("--comfyui", type=Path, required=comfyui_required,
+                        help="a ComfyUI checkout (its comfy/ package is imported)")
+    parser.add_argument("--models", default=models, help=f"comma list of {', '.join(MODELS)}")
+    parser.add_argument("--resolutions", default="", help="comma list to keep, e.g. 1024x1024,480x832x33")
+    parser.add_argument("--steps", type=int, default=steps, help=f"timed sampling steps (default {steps})")
+    parser.add_argument("--warmup-steps", type=int, default=warmup_steps,
+                        help=f"steps of the warm-up call (default {warmup_steps})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true",
+                        help="shrunk models and images for a CPU smoke test of the whole path")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--allocator", choices=("comfy", "native"), default="comfy",
+                        help="comfy: import main.py's cuda_malloc (cudaMallocAsync where ComfyUI enables it)")
+    parser.add_argument("--disable-dynamic-vram", action="store_true",
+                        help="main.py's flag: the legacy ModelPatcher even where the release starts DynamicVRAM")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
+
+
+def check_model_arguments(options, parser) -> None:
+    """The comma lists as lists and sets, the device resolved (auto: CUDA where /dev/nvidia0 exists, unless
+    --tiny); parser.error for an unknown model or fewer than 2 timed steps."""
+    options.models = [m for m in options.models.split(",") if m]
+    unknown = [m for m in options.models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
+    options.resolutions = {r for r in options.resolutions.split(",") if r}
+    if options.steps < 2:
+        parser.error("--steps must be at least 2 (the first timed step is reported apart)")
+    if options.device == "auto":
+        options.device = "cpu" if options.tiny or not Path("/dev/nvidia0").exists() else "cuda"
+
+
+def resolutions_of(spec: ModelSpec, options) -> list[tuple]:
+    """The model's resolutions (--tiny: its tiny ones), those named in --resolutions where it names any."""
+    resolutions = spec.tiny_resolutions if options.tiny else spec.resolutions
+    return [r for r in resolutions if not options.resolutions or resolution_name(r) in options.resolutions]
+
+
+def check_device(device: str) -> None:
+    """After ComfyUI is imported (torch with it): --device cuda needs a CUDA device torch can see."""
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but torch sees no CUDA device")
+
+
+def import_paths(options) -> list[Path]:
+    """The checkout and the overlay pack (fused_dit, comfyui_fused_dit), in front of everything else."""
+    return [options.comfyui.resolve(), REPO / "overlays"] if options.comfyui else []
+
+
+# ---------------------------------------------------------------------------------------------- loading
+class Loader:
+    """One process's loaded model, as UNETLoader hands it on; options: tiny, seed, save_checkpoint, work_dir,
+    load_outside_inference_mode."""
+
+    def __init__(self, options, device: str):
+        self.options = options
+        self.device = device
+        self.loaded: tuple | None = None        # (model key, load key)
+        self.patcher = None
+        self.state_cache: dict = {}             # model key -> CPU state dict, when there is no checkpoint dir
+        self.setup: list[dict] = []             # checkpoint writes and loads, with seconds
+
+    def model_options(self, weights: str) -> dict:
+        import torch
+        return {"dtype": torch.float8_e4m3fn} if weights == "fp8_e4m3fn" else {}
+
+    def load(self, spec: ModelSpec, run):
+        """The ModelPatcher UNETLoader would return for this run's weights (reused between runs); run.load_key is
+        (weights, --fast fp8_matrix_mult)."""
+        import torch
+        wanted = (spec.key, run.load_key)
+        if self.loaded == wanted:
+            return self.patcher
+        self.unload()
+        if self.options.load_outside_inference_mode:
+            # not what ComfyUI does: weights loaded and moved to the GPU with autograd's bookkeeping (as a script
+            # that builds the model itself would), so code that needs ordinary tensors can be measured
+            import comfy.model_management
+            patcher = self._load(spec, run, wanted)
+            if self.device == "cuda":
+                comfy.model_management.load_models_gpu([patcher])
+            return patcher
+        # UNETLoader runs inside the executor's torch.inference_mode(): the weights are inference tensors
+        with torch.inference_mode():
+            return self._load(spec, run, wanted)
+
+    def _load(self, spec: ModelSpec, run, wanted: tuple):
+        import comfy.sd
+        from comfy.cli_args import PerformanceFeature, args
+        weights, fast = run.load_key
+        # the CLI's --fast fp8_matrix_mult: comfy.ops.pick_operations reads it when the model is built
+        args.fast = {PerformanceFeature.Fp8MatrixMultiplication} if fast else set()
+        started = time.perf_counter()
+        record = {"model": spec.key, "weights": weights, "fast": sorted(f.value for f in args.fast)}
+        if self.options.save_checkpoint:
+            path, wrote = ensure_checkpoint(self.options.work_dir, spec, self.options.tiny, self.options.seed,
+                                            self.device)
+            record.update({"checkpoint": path.name, "checkpoint_bytes": path.stat().st_size,
+                           "write_s": round(wrote, 1), "loader": "comfy.sd.load_diffusion_model"})
+            loaded = time.perf_counter()
+            self.patcher = comfy.sd.load_diffusion_model(str(path), model_options=self.model_options(weights))
+        else:
+            if spec.key not in self.state_cache:
+                self.state_cache[spec.key] = random_state_dict(spec, self.options.tiny, self.options.seed,
+                                                               self.device)
+            record.update({"loader": "comfy.sd.load_diffusion_model_state_dict",
+                           "build_s": round(time.perf_counter() - started, 1)})
+            loaded = time.perf_counter()
+            # a shallow copy: ComfyUI pops the keys it loads out of the dict it is given
+            self.patcher = comfy.sd.load_diffusion_model_state_dict(dict(self.state_cache[spec.key]),
+                                                                    model_options=self.model_options(weights))
+        if self.patcher is None:
+            raise RuntimeError(f"ComfyUI did not recognise the {spec.key} weights")
+        detected = type(self.patcher.model).__name__
+        if spec.model_class and detected != spec.model_class:
+            raise RuntimeError(f"ComfyUI detected the {spec.key} weights as {detected}, not {spec.model_class}")
+        diffusion_model = self.patcher.model.diffusion_model
+        record.update({"load_s": round(time.perf_counter() - loaded, 1),
+                       "model_class": type(self.patcher.model).__name__,
+                       "diffusion_model_class": f"{type(diffusion_model).__module__}.{type(diffusion_model).__name__}",
+                       "parameters": sum(p.numel() for p in diffusion_model.parameters()),
+                       "weight_dtype": weight_dtype_of(diffusion_model),
+                       "training_mode_after_load": diffusion_model.training,
+                       "linear_class": linear_class_of(diffusion_model)})
+        self.setup.append(record)
+        print(f"loaded {spec.key} {weights}{' --fast fp8_matrix_mult' if fast else ''} "
+              f"in {record['load_s']} s", flush=True)
+        self.loaded = wanted
+        return self.patcher
+
+    def unload(self):
+        import comfy.model_management
+        if self.patcher is None:
+            return
+        comfy.model_management.unload_all_models()
+        self.patcher = None
+        self.loaded = None
+        free_memory()
+
+
+# --------------------------------------------------------------------------------------- the checkpoint command
+def add_arguments(parser) -> None:
+    parser.add_argument("--comfyui", type=Path, required=True,
+                        help="a ComfyUI checkout (its model classes name the keys)")
+    parser.add_argument("--model", choices=tuple(MODELS), default="flux-dev")
+    parser.add_argument("--dir", type=Path, required=True, help="where the file is written (or found)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="the shrunk model (CPU smoke tests)")
+
+
+def run(options, parser) -> int:
+    # the model is only built on the meta device to name the weights: ComfyUI is imported as for the CPU (no
+    # comfy-aimdo, no CUDA allocator set-up); the random numbers are drawn on the GPU where there is one
+    comfy_release.import_comfyui(options.comfyui.resolve(), "cpu", "native")
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    path, seconds = ensure_checkpoint(options.dir, MODELS[options.model], options.tiny, options.seed, device)
+    print("CHECKPOINT " + json.dumps({"path": str(path), "write_s": round(seconds, 1), "drawn_on": device}))
+    return 0
