@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from applier import failpoints
-from reltools import FAILPOINT_EXIT, REPO, assert_clean, child_env, cli, make_install, snapshot
+from applier import failpoints, journal
+from reltools import FAILPOINT_EXIT, REPO, assert_clean, child_env, cli, make_install, record_figure, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def test_apply_never_writes_through_a_link_swapped_over_a_target_file(tmp_path, 
             assert files == inst.base_files, "the files this run had replaced were not rolled back"
         failpoints.HOOKS.clear()
         assert_clean(cli(*inst.args("apply")), allowed=(0,))       # and the install works afterwards
-
+    record_figure("races", command="apply", runs=RUNS, writes_outside=0)
 
 def test_revert_never_restores_into_a_link_swapped_over_a_target_file(tmp_path, outside, swap_at):
     for run in range(RUNS):
@@ -101,7 +101,7 @@ def test_revert_never_restores_into_a_link_swapped_over_a_target_file(tmp_path, 
         assert snapshot(inst.root)[0] == patched, "revert was not all-or-nothing"
         assert_clean(cli(*inst.args("revert")), allowed=(0,))
         assert snapshot(inst.root)[0] == inst.base_files
-
+    record_figure("races", command="revert", runs=RUNS, writes_outside=0)
 
 def test_a_folder_swapped_for_a_link_on_the_way_is_never_written_through(tmp_path, outside, swap_at):
     """overlay install: custom_nodes/ turned into a link out, right before the node's first file is written."""
@@ -119,7 +119,7 @@ def test_a_folder_swapped_for_a_link_on_the_way_is_never_written_through(tmp_pat
         no_journal_left(inst.root)
         failpoints.HOOKS.clear()
         assert not any(p.name == "fused_dit" for p in inst.site.iterdir()), "the package's files were not rolled back"
-
+    record_figure("races", command="overlay-install", runs=RUNS, writes_outside=0)
 
 def test_overlay_uninstall_never_removes_through_a_swapped_link(tmp_path, outside, swap_at):
     for run in range(RUNS):
@@ -141,19 +141,38 @@ def test_overlay_uninstall_never_removes_through_a_swapped_link(tmp_path, outsid
         assert (outside / "sub" / first.name).read_bytes() == before, "a file outside was removed"
         (outside / "sub" / first.name).unlink()
         outside_intact(outside)
+    record_figure("races", command="overlay-uninstall", runs=RUNS, writes_outside=0)
 
-
-def test_recovery_after_a_kill_never_finishes_through_a_swapped_link(tmp_path, outside):
-    inst = make_install(tmp_path / "t", layout="plain")
+def test_recovery_after_a_kill_never_finishes_through_a_swapped_link(tmp_path, outside, monkeypatch):
+    """Killed after the journal (in a child process once, then in-process: the failpoint raises where the child's
+    process ends), a link swapped over a file the journal names: the next command refuses, nothing outside."""
+    inst = make_install(tmp_path / "child", layout="plain")
     proc = subprocess.run([sys.executable, "-m", "applier", *map(str, inst.args("apply"))], cwd=REPO,
                           env=child_env({"APPLIER_FAILPOINT": "after-journal"}), capture_output=True, text=True)
     assert proc.returncode == FAILPOINT_EXIT, proc.stderr
-    assert inst.journal.exists()
-    (inst.root / "nodes.py").unlink()
-    (inst.root / "nodes.py").symlink_to(outside / "nodes.py")
-    out = assert_clean(cli(*inst.args("status")), allowed=(7, 8))
-    assert "outside" in out.text or "neither" in out.text, out
-    outside_intact(outside)
+    installs = [inst]
+
+    class Killed(BaseException):
+        pass
+
+    def die(name):
+        if name in ("after-journal", "after-first-file"):
+            raise Killed(name)
+    for run in range(RUNS):
+        other = make_install(tmp_path / f"t{run}", layout="plain")
+        with monkeypatch.context() as patched, pytest.raises(Killed):
+            patched.setattr(journal, "failpoint", die)
+            cli(*other.args("apply"))
+        installs.append(other)
+    for inst in installs:
+        assert inst.journal.exists()
+        for name in ("nodes.py", "execution.py"):
+            (inst.root / name).unlink()
+            (inst.root / name).symlink_to(outside / name)
+        out = assert_clean(cli(*inst.args("status")), allowed=(7, 8))
+        assert "outside" in out.text or "neither" in out.text, out
+        outside_intact(outside)
+    record_figure("races", command="recovery-after-kill", runs=len(installs), writes_outside=0)
 
 
 def test_a_link_swapped_into_applier_s_own_folder_is_refused_at_the_write(tmp_path, outside, monkeypatch):
@@ -197,3 +216,4 @@ def test_accept_never_records_through_a_link_swapped_into_the_state_folder(tmp_p
         assert_clean(cli(*inst.args("status")), allowed=(0, 5))
         outside_intact(outside)
         assert "accepted" in state.read_text()
+    record_figure("races", command="accept", runs=RUNS, writes_outside=0)
