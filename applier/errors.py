@@ -3,13 +3,16 @@
 Exit codes (documented in README.md, stable):
     0  success, or nothing to do
     1  unexpected internal error
-    2  usage error (Click)
-    3  refused: a hunk conflicts, no variant fits, an unsafe path, a binary diff
+    2  usage error (Click), or an environment variable applier reads holding a value it cannot use (settings.py)
+    3  refused: a hunk conflicts, no variant fits, an unsafe path, a binary diff, a catalog entry that cannot be
+       read or is past the catalog's bounds, a folder of the overlay pack's name applier did not install
     4  the target is locked by another applier run
     5  drift: a file changed since apply (revert refuses without --force); status found lost/modified patches
     6  verify: at least one check FAILed
-    7  the state folder is corrupt or from an unknown format
-    8  I/O: permission denied, disk full, a file that cannot be read or written
+    7  the state folder is corrupt or from an unknown format, holds a link or a special file, or a tree deeper or
+       larger than any applier makes
+    8  I/O: permission denied, disk full, a file that cannot be read or written; a link leading out of the
+       install met at a write (the run's files are rolled back first)
     9  bad target: the folder does not exist or holds nothing applier recognises; --target names a file, or a
        folder holding several ComfyUI installs; the interpreter given with --python does not exist, is a folder,
        or is not a usable Python interpreter (it could not start, timed out, printed too much, printed bytes that

@@ -19,8 +19,7 @@ from pathlib import Path
 
 from applier.errors import ApplierError, RefusedError
 from applier.fsutil import read_inside_or_none
-from applier.overlays import pack_files
-from applier.pack import read_pack
+from applier.pack import pack_files, read_pack
 from applier.resources import OVERLAYS_DIR
 
 if sys.version_info >= (3, 11):

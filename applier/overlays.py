@@ -15,18 +15,11 @@ from applier.errors import DriftError, IOFailure, RefusedError, StateCorruptErro
 from applier.fsutil import MAX_READ_BYTES, NotRegularFile, check_no_links, sha256_bytes
 from applier.journal import FileOp, place_sha
 from applier.lock import target_lock
-from applier.pack import pack_prefixes, read_pack
+from applier.node_pack import find_copies
+from applier.pack import pack_files, pack_prefixes, read_pack
 from applier.resources import OVERLAYS_DIR
 from applier.state import SHA256, StateStore, read_json
 from applier.target import Target
-
-SKIP_PARTS = {"__pycache__", ".pytest_cache"}
-
-
-def pack_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not SKIP_PARTS & set(p.parts)
-                  and p.suffix not in (".pyc", ".pyo"))
-
 
 def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path, bytes]]:
     if target.site_packages is None:
@@ -62,6 +55,7 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
         # exit 7), and carried from then on as a Place: reads and writes go through the root's held handle
         wanted = [(store.confinement.relative(p), d) for p, d in planned_files(target, pack_dir, meta)]
         refuse_foreign_folders(store, ours)
+        refuse_second_copies(target, meta)
         files = [manifest_entry(p, sha256_bytes(d)) for p, d in wanted]
         ops = []
         for path, data in wanted:
@@ -155,6 +149,20 @@ def refuse_foreign_folders(store: StateStore, ours: dict[Place, str | None]) -> 
                                "a folder of your own): refusing to install into it",
                                hint="move it aside (or remove it), then install again; `applier overlay check` "
                                     "reports on a pack installed by ComfyUI-Manager or git as it is")
+
+
+def refuse_second_copies(target: Target, meta: dict) -> None:
+    """RefusedError when the pack is already in custom_nodes/ under another folder name (a ComfyUI-Manager clone,
+    a registry install): ComfyUI would load two copies of the same node."""
+    if target.comfyui_root is None:
+        return
+    others = [copy for copy in find_copies(target.comfyui_root)
+              if copy.folder.name != meta["node"] and not copy.disabled]
+    if others:
+        raise RefusedError(f"the node pack is already installed as {others[0].folder} ({others[0].source}): a "
+                           "second copy would make ComfyUI load the same node twice",
+                           hint="keep that one (`applier overlay check` reports on it), or remove it and run "
+                                "`applier overlay install` again")
 
 
 def pack_folders(store: StateStore, files: list) -> tuple[Place, ...]:

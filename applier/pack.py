@@ -14,6 +14,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+SKIP_PARTS = {"__pycache__", ".pytest_cache"}
+
+
+def pack_files(folder: Path) -> list[Path]:
+    """The pack's files below folder: sources and data, never bytecode or caches."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not SKIP_PARTS & set(p.parts)
+                  and p.suffix not in (".pyc", ".pyo"))
+
+
 def read_pack(pack_dir: Path = OVERLAYS_DIR) -> dict:
     meta_path = pack_dir / "pack.toml"
     try:

@@ -37,6 +37,9 @@ SECTIONS = {
     "test_rel_fuzz": "fuzz",
     "test_rel_links": "links-and-special-files",
     "test_rel_probes": "interpreters-and-probes",
+    "test_rel_races": "races",
+    "test_rel_rights": "rights-and-bounds",
+    "test_rel_round3_inputs": "inputs-round3",
 }
 
 
@@ -56,7 +59,8 @@ def run_suite(product: Path, settings: dict, workdir: Path) -> dict:
     junit, figures, basetemp = workdir / "junit.xml", workdir / "figures.jsonl", workdir / "pytest"
     env = {**os.environ, "APPLIER_RELIABILITY_FIGURES": str(figures), "APPLIER_KILLS": str(settings["kills"]),
            "APPLIER_FUZZ_EXAMPLES": str(settings["fuzz_examples"]),
-           "APPLIER_CONCURRENCY_ROUNDS": str(settings["concurrency_rounds"])}
+           "APPLIER_CONCURRENCY_ROUNDS": str(settings["concurrency_rounds"]),
+           "APPLIER_RACE_RUNS": str(settings["race_runs"])}
     env.pop("APPLIER_FAILPOINT", None)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/reliability",
@@ -110,12 +114,15 @@ def add_arguments(parser) -> None:
                         help="fuzz examples per target (default 100, the CI setting)")
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("APPLIER_CONCURRENCY_ROUNDS", 10)),
                         help="runs per concurrent writer (default 10)")
+    parser.add_argument("--race-runs", type=int, default=int(os.environ.get("APPLIER_RACE_RUNS", 3)),
+                        help="runs per command of the race section (default 3, the CI setting)")
     parser.add_argument("--baseline", metavar="COMMIT", help="also run the tests against this commit's product")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/reliability-<date>.json")
 
 
 def run(args, parser=None) -> int:
-    settings = {"kills": args.kills, "fuzz_examples": args.fuzz_examples, "concurrency_rounds": args.rounds}
+    settings = {"kills": args.kills, "fuzz_examples": args.fuzz_examples, "concurrency_rounds": args.rounds,
+                "race_runs": args.race_runs}
     date = time.strftime("%Y-%m-%d", time.gmtime())
     out = args.out or REPO / "benchmarks" / "results" / f"reliability-{date}.json"
     scratch = REPO / ".cache"

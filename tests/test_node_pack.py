@@ -149,11 +149,16 @@ def test_status_tells_registry_installs_other_versions_and_two_loaded_copies_apa
     assert "installed from the Comfy Registry" in text and "other files than this applier's pack" in text
     code, report = cli_json("overlay", "check", "--target", str(comfy))
     assert str(registry) in report["node_pack_note"] and "its own fused_dit/variants.json" in report["node_pack_note"]
-    run_cli("overlay", "install", "--target", str(comfy), check=True)
+    code, refused = cli_json("overlay", "install", "--target", str(comfy))     # a second copy: refused
+    assert code == 3 and str(registry) in refused["error"]["message"]
+    clone = comfy / "custom_nodes" / "ComfyUI-fused-dit"
+    export(clone)
+    (clone / ".git").mkdir()
     code, status = cli_json("status", "--target", str(comfy))
     by = {Path(i["folder"]).name: i["installed_by"] for i in status["node_pack"]}
-    assert by == {"comfyui_fused_dit": "applier", "fused-dit": "registry"}
+    assert by == {"ComfyUI-fused-dit": "git", "fused-dit": "registry"}
     assert "ComfyUI loads 2 copies of the same node" in run_cli("status", "--target", str(comfy), check=True).stdout
+    shutil.rmtree(clone)
     registry.rename(registry.with_name("fused-dit.disabled"))
     text = run_cli("status", "--target", str(comfy), check=True).stdout
     assert "disabled: ComfyUI does not load it" in text and "copies of the same node" not in text

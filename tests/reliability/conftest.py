@@ -14,6 +14,13 @@ Sections, one file each:
                               detection and verify reads, a site-packages reached through a link, probes' bytecode
                               (round 3)
     test_rel_probes.py        interpreters, probes and nvidia-smi that misbehave (round 2, issue 22)
+    test_rel_races.py         a link swapped in after every check, at the write (failpoints.HOOKS): apply, revert,
+                              accept, overlay install and uninstall, recovery after a kill (round 3, issue 32;
+                              APPLIER_RACE_RUNS runs each)
+    test_rel_rights.py        saved edits never overwritten, copies no more readable than their originals, mode
+                              bits and xattrs kept, deep trees refused, foreign pack folders left alone (round 3)
+    test_rel_round3_inputs.py catalog bounds and unreadable entries, environment values, PYTHONINSPECT, verify's
+                              bounded scans, `.` in catalog paths (round 3)
 
 Shared helpers live in reltools.py; `python -m benchmarks reliability` runs the sections and writes the figures.
 """
