@@ -26,7 +26,7 @@ def add_variant(patch: Patch, upstream: bytes, edited: bytes, relpath: str, vers
     diff = diffengine.unified_diff(upstream, edited, relpath)
     (fp,) = diffengine.parse_patch(diff)
     forward = diffengine.plan_file(fp, upstream)
-    backward = diffengine.plan_file(fp, edited, reverse=True)
+    backward = diffengine.plan_file(diffengine.reverse_file_patch(fp), edited)
     if forward.new != edited or backward.new != upstream:
         raise RefusedError("the generated diff does not round-trip byte for byte (a bug: please report)")
     diff_path = patch.folder / f"{patch.component}-{name}.diff"

@@ -143,7 +143,7 @@ def round_trip(variant: Variant, version_root: Path, patch: Patch | None = None)
         if not forward.changed:
             return RoundTrip(False, f"{fp.path}: the diff changes nothing")
         try:
-            backward = diffengine.plan_file(fp, forward.new, reverse=True)
+            backward = diffengine.plan_file(diffengine.reverse_file_patch(fp), forward.new)
         except ApplierError as exc:
             return RoundTrip(False, f"reverse: {_first_line(str(exc))}")
         if backward.new != original:

@@ -315,7 +315,7 @@ def reverse_in_place(rec: AppliedPatch, f: AppliedFile, current: bytes | None,
     if not file_patches:
         return None, None
     try:
-        plan = diffengine.plan_file(file_patches[0], current, reverse=True, fuzz=rec.fuzz)
+        plan = diffengine.plan_file(diffengine.reverse_file_patch(file_patches[0]), current, fuzz=rec.fuzz)
     except HunkConflict:
         return None, None
     # Reversing reports APPLIED for a hunk whose original text is already there.

@@ -107,7 +107,7 @@ def read_planned(root: Path, path: Path, pending: Pending | None) -> bytes | Non
     return read_inside_or_none(root, path)
 
 
-def plan_variant(target: Target, patch: Patch, variant: Variant, *, fuzz: int = 0, reverse: bool = False,
+def plan_variant(target: Target, patch: Patch, variant: Variant, *, fuzz: int = 0,
                  pending: Pending | None = None) -> list[FileChange]:
     """Plan every file of one variant; HunkConflict when a hunk does not fit."""
     root = target.component_root(patch.component)
@@ -115,7 +115,7 @@ def plan_variant(target: Target, patch: Patch, variant: Variant, *, fuzz: int = 
     for fp in load_file_patches(patch, variant):
         path = resolve_inside(root, fp.path, patch_id=patch.id)
         original = read_planned(root, path, pending)
-        changes.append(FileChange(fp.path, path, diffengine.plan_file(fp, original, reverse=reverse, fuzz=fuzz)))
+        changes.append(FileChange(fp.path, path, diffengine.plan_file(fp, original, fuzz=fuzz)))
     return changes
 
 

@@ -54,9 +54,11 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 def apply_variant(root: Path, variant, *, reverse: bool = False) -> None:
     """Plan every file with the diff engine, then write: the test's stand-in for the transaction layer."""
-    plans = [diffengine.plan_file(fp, (root / fp.path).read_bytes() if (root / fp.path).exists() else None,
-                                  reverse=reverse)
-             for fp in diffengine.parse_patch(variant.read_diff())]
+    file_patches = diffengine.parse_patch(variant.read_diff())
+    if reverse:
+        file_patches = diffengine.reverse_patches(file_patches)
+    plans = [diffengine.plan_file(fp, (root / fp.path).read_bytes() if (root / fp.path).exists() else None)
+             for fp in file_patches]
     for plan in plans:
         path = root / plan.path
         if plan.new is None:
@@ -521,7 +523,7 @@ def test_every_cached_upstream_snapshot_has_exactly_one_clean_variant_that_round
                 problems.append(f"{label} {patch.id}: version {version} selects "
                                 f"{[v.name for v in patch.variants_for(version)]}, the clean one is {name}")
             for fp, plan in zip(parsed[patch.id, name], plans):
-                back = diffengine.plan_file(fp, plan.new, reverse=True)
+                back = diffengine.plan_file(diffengine.reverse_file_patch(fp), plan.new)
                 if back.new != files.get(fp.path):
                     problems.append(f"{label} {patch.id}: {fp.path}: apply + reverse is not byte-identical")
     assert not problems, "\n".join(problems)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from applier import diffengine
-from applier.diffengine import BOM, FileState, HunkState, classify_file, parse_patch, plan_file, unified_diff
+from applier.diffengine import (BOM, FileState, HunkState, classify_file, parse_patch, plan_file, reverse_file_patch,
+                                unified_diff)
 from applier.errors import EXIT_REFUSED, DiffParseError, HunkConflict
 
 TWENTY = b"".join(b"line %d\n" % n for n in range(1, 21))
@@ -152,7 +153,7 @@ def test_a_faithful_diff_of_a_mixed_file_reproduces_every_ending_even_ending_onl
     fp = one(unified_diff(old, new, "m"))
     assert plan_file(fp, old).new == new
     assert plan_file(fp, new).new == new
-    assert plan_file(fp, new, reverse=True).new == old
+    assert plan_file(reverse_file_patch(fp), new).new == old
     assert classify_file(fp, old) is FileState.NOT_APPLIED
     assert classify_file(fp, new) is FileState.APPLIED
 
@@ -169,7 +170,7 @@ def test_a_bom_in_the_patch_matches_the_file_and_is_written_once():
     fp = one(unified_diff(original, patched, "m"))
     assert fp.hunks[0].source_bom and fp.hunks[0].target_bom
     assert plan_file(fp, original).new == patched
-    assert plan_file(fp, patched, reverse=True).new == original
+    assert plan_file(reverse_file_patch(fp), patched).new == original
 
 
 def test_a_file_without_final_newline_keeps_it_missing_when_the_hunk_is_elsewhere():
@@ -183,7 +184,7 @@ def test_a_patch_that_adds_the_final_newline():
     assert fp.hunks[0].source_no_newline
     assert plan_file(fp, old).new == new
     assert plan_file(fp, new).new == new
-    assert plan_file(fp, new, reverse=True).new == old
+    assert plan_file(reverse_file_patch(fp), new).new == old
     assert plan_file(fp, crlf(old)).new == crlf(new)  # the new ending follows the file
 
 
@@ -193,7 +194,7 @@ def test_a_patch_that_removes_the_final_newline():
     assert fp.hunks[0].target_no_newline
     assert plan_file(fp, old).new == new
     assert classify_file(fp, new) is FileState.APPLIED
-    assert plan_file(fp, new, reverse=True).new == old
+    assert plan_file(reverse_file_patch(fp), new).new == old
 
 
 def test_a_last_line_without_newline_does_not_match_a_hunk_that_expects_one():
@@ -213,7 +214,7 @@ def test_bytes_that_are_not_utf8_round_trip():
     new = b"caf\xe9\nNA\xcfVE\n\xff\xfe\n"
     fp = one(unified_diff(old, new, "latin1.txt"))
     assert plan_file(fp, old).new == new
-    assert plan_file(fp, new, reverse=True).new == old
+    assert plan_file(reverse_file_patch(fp), new).new == old
 
 
 # ------------------------------------------------------------------------------------------ locating hunks
@@ -318,8 +319,8 @@ def test_an_already_applied_patch_is_reported_and_not_applied_again():
 
 def test_reverse_undoes_the_patch_and_a_reverted_file_is_left_alone():
     fp = one(LINE_10_PATCH)
-    assert plan_file(fp, LINE_10_RESULT, reverse=True).new == TWENTY
-    unchanged = plan_file(fp, TWENTY, reverse=True)
+    assert plan_file(reverse_file_patch(fp), LINE_10_RESULT).new == TWENTY
+    unchanged = plan_file(reverse_file_patch(fp), TWENTY)
     assert unchanged.new == TWENTY and not unchanged.changed
     assert [report.state for report in unchanged.hunks] == [HunkState.APPLIED]
 
@@ -416,7 +417,7 @@ def test_creation_over_a_different_file_is_refused():
 
 
 def test_reversing_a_creation_deletes_the_file():
-    plan = plan_file(one(CREATION), b"a\nb\n", reverse=True)
+    plan = plan_file(reverse_file_patch(one(CREATION)), b"a\nb\n")
     assert plan.new is None and plan.changed
 
 
@@ -450,7 +451,7 @@ def test_deleting_an_absent_file_is_already_applied():
 
 
 def test_reversing_a_deletion_recreates_the_file():
-    assert plan_file(one(DELETION), None, reverse=True).new == b"a\nb\n"
+    assert plan_file(reverse_file_patch(one(DELETION)), None).new == b"a\nb\n"
 
 
 # -------------------------------------------------------------------------------------- several files
@@ -464,7 +465,7 @@ def test_apply_patch_to_files_plans_every_file_and_treats_missing_ones_as_absent
         ("pkg/mod.py", LINE_10_RESULT), ("new.py", b"a\nb\n"), ("old.py", None)]
     assert files == {"pkg/mod.py": TWENTY, "old.py": b"a\nb\n"}  # the input is not modified
     after = {plan.path: plan.new for plan in plans}
-    back = diffengine.apply_patch_to_files(patches, after, reverse=True)
+    back = diffengine.apply_patch_to_files(diffengine.reverse_patches(patches), after)[::-1]  # last undone first
     assert [(plan.path, plan.new) for plan in back] == [
         ("pkg/mod.py", TWENTY), ("new.py", None), ("old.py", b"a\nb\n")]
 

@@ -104,7 +104,7 @@ def test_apply_gives_the_new_file_and_revert_gives_the_old_byte_for_byte(pair, c
         return
     assert applied.new == new
     assert all(report.state is HunkState.NOT_APPLIED for report in applied.hunks)
-    reverted = plan_or_ambiguity(fp, new, reverse=True)
+    reverted = plan_or_ambiguity(diffengine.reverse_file_patch(fp), new)
     if reverted is not None:
         assert reverted.new == old
 
@@ -122,7 +122,7 @@ def test_applying_twice_never_changes_the_file_again(pair, context):
         assert not twice.changed
         assert all(report.state is HunkState.APPLIED for report in twice.hunks)
     # and reverting a file that is already reverted changes nothing either
-    reverted_twice = plan_or_ambiguity(fp, old, reverse=True)
+    reverted_twice = plan_or_ambiguity(diffengine.reverse_file_patch(fp), old)
     if reverted_twice is not None:
         assert reverted_twice.new == old
 
@@ -133,12 +133,13 @@ def test_classify_says_not_applied_before_and_applied_after(pair):
     fp = patch_of(old, new)
     for data, reverse, state in ((old, False, FileState.NOT_APPLIED), (new, False, FileState.APPLIED),
                                  (new, True, FileState.NOT_APPLIED), (old, True, FileState.APPLIED)):
-        reports = diffengine.scan_file(fp, data, reverse=reverse)
+        patch = diffengine.reverse_file_patch(fp) if reverse else fp
+        reports = diffengine.scan_file(patch, data)
         if any(report.note.startswith("ambiguous") for report in reports):
-            assert diffengine.classify_file(fp, data, reverse=reverse) is FileState.CONFLICT
+            assert diffengine.classify_file(patch, data) is FileState.CONFLICT
             event("classified as ambiguous")
         else:
-            assert diffengine.classify_file(fp, data, reverse=reverse) is state
+            assert diffengine.classify_file(patch, data) is state
 
 
 @given(edited_files(styles=("lf", "crlf")), st.sampled_from(["crlf-transport", "lf-only"]))
@@ -153,7 +154,7 @@ def test_a_patch_whose_endings_were_converted_still_gives_the_files_own_endings(
     applied = plan_or_ambiguity(fp, old)
     if applied is not None:
         assert applied.new == new
-    reverted = plan_or_ambiguity(fp, new, reverse=True)
+    reverted = plan_or_ambiguity(diffengine.reverse_file_patch(fp), new)
     if reverted is not None:
         assert reverted.new == old
 
@@ -200,7 +201,7 @@ def test_hunks_are_found_at_an_offset_when_lines_were_added_above_and_below(pair
     plan = diffengine.plan_file(fp, shifted_old)
     assert plan.new == shifted_new
     assert [report.offset for report in plan.hunks] == [above] * len(fp.hunks)
-    assert diffengine.plan_file(fp, shifted_new, reverse=True).new == shifted_old
+    assert diffengine.plan_file(diffengine.reverse_file_patch(fp), shifted_new).new == shifted_old
     assert diffengine.classify_file(fp, shifted_new) is FileState.APPLIED
 
 
@@ -212,7 +213,7 @@ def test_the_patch_round_trips_through_creation_and_deletion(pair):
     created = diffengine.plan_file(creation, None)
     assert created.new == content
     assert diffengine.plan_file(creation, content).new == content  # already there: no change
-    deleted = diffengine.plan_file(creation, content, reverse=True)
+    deleted = diffengine.plan_file(diffengine.reverse_file_patch(creation), content)
     assert deleted.new is None
 
 
@@ -293,7 +294,7 @@ def assert_round_trip(a: bytes, b: bytes, *, ambiguity_allowed: bool) -> None:
     fp = patch_of(a, b)
     for data, reverse, want in ((a, False, b), (b, True, a)):
         try:
-            plan = diffengine.plan_file(fp, data, reverse=reverse)
+            plan = diffengine.plan_file(diffengine.reverse_file_patch(fp) if reverse else fp, data)
         except diffengine.HunkConflict as error:
             assert ambiguity_allowed and is_ambiguity(error), str(error)
             event("refused as ambiguous")

@@ -37,7 +37,7 @@ def test_a_new_variant_keeps_every_carriage_return(tmp_path, upstream, edited):
     diff_path = add_variant(patch, upstream, edited, "demo.py", ">=1", "second")
     (fp,) = diffengine.parse_patch(diff_path.read_bytes())
     assert diffengine.plan_file(fp, upstream).new == edited
-    assert diffengine.plan_file(fp, edited, reverse=True).new == upstream
+    assert diffengine.plan_file(diffengine.reverse_file_patch(fp), edited).new == upstream
     reloaded = load_patch(patch.folder, "comfyui")
     assert [variant.name for variant in reloaded.variants] == ["first", "second"]
 

@@ -126,11 +126,11 @@ def exercise(patch: bytes, original: bytes | None, fuzz: int) -> None:
         return
     event("patch parsed")
     for fp in file_patches:
-        for reverse in (False, True):
+        for patch in (fp, diffengine.reverse_file_patch(fp)):
             try:
-                diffengine.scan_file(fp, original, reverse=reverse, fuzz=fuzz)
-                diffengine.classify_file(fp, original, reverse=reverse, fuzz=fuzz)
-                diffengine.plan_file(fp, original, reverse=reverse, fuzz=fuzz)
+                diffengine.scan_file(patch, original, fuzz=fuzz)
+                diffengine.classify_file(patch, original, fuzz=fuzz)
+                diffengine.plan_file(patch, original, fuzz=fuzz)
             except ApplierError:
                 event("plan refused")
     try:

@@ -106,7 +106,9 @@ def apply_diff(diff: bytes, root: Path, *, reverse: bool = False) -> list[str]:
     changed = []
     for file_patch in diffengine.parse_patch(diff):
         target = root / file_patch.path
-        plan = diffengine.plan_file(file_patch, target.read_bytes(), reverse=reverse)
+        if reverse:
+            file_patch = diffengine.reverse_file_patch(file_patch)
+        plan = diffengine.plan_file(file_patch, target.read_bytes())
         target.write_bytes(plan.new)
         changed.append(file_patch.path)
     return changed

@@ -10,7 +10,7 @@ CONTRACT (implemented by the diff-engine work; the shell depends on exactly this
         renames/copies/mode-only changes we do not support, two sections for the same file (the message names
         the file and both sections), a patch over MAX_PATCH_BYTES or with more than MAX_HUNKS hunks (parse.py).
 
-    plan_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False, fuzz: int = 0) -> FilePlan
+    plan_file(fp: FilePatch, original: bytes | None, *, fuzz: int = 0) -> FilePlan
         original is None when the file does not exist. Returns the new bytes (None = delete the file)
         and one HunkReport per hunk. Never raises for "already applied": that is a state, not an error.
         Raises HunkConflict (applier.errors) naming the file, the hunk, the expected lines, the best near-match.
@@ -21,11 +21,16 @@ CONTRACT (implemented by the diff-engine work; the shell depends on exactly this
         apply, CONFLICT otherwise. Used by status and by apply ("already applied" is reported, never re-applied).
 
     Also public (all pure):
-    scan_file(fp, original, *, reverse=False, fuzz=0) -> tuple[HunkReport, ...]     per-hunk states, never raises
+    scan_file(fp, original, *, fuzz=0) -> tuple[HunkReport, ...]                   per-hunk states, never raises
     reverse_file_patch(fp) -> FilePatch                                             the undoing patch
-    apply_patch_to_files(patches, files, *, reverse=False, fuzz=0) -> list[FilePlan]
+    reverse_patches(patches) -> list[FilePatch]                                     each undone, the last one first
+    apply_patch_to_files(patches, files, *, fuzz=0) -> list[FilePlan]               in order, one plan per patch
     unified_diff(old: bytes | None, new: bytes | None, path, *, context=3) -> bytes  a byte-faithful git-style diff
-    classify_file and plan_file also take reverse= and fuzz= (a file applied with fuzz is recognised with fuzz).
+    classify_file also takes fuzz= (a file applied with fuzz is recognised with fuzz).
+
+    Reversal is a transform of the patch, not a flag (patch-package's reversePatch): to undo a file, or to ask
+    whether it holds its original again, plan or classify reverse_file_patch(fp) like any other patch; undoing
+    several is apply_patch_to_files(reverse_patches(patches), files), whose plans come last patch first.
 
 RULES (what "present", "found" and "ending" mean here):
 
@@ -75,7 +80,7 @@ LAYOUT (one concept per module; plain functions, no I/O):
 
     model.py      HunkState, FileState, Hunk, FilePatch, HunkReport, FilePlan
     parse.py      parse_patch: unified diff bytes -> FilePatch records (with unidiff)
-    reverse.py    reverse_file_patch: the undoing patch
+    reverse.py    reverse_file_patch, reverse_patches: the undoing patch(es)
     lines.py      the file line model: splitting on LF, endings, BOM, matching keys
     locate.py     hunk images and search shapes, finding hunks in order, per-hunk reports
     wholefile.py  creation and deletion of whole files
@@ -89,12 +94,13 @@ from applier.diffengine.lines import BOM
 from applier.diffengine.model import FilePatch, FilePlan, FileState, Hunk, HunkReport, HunkState
 from applier.diffengine.parse import parse_patch
 from applier.diffengine.plan import apply_patch_to_files, classify_file, plan_file, scan_file
-from applier.diffengine.reverse import reverse_file_patch
+from applier.diffengine.reverse import reverse_file_patch, reverse_patches
 from applier.diffengine.write import unified_diff
 # plan_file raises HunkConflict; callers catch it as diffengine.HunkConflict, as they did with the single module.
 from applier.errors import HunkConflict  # noqa: F401  (not part of __all__)
 
 __all__ = [
     "BOM", "FilePatch", "FilePlan", "FileState", "Hunk", "HunkReport", "HunkState", "apply_patch_to_files",
-    "classify_file", "parse_patch", "plan_file", "reverse_file_patch", "scan_file", "unified_diff",
+    "classify_file", "parse_patch", "plan_file", "reverse_file_patch", "reverse_patches", "scan_file",
+    "unified_diff",
 ]

@@ -5,16 +5,12 @@ from applier.diffengine.conflict import _conflict, _display_lines, _near_match
 from applier.diffengine.lines import _FileLines, _encode, _split_file
 from applier.diffengine.locate import _Finding, _report, _scan
 from applier.diffengine.model import FilePatch, FilePlan, FileState, Hunk, HunkReport, HunkState
-from applier.diffengine.reverse import reverse_file_patch
 from applier.diffengine.wholefile import _new_file_bytes, _scan_whole
 from applier.errors import HunkConflict
 
-def scan_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False,
-              fuzz: int = 0) -> tuple[HunkReport, ...]:
+def scan_file(fp: FilePatch, original: bytes | None, *, fuzz: int = 0) -> tuple[HunkReport, ...]:
     """One HunkReport per hunk (APPLIED / NOT_APPLIED / CONFLICT), never raising for a conflict."""
     _check_fuzz(fuzz)
-    if reverse:
-        fp = reverse_file_patch(fp)
     if fp.is_new or fp.is_deleted:
         state, reason = _scan_whole(fp, original)
         line = None if original is None else 1
@@ -26,10 +22,8 @@ def scan_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False,
     return tuple(_report(fp, hunk, finding) for hunk, finding in zip(fp.hunks, _scan(fp, file, fuzz)))
 
 
-def classify_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False, fuzz: int = 0) -> FileState:
+def classify_file(fp: FilePatch, original: bytes | None, *, fuzz: int = 0) -> FileState:
     """APPLIED, NOT_APPLIED, PARTIAL (some applied, the rest applicable) or CONFLICT."""
-    if reverse:
-        fp = reverse_file_patch(fp)
     if not fp.hunks:
         states = {_empty_creation_state(original) if fp.is_new else _empty_deletion_state(original)}
     else:
@@ -55,11 +49,9 @@ def _empty_deletion_state(original: bytes | None) -> HunkState:
     return HunkState.NOT_APPLIED if original == b"" else HunkState.CONFLICT
 
 
-def plan_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False, fuzz: int = 0) -> FilePlan:
+def plan_file(fp: FilePatch, original: bytes | None, *, fuzz: int = 0) -> FilePlan:
     """The new bytes of one file (None: delete it) and a report per hunk. Raises HunkConflict."""
     _check_fuzz(fuzz)
-    if reverse:
-        fp = reverse_file_patch(fp)
     if not fp.hunks:
         return _plan_empty(fp, original)
     if fp.is_new or fp.is_deleted:
@@ -88,18 +80,18 @@ def plan_file(fp: FilePatch, original: bytes | None, *, reverse: bool = False, f
     return FilePlan(fp.path, original, file.render(out), reports)
 
 
-def apply_patch_to_files(patches: list[FilePatch], files: dict[str, bytes | None], *, reverse: bool = False,
+def apply_patch_to_files(patches: list[FilePatch], files: dict[str, bytes | None], *,
                          fuzz: int = 0) -> list[FilePlan]:
-    """Plan every file patch against `files` (path -> bytes, None or missing: absent). A path patched twice sees
-    the result of the first patch. Reversing undoes the patches in the opposite order. Raises HunkConflict."""
+    """Plan every file patch, in order, against `files` (path -> bytes, None or missing: absent); one plan per
+    patch, in the patches' order. A path patched twice sees the result of the first patch (to undo a list of
+    patches, apply reverse_patches(patches): the last one is undone first). Raises HunkConflict."""
     current = dict(files)
-    ordered = list(reversed(patches)) if reverse else list(patches)
     plans: list[FilePlan] = []
-    for fp in ordered:
-        plan = plan_file(fp, current.get(fp.path), reverse=reverse, fuzz=fuzz)
+    for fp in patches:
+        plan = plan_file(fp, current.get(fp.path), fuzz=fuzz)
         current[fp.path] = plan.new
         plans.append(plan)
-    return list(reversed(plans)) if reverse else plans
+    return plans
 
 
 def _check_fuzz(fuzz: int) -> None:

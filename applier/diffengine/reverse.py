@@ -1,4 +1,5 @@
-"""Reversing: the patch that undoes a patch (before and after swapped, creation <-> deletion)."""
+"""Reversing: the patch that undoes a patch (before and after swapped, creation <-> deletion), a transform applied
+once before the same plan (as patch-package's reversePatch), never a flag of the planner."""
 from __future__ import annotations
 
 from applier.diffengine.model import FilePatch, Hunk
@@ -7,6 +8,11 @@ def reverse_file_patch(fp: FilePatch) -> FilePatch:
     """The patch that undoes `fp`: before and after swapped, creation <-> deletion."""
     return FilePatch(path=fp.path, is_new=fp.is_deleted, is_deleted=fp.is_new,
                      hunks=tuple(_reverse_hunk(hunk) for hunk in fp.hunks))
+
+
+def reverse_patches(patches: list[FilePatch]) -> list[FilePatch]:
+    """The patches that undo `patches` applied in order: each one reversed, the last one first."""
+    return [reverse_file_patch(fp) for fp in reversed(patches)]
 
 
 def _reverse_hunk(hunk: Hunk) -> Hunk:
