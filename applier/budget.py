@@ -23,6 +23,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from applier.errors import RefusedError
+from applier.strenum import StrEnum
 
 GIB = 1024 ** 3
 BF16_BYTES = 2
@@ -656,6 +657,13 @@ def tiled_routes(data: BudgetData, request: Request, era: Era) -> list[dict]:
     return routes
 
 
+class VerdictKind(StrEnum):
+    """The verdict on a canvas (the "kind" of the report's verdict)."""
+    NATIVE = "native"               # fits in memory and finishes within the time given
+    TILED = "tiled"                 # a tile size that fits finishes within it
+    OUT_OF_REACH = "out of reach"
+
+
 def verdict(report: dict, request: Request) -> dict:
     """native (fits and finishes within the time given), tiled (a tile size that does), or out of reach."""
     within = request.within_s
@@ -666,7 +674,7 @@ def verdict(report: dict, request: Request) -> dict:
         stock = next((c for c in runnable if c["config"] == "stock"), None)
         chosen = stock if stock and stock["seconds_per_generation"] <= within else best
         if chosen["seconds_per_generation"] <= within:
-            return {"kind": "native", "config": chosen["config"], "seconds": chosen["seconds_per_generation"],
+            return {"kind": VerdictKind.NATIVE, "config": chosen["config"], "seconds": chosen["seconds_per_generation"],
                     "reasons": [f"fits in memory and finishes within {human_seconds(within)}"]
                     + _cap_reasons(report)}
         reasons.append(f"native: {human_seconds(best['seconds_per_generation'])} with {best['config']}, over the "
@@ -679,7 +687,7 @@ def verdict(report: dict, request: Request) -> dict:
     in_time = [r for r in routes if r["seconds"] <= within]
     if in_time:
         route = in_time[0]          # the largest tile that finishes in time: fewest seams
-        return {"kind": "tiled", "config": route["config"], "seconds": route["seconds"], "tile": route,
+        return {"kind": VerdictKind.TILED, "config": route["config"], "seconds": route["seconds"], "tile": route,
                 "reasons": reasons + [f"{route['tiles']} tiles of {route['tile_px']} px finish in "
                                       f"{human_seconds(route['seconds'])} with {route['config']}"]
                 + _cap_reasons(report)}
@@ -691,7 +699,7 @@ def verdict(report: dict, request: Request) -> dict:
         reasons.append("tiled: no tile size of the model's fits in memory")
     else:
         reasons.append("tiled: the canvas is no larger than the model's tiles")
-    return {"kind": "out of reach", "config": None, "seconds": None, "reasons": reasons + _cap_reasons(report)}
+    return {"kind": VerdictKind.OUT_OF_REACH, "config": None, "seconds": None, "reasons": reasons + _cap_reasons(report)}
 
 
 def _cap_reasons(report: dict) -> list[str]:

@@ -26,7 +26,6 @@ Nothing here prints or writes; scripts/coverage_report.py renders the report as 
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +36,10 @@ from applier.catalog import Patch, Variant
 from applier.diffengine import HunkState
 from applier.errors import ApplierError
 from applier.planner import load_file_patches
+from applier.strenum import StrEnum
 
 
-class CellState(str, enum.Enum):
+class CellState(StrEnum):
     CLEAN = "clean"
     FAILS = "fails"
     UNCLAIMED_APPLIES = "not claimed but applies"

@@ -21,6 +21,7 @@ from applier.errors import ApplierError, RefusedError
 from applier.fsutil import read_inside_or_none
 from applier.pack import pack_files, read_pack
 from applier.resources import OVERLAYS_DIR
+from applier.strenum import StrEnum
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,9 +29,19 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REGISTRY_FILE = "pyproject.toml"
+
+
+class Installer(StrEnum):
+    """Who put a copy of the node pack under custom_nodes/ (its JSON "source" and "installed_by")."""
+    APPLIER = "applier"         # `applier overlay install`: the folder its overlay manifest names
+    GIT = "git"                 # a git clone: ComfyUI-Manager's "Install via Git URL", or git by hand
+    REGISTRY = "registry"       # the Comfy Registry's archive: ComfyUI-Manager or `comfy node install`
+    COPIED = "copied"           # none of those marks: copied in by hand
+
+
 # what ComfyUI-Manager leaves in a folder it installed: a git clone ("Install via Git URL") or the Comfy Registry's
 # archive, which it marks with a .tracking file listing the archive's files (as comfy-cli's `comfy node install`)
-SOURCE_MARKERS = ((".git", "git"), (".tracking", "registry"))
+SOURCE_MARKERS = ((".git", Installer.GIT), (".tracking", Installer.REGISTRY))
 DISABLED_SUFFIX = ".disabled"           # ComfyUI skips a custom_nodes entry named so (ComfyUI-Manager's "disable")
 # the two registry fields a publisher fills at export (the registry requires both to publish; loading needs neither)
 FILLED_AT_EXPORT = {"publisher": "PublisherId", "repository": "Repository"}
@@ -119,7 +130,7 @@ def registry_name(path: Path, top: Path | None = None) -> str | None:
 class PackCopy:
     """A folder under custom_nodes/ that holds the node pack."""
     folder: Path
-    source: str                 # "git" | "registry" | "copied" (by what it holds; the manifest says "applier")
+    source: Installer           # GIT, REGISTRY or COPIED, by what it holds (only the manifest says APPLIER)
     version: str | None         # its pyproject.toml's [project] version
     carries_package: bool       # the kernels package inside it (a standalone folder)
     disabled: bool              # named *.disabled: ComfyUI does not load it
@@ -162,11 +173,11 @@ def find_copies(comfyui_root: Path, pack_dir: Path = OVERLAYS_DIR) -> list[PackC
     return copies
 
 
-def source_of(folder: Path) -> str:
+def source_of(folder: Path) -> Installer:
     for marker, source in SOURCE_MARKERS:
         if os.path.lexists(folder / marker):
             return source
-    return "copied"
+    return Installer.COPIED
 
 
 def project_version(path: Path, top: Path) -> str | None:

@@ -16,9 +16,10 @@ from applier.errors import DriftError, HunkConflict, RefusedError
 from applier.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
 from applier.journal import FileOp, place_sha
 from applier.lock import target_lock
-from applier.planner import PatchPlan, load_file_patches, plan_apply, stale_advice
+from applier.planner import PatchPlan, PlanAction, load_file_patches, plan_apply, stale_advice
 from applier.record import pristine_hashes
 from applier.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, private_mode
+from applier.strenum import StrEnum, assert_never
 from applier.target import Target
 
 
@@ -36,7 +37,7 @@ class ApplyResult:
 
     @property
     def applied(self) -> list[PatchPlan]:
-        return [p for p in self.plans if p.action == "apply"]
+        return [p for p in self.plans if p.action is PlanAction.APPLY]
 
 
 def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None = None, fuzz: int = 0,
@@ -103,7 +104,7 @@ def stale_records(target: Target, store: StateStore, plans: list[PatchPlan], sta
     out = []
     for plan in plans:
         record = state.applied.get(plan.patch.id)
-        if plan.action != "not-applicable" or record is None:
+        if plan.action is not PlanAction.NOT_APPLICABLE or record is None:
             continue
         intact = all(place_sha(store.path_of(record, f)) == f.sha256_after for f in record.files)
         if not intact:
@@ -115,7 +116,7 @@ def merge_ops(plans: list[PatchPlan]) -> list[FileOp]:
     """One operation per file, from its bytes now to its bytes after every patch of the run."""
     ops: dict[Path, FileOp] = {}
     for plan in plans:
-        if plan.action != "apply":
+        if plan.action is not PlanAction.APPLY:
             continue
         for change in plan.changes:
             if change.path in ops:
@@ -157,10 +158,36 @@ def file_mode(path: Path) -> int | None:
 
 # ---------------------------------------------------------------- revert
 
+class FileOutcome(StrEnum):
+    """What revert, forget or accept did to one file (the "action" of its JSON report)."""
+    RESTORED = "restored"              # the backup's original bytes are back
+    REVERSED_DIFF = "reversed-diff"    # only the patch's hunks were reversed, other edits kept
+    DELETED = "deleted"                # the patch had created the file
+    UNCHANGED = "unchanged"            # it already held the bytes wanted
+    LOST = "lost"                      # an update replaced or removed it: nothing to restore, the backup is kept
+    FORCED = "forced"                  # --force: the original restored, the current bytes saved under displaced/
+    FORGOTTEN = "forgotten"            # the record dropped, the file left as it is
+    ACCEPTED = "accepted"              # its current bytes are now the patched state
+
+
+def backup_done_with(outcome: FileOutcome) -> bool:
+    """Whether the file's backup may go once a revert had this outcome: no longer needed once the file holds its
+    original (or only lost the patch's hunks); kept where an update replaced the file (it may hold bytes nobody else
+    has) and where the record was only forgotten (the backups move to displaced/)."""
+    match outcome:
+        case (FileOutcome.RESTORED | FileOutcome.REVERSED_DIFF | FileOutcome.DELETED | FileOutcome.UNCHANGED
+              | FileOutcome.FORCED):
+            return True
+        case FileOutcome.LOST | FileOutcome.FORGOTTEN | FileOutcome.ACCEPTED:
+            return False
+        case _:
+            assert_never(outcome)
+
+
 @dataclass
 class FileRevert:
     path: str
-    action: str        # "restored" | "reversed-diff" | "deleted" | "unchanged" | "lost" | "forced"
+    action: FileOutcome
     note: str = ""
 
 
@@ -210,11 +237,11 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
                 if path not in pending:
                     originals[path] = pending[path] = path.read(limit=MAX_READ_BYTES)
                 if forget:
-                    outcome, new, note = "forgotten", pending[path], "record dropped, file left as it is"
+                    outcome, new, note = FileOutcome.FORGOTTEN, pending[path], "record dropped, file left as it is"
                 else:
                     outcome, new, note = revert_file(store, rec, f, pending[path], by_id.get(rec.id), pristine,
                                                      force)
-                if outcome == "forced" and pending[path] is not None:
+                if outcome is FileOutcome.FORCED and pending[path] is not None:
                     displaced.append((path, pending[path]))
                 pending[path] = new
                 files.append(FileRevert(str(path), outcome, note))
@@ -232,18 +259,15 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
         return result
 
 
-RESTORED = ("restored", "reversed-diff", "deleted", "unchanged", "forced")
-
-
 def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: State) -> None:
     """Remove the backups a revert no longer needs: those of patches whose every file got its original back (a
     backup of a file an update replaced is kept: it may hold bytes nobody else has; a forgotten patch's backups
     move to displaced/). With nothing applied, `.applier/` keeps only what must stay (the lock, displaced bytes,
     an overlay manifest)."""
     for report in reports:
-        if all(f.action in RESTORED for f in report.files):
+        if all(backup_done_with(f.action) for f in report.files):
             store.remove_tree(store.backups / report.id)
-        elif all(f.action == "forgotten" for f in report.files) and (store.backups / report.id).is_dir():
+        elif all(f.action is FileOutcome.FORGOTTEN for f in report.files) and (store.backups / report.id).is_dir():
             folder = store.new_folder(store.displaced / time.strftime("%Y%m%d-%H%M%S"))
             store.rename(store.backups / report.id, folder / "backups" / report.id)
     store.prune_empty(store.backups)
@@ -252,42 +276,52 @@ def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: Sta
 
 
 def revert_file(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None,
-                patch: Patch | None, pristine: dict[str, str], force: bool) -> tuple[str, bytes | None, str]:
+                patch: Patch | None, pristine: dict[str, str], force: bool) -> tuple[FileOutcome, bytes | None, str]:
     """(what was done, the file's bytes afterwards, a note) for one file of one applied patch."""
     current_sha = digest(current)
     backup = store.read_backup(rec, f)
     backup_ok = f.sha256_before is None or (backup is not None and sha256_bytes(backup) == f.sha256_before)
     if f.accepted and current is not None and current_sha != f.sha256_before:
         # The file holds edits the user accepted as the patched state: restoring the backup would lose them.
-        found, reversed_bytes = reverse_in_place(rec, f, current, patch)
-        if found == "reversed":
-            return "reversed-diff", reversed_bytes, "reversed only the patch's hunks; the edits you accepted are kept"
-        return forced_restore(store, rec, f, backup if backup_ok else None, force,
-                              "holds edits accepted with `applier accept`, and the patch's hunks cannot be "
-                              "reversed alone")
+        found = reverse_in_place(rec, f, current, patch)
+        match found:
+            case HunksReversed(new):
+                return (FileOutcome.REVERSED_DIFF, new,
+                        "reversed only the patch's hunks; the edits you accepted are kept")
+            case HunksAbsent() | HunksUntold():
+                return forced_restore(store, rec, f, backup if backup_ok else None, force,
+                                      "holds edits accepted with `applier accept`, and the patch's hunks cannot be "
+                                      "reversed alone")
+            case _:
+                assert_never(found)
     if current_sha == f.sha256_after and backup_ok:
         if f.sha256_before is None:
-            return "deleted", None, "created by the patch"
-        return "restored", backup, "original bytes restored from the backup"
+            return FileOutcome.DELETED, None, "created by the patch"
+        return FileOutcome.RESTORED, backup, "original bytes restored from the backup"
     if current_sha == f.sha256_before:
-        return "unchanged", current, "already holds its original bytes"
+        return FileOutcome.UNCHANGED, current, "already holds its original bytes"
     if current is None:
-        return "lost", None, "the file is gone (an update removed it?): nothing to restore; its backup is kept"
-    found, reversed_bytes = reverse_in_place(rec, f, current, patch)
-    if found == "reversed":
-        note = ("backup missing or damaged: reversed the diff" if current_sha == f.sha256_after
-                else "file edited since apply: reversed only the patch's hunks, other edits kept")
-        return "reversed-diff", reversed_bytes, note
-    if found == "absent":
-        return "lost", current, "the patch is no longer in the file (an update or an edit removed it)"
-    if rec.component == "torch" and f.relpath in pristine and current_sha == pristine[f.relpath]:
-        return "lost", current, "an update replaced the file (matches RECORD); nothing to restore"
-    return forced_restore(store, rec, f, backup if backup_ok else None, force,
-                          f"changed since {rec.id} was applied and its patched region is not intact")
+        return (FileOutcome.LOST, None,
+                "the file is gone (an update removed it?): nothing to restore; its backup is kept")
+    found = reverse_in_place(rec, f, current, patch)
+    match found:
+        case HunksReversed(new):
+            note = ("backup missing or damaged: reversed the diff" if current_sha == f.sha256_after
+                    else "file edited since apply: reversed only the patch's hunks, other edits kept")
+            return FileOutcome.REVERSED_DIFF, new, note
+        case HunksAbsent():
+            return FileOutcome.LOST, current, "the patch is no longer in the file (an update or an edit removed it)"
+        case HunksUntold():
+            if rec.component == "torch" and f.relpath in pristine and current_sha == pristine[f.relpath]:
+                return FileOutcome.LOST, current, "an update replaced the file (matches RECORD); nothing to restore"
+            return forced_restore(store, rec, f, backup if backup_ok else None, force,
+                                  f"changed since {rec.id} was applied and its patched region is not intact")
+        case _:
+            assert_never(found)
 
 
 def forced_restore(store: StateStore, rec: AppliedPatch, f: AppliedFile, backup: bytes | None, force: bool,
-                   why: str) -> tuple[str, bytes | None, str]:
+                   why: str) -> tuple[FileOutcome, bytes | None, str]:
     """A file only --force may restore: refused without it (exit 5), refused with it when no intact backup
     exists; else the backup's bytes, the current ones being saved under displaced/ by the caller."""
     path = store.path_of(rec, f)
@@ -298,30 +332,47 @@ def forced_restore(store: StateStore, rec: AppliedPatch, f: AppliedFile, backup:
     if backup is None and f.sha256_before is not None:
         raise DriftError(f"{path}: no intact backup to restore even with --force",
                          hint=f"the backup {f.backup} is missing or damaged; restore the file by reinstalling")
-    return "forced", backup, "current bytes saved under .applier/displaced/, original restored"
+    return FileOutcome.FORCED, backup, "current bytes saved under .applier/displaced/, original restored"
 
 
-def reverse_in_place(rec: AppliedPatch, f: AppliedFile, current: bytes | None,
-                     patch: Patch | None) -> tuple[str | None, bytes | None]:
-    """("reversed", bytes with only this patch's hunks reversed) | ("absent", None) when none of its hunks is in
-    the file | (None, None) when that cannot be told (hunks not intact, the catalog lacks the variant)."""
+@dataclass(frozen=True)
+class HunksReversed:
+    """Only this patch's hunks reversed: the file's bytes afterwards."""
+    new: bytes | None
+
+
+@dataclass(frozen=True)
+class HunksAbsent:
+    """None of the patch's hunks is in the file."""
+
+
+@dataclass(frozen=True)
+class HunksUntold:
+    """Cannot be told: the hunks are not intact, or the catalog lacks the patch or its variant."""
+
+
+InPlace = HunksReversed | HunksAbsent | HunksUntold
+
+
+def reverse_in_place(rec: AppliedPatch, f: AppliedFile, current: bytes | None, patch: Patch | None) -> InPlace:
+    """The patch's hunks reversed in the file as it is now, whatever else was edited around them."""
     if patch is None:
-        return None, None
+        return HunksUntold()
     try:
         variant = patch.variant(rec.variant)
         file_patches = [fp for fp in load_file_patches(patch, variant) if fp.path == f.relpath]
     except RefusedError:
-        return None, None
+        return HunksUntold()
     if not file_patches:
-        return None, None
+        return HunksUntold()
     try:
         plan = diffengine.plan_file(diffengine.reverse_file_patch(file_patches[0]), current, fuzz=rec.fuzz)
     except HunkConflict:
-        return None, None
+        return HunksUntold()
     # Reversing reports APPLIED for a hunk whose original text is already there.
-    if all(h.state == HunkState.APPLIED for h in plan.hunks):
-        return "absent", None
-    return "reversed", plan.new
+    if all(h.state is HunkState.APPLIED for h in plan.hunks):
+        return HunksAbsent()
+    return HunksReversed(plan.new)
 
 
 # ---------------------------------------------------------------- accept
@@ -360,22 +411,21 @@ def accept(target: Target, catalog: list[Patch], only: tuple[str, ...]) -> list[
                 path = store.path_of(rec, f)
                 current = path.read(limit=MAX_READ_BYTES)
                 if current is None or digest(current) == f.sha256_after:
-                    files.append(FileRevert(str(path), "unchanged", "holds the recorded patched bytes"))
+                    files.append(FileRevert(str(path), FileOutcome.UNCHANGED, "holds the recorded patched bytes"))
                     new_files.append(f)
                     continue
                 writer = state.last_writer(rec.component, f.relpath)
                 if writer is not None and writer.id != rec.id:
                     raise RefusedError(f"{path}: {writer.id} was applied on top of {rec.id}",
                                        hint=f"accept {writer.id} instead: it wrote the file last")
-                found, _ = reverse_in_place(rec, f, current, by_id.get(rec.id))
-                if found != "reversed":
+                if not isinstance(reverse_in_place(rec, f, current, by_id.get(rec.id)), HunksReversed):
                     raise RefusedError(f"{path}: the hunks of {rec.id} are not all in the file, so it is not a "
                                        "patched file that could be accepted",
                                        hint=f"`applier revert --target {target.root} --only {rec.id} --forget` drops "
                                             "the record and leaves the file as it is")
                 new_files.append(AppliedFile(f.relpath, f.sha256_before, digest(current), f.backup, f.mode,
                                              accepted=True))
-                files.append(FileRevert(str(path), "accepted", "its current bytes are now the patched state"))
+                files.append(FileRevert(str(path), FileOutcome.ACCEPTED, "its current bytes are now the patched state"))
             new_state.applied[patch_id] = AppliedPatch(
                 id=rec.id, variant=rec.variant, component=rec.component, files=new_files,
                 component_version=rec.component_version, applied_at=rec.applied_at,

@@ -10,6 +10,7 @@ from applier.diffengine import FilePatch, FilePlan, HunkState
 from applier.errors import ApplierError, HunkConflict, NoVariantError, RefusedError, UnsafePathError
 from applier.fsutil import read_inside_or_none
 from applier.paths import resolve_inside
+from applier.strenum import StrEnum
 from applier.target import Target
 
 
@@ -20,10 +21,17 @@ class FileChange:
     plan: FilePlan
 
 
+class PlanAction(StrEnum):
+    """What apply does with a patch (the "action" of its JSON report)."""
+    APPLY = "apply"
+    ALREADY_APPLIED = "already-applied"
+    NOT_APPLICABLE = "not-applicable"
+
+
 @dataclass
 class PatchPlan:
     patch: Patch
-    action: str                       # "apply" | "already-applied" | "not-applicable"
+    action: PlanAction
     reason: str
     variant: Variant | None = None
     component_version: str | None = None
@@ -210,16 +218,20 @@ def plan_patch(target: Target, patch: Patch, *, fuzz: int = 0, explicit: bool = 
             raise RefusedError(f"{patch.id} is not applicable: {reason}",
                                hint="nothing was changed" + (f"; apply {', '.join(patch.requires)} with it"
                                                              if patch.requires else ""))
-        return PatchPlan(patch, "not-applicable", reason, component_version=version)
+        return PatchPlan(patch, PlanAction.NOT_APPLICABLE, reason, component_version=version)
     try:
         variant, changes, how = choose_variant(target, patch, fuzz=fuzz, pending=pending)
     except NoVariantError as exc:
         if explicit or version is None:
             raise
-        return PatchPlan(patch, "not-applicable", exc.message, component_version=version)
-    all_applied = all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
-    action = "already-applied" if all_applied else "apply"
-    return PatchPlan(patch, action, how, variant, version, changes)
+        return PatchPlan(patch, PlanAction.NOT_APPLICABLE, exc.message, component_version=version)
+    return PatchPlan(patch, action_of(changes), how, variant, version, changes)
+
+
+def action_of(changes: list[FileChange]) -> PlanAction:
+    """ALREADY_APPLIED when every hunk of the variant is in place, else APPLY."""
+    all_applied = all(h.state is HunkState.APPLIED for c in changes for h in c.plan.hunks)
+    return PlanAction.ALREADY_APPLIED if all_applied else PlanAction.APPLY
 
 
 def recorded_plan(target: Target, patch: Patch, variant_name: str, fuzz: int,
@@ -230,9 +242,9 @@ def recorded_plan(target: Target, patch: Patch, variant_name: str, fuzz: int,
         changes = plan_variant(target, patch, variant, fuzz=fuzz, pending=pending)
     except ApplierError:
         return None
-    if not all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks):
+    if action_of(changes) is not PlanAction.ALREADY_APPLIED:
         return None
-    return PatchPlan(patch, "already-applied", f"variant {variant.name} is applied, as recorded", variant,
+    return PatchPlan(patch, PlanAction.ALREADY_APPLIED, f"variant {variant.name} is applied, as recorded", variant,
                      target.component_version(patch.component), changes)
 
 
@@ -268,7 +280,7 @@ def unmet_requirement(target: Target, patch: Patch, pending: Pending | None = No
             return f"needs what this tree lacks: {requirement.describe()}"
     for required in patch.requires:
         plan = (planned or {}).get(required)
-        if plan is not None and plan.action in ("apply", "already-applied"):
+        if plan is not None and plan.action in (PlanAction.APPLY, PlanAction.ALREADY_APPLIED):
             continue
         if plan is None and _applied_in_files(target, patch, required, pending):
             continue
@@ -284,7 +296,7 @@ def _applied_in_files(target: Target, patch: Patch, required_id: str, pending: P
         _, changes, _ = choose_variant(target, required, pending=pending)
     except RefusedError:
         return False
-    return all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
+    return action_of(changes) is PlanAction.ALREADY_APPLIED
 
 
 def clear_record_command(target: Target, patch_id: str) -> str:
@@ -308,9 +320,7 @@ def reapply_plan(target: Target, patch: Patch, *, fuzz: int = 0) -> PatchPlan:
             f"{patch.component} {version}: {exc.message}",
             hint=f"`{clear_record_command(target, patch.id)}` clears the record (the files are upstream's now); "
                  f"{NEWER_CATALOG_HINT}") from exc
-    all_applied = all(h.state == HunkState.APPLIED for c in changes for h in c.plan.hunks)
-    return PatchPlan(patch, "already-applied" if all_applied else "apply", how, variant,
-                     target.component_version(patch.component), changes)
+    return PatchPlan(patch, action_of(changes), how, variant, target.component_version(patch.component), changes)
 
 
 def stale_advice(target: Target, patch_id: str, reason: str) -> str:

@@ -8,33 +8,46 @@ from applier import diffengine
 from applier.catalog import Patch
 from applier.allowlist import confinement_for
 from applier.confine import Confinement
-from applier.diffengine import FileState
+from applier.diffengine import FileState, HunkState
 from applier.errors import ApplierError, NoVariantError
 from applier.fsutil import MAX_READ_BYTES, sha256_bytes
-from applier.node_pack import find_copies
+from applier.node_pack import Installer, find_copies
 from applier.overlays import manifest_pack
 from applier.pack import read_pack
-from applier.planner import (load_file_patches, not_applicable_reason, plan_patch, reapply_plan,
+from applier.planner import (PlanAction, load_file_patches, not_applicable_reason, plan_patch, reapply_plan,
                              stale_advice)
 from applier.record import pristine_hashes
 from applier.state import AppliedPatch, State
+from applier.strenum import StrEnum, assert_never
 from applier.target import Target
 
-STATES = ("applied", "not-applied", "lost", "modified", "partial", "conflict", "not-applicable")
-DRIFT = ("lost", "modified")
+
+class PatchState(StrEnum):
+    """A patch's status on a target (a file's: APPLIED, LOST or MODIFIED), as the JSON "state" says it."""
+    APPLIED = "applied"
+    NOT_APPLIED = "not-applied"
+    LOST = "lost"                   # drift: an update or a reinstall replaced a patched file
+    MODIFIED = "modified"           # drift: a patched file was edited since apply
+    PARTIAL = "partial"
+    CONFLICT = "conflict"
+    NOT_APPLICABLE = "not-applicable"
+
+
+STATES = tuple(PatchState)
+DRIFT = (PatchState.LOST, PatchState.MODIFIED)
 
 
 @dataclass
 class FileStatus:
     path: str
-    state: str
+    state: PatchState
     note: str = ""
 
 
 @dataclass
 class PatchStatus:
     id: str
-    state: str                      # one of STATES
+    state: PatchState
     variant: str | None
     reason: str
     recorded: bool = False
@@ -49,7 +62,7 @@ class PatchStatus:
 def needs_second_look(statuses: list[PatchStatus]) -> bool:
     """Readings a concurrent apply or revert can produce mid-run: drift, a patch in the files but not recorded, a
     patch half in place. A lockless reader confirms them under the lock before reporting them."""
-    return any(s.state in DRIFT or s.state == "partial" or (s.state == "applied" and not s.recorded)
+    return any(s.state in DRIFT or s.state is PatchState.PARTIAL or (s.state is PatchState.APPLIED and not s.recorded)
                for s in statuses)
 
 
@@ -81,15 +94,16 @@ def recorded_status(target: Target, confinement: Confinement, record: AppliedPat
                     state: State, pristine: dict[str, str]) -> PatchStatus:
     files = [file_status(confinement, record, f, patch, state, pristine) for f in record.files]
     states = {f.state for f in files}
-    if "lost" in states:
-        overall = "lost"
+    if PatchState.LOST in states:
+        overall = PatchState.LOST
         reason = stale_reason(target, record, patch) or \
             "an update or a reinstall replaced a patched file: `applier apply` re-applies it"
-    elif "modified" in states:
-        overall = "modified"
+    elif PatchState.MODIFIED in states:
+        overall = PatchState.MODIFIED
         reason = stale_reason(target, record, patch) or "a patched file was edited since apply"
     else:
-        overall, reason = "applied", f"applied {record.applied_at} on {record.component} {record.component_version}"
+        overall = PatchState.APPLIED
+        reason = f"applied {record.applied_at} on {record.component} {record.component_version}"
     return PatchStatus(record.id, overall, record.variant, reason, recorded=True, files=files)
 
 
@@ -116,23 +130,27 @@ def file_status(confinement: Confinement, record: AppliedPatch, f, patch: Patch 
     current = path.read(limit=MAX_READ_BYTES)
     current_sha = None if current is None else sha256_bytes(current)
     if current_sha == f.sha256_after:
-        return FileStatus(shown, "applied")
+        return FileStatus(shown, PatchState.APPLIED)
     if current_sha == f.sha256_before:
-        return FileStatus(shown, "lost", "back to its original bytes")
+        return FileStatus(shown, PatchState.LOST, "back to its original bytes")
     if f.relpath in pristine and current_sha == pristine[f.relpath] and record.component == "torch":
-        return FileStatus(shown, "lost", "matches torch's RECORD: reinstalled or upgraded")
+        return FileStatus(shown, PatchState.LOST, "matches torch's RECORD: reinstalled or upgraded")
     if current is None:
-        return FileStatus(shown, "lost", "the file is gone")
+        return FileStatus(shown, PatchState.LOST, "the file is gone")
     found = classify_recorded(record, f, current, patch)
-    if found == FileState.APPLIED:
-        writer = state.last_writer(record.component, f.relpath)
-        if writer is not None and writer.id != record.id and any(
-                w.relpath == f.relpath and w.sha256_after == current_sha for w in writer.files):
-            return FileStatus(shown, "applied", f"{writer.id} was applied on top")
-        return FileStatus(shown, "modified", "the patch is in place, but the file was edited since")
-    if found == FileState.NOT_APPLIED:
-        return FileStatus(shown, "lost", "the file was replaced by a version without the patch")
-    return FileStatus(shown, "modified", "edited since apply; the patched region is not intact")
+    match found:
+        case FileState.APPLIED:
+            writer = state.last_writer(record.component, f.relpath)
+            if writer is not None and writer.id != record.id and any(
+                    w.relpath == f.relpath and w.sha256_after == current_sha for w in writer.files):
+                return FileStatus(shown, PatchState.APPLIED, f"{writer.id} was applied on top")
+            return FileStatus(shown, PatchState.MODIFIED, "the patch is in place, but the file was edited since")
+        case FileState.NOT_APPLIED:
+            return FileStatus(shown, PatchState.LOST, "the file was replaced by a version without the patch")
+        case FileState.PARTIAL | FileState.CONFLICT | None:
+            return FileStatus(shown, PatchState.MODIFIED, "edited since apply; the patched region is not intact")
+        case _:
+            assert_never(found)
 
 
 def classify_recorded(record: AppliedPatch, f, current: bytes | None, patch: Patch | None) -> FileState | None:
@@ -149,29 +167,40 @@ def unrecorded_status(target: Target, patch: Patch) -> PatchStatus:
     try:
         plan = plan_patch(target, patch)
     except ApplierError as exc:
-        return PatchStatus(patch.id, "conflict", None, exc.message.splitlines()[0])
+        return PatchStatus(patch.id, PatchState.CONFLICT, None, exc.message.splitlines()[0])
     variant = plan.variant.name if plan.variant else None
-    if plan.action == "not-applicable":
-        return PatchStatus(patch.id, "not-applicable", variant, plan.reason)
-    if plan.action == "already-applied":
-        return PatchStatus(patch.id, "applied", variant,
-                           "found in the files but not recorded (applied by hand or another tool)")
-    partial = any(h.state.value == "applied" for c in plan.files for h in c.plan.hunks)
-    if partial:
-        return PatchStatus(patch.id, "partial", variant, "some hunks are in place, others are not")
-    return PatchStatus(patch.id, "not-applied", variant, plan.reason)
+    match plan.action:
+        case PlanAction.NOT_APPLICABLE:
+            return PatchStatus(patch.id, PatchState.NOT_APPLICABLE, variant, plan.reason)
+        case PlanAction.ALREADY_APPLIED:
+            return PatchStatus(patch.id, PatchState.APPLIED, variant,
+                               "found in the files but not recorded (applied by hand or another tool)")
+        case PlanAction.APPLY:
+            if any(h.state is HunkState.APPLIED for c in plan.files for h in c.plan.hunks):
+                return PatchStatus(patch.id, PatchState.PARTIAL, variant, "some hunks are in place, others are not")
+            return PatchStatus(patch.id, PatchState.NOT_APPLIED, variant, plan.reason)
+        case _:
+            assert_never(plan.action)
 
 
-INSTALLED_BY = {"applier": "installed by `applier overlay install` (its manifest lists the files)",
-                "git": "installed from a git URL (ComfyUI-Manager or git clone), not by applier",
-                "registry": "installed from the Comfy Registry (ComfyUI-Manager or comfy node install), not by applier",
-                "copied": "copied in by hand, not by applier"}
+def installed_by_words(installer: Installer) -> str:
+    match installer:
+        case Installer.APPLIER:
+            return "installed by `applier overlay install` (its manifest lists the files)"
+        case Installer.GIT:
+            return "installed from a git URL (ComfyUI-Manager or git clone), not by applier"
+        case Installer.REGISTRY:
+            return "installed from the Comfy Registry (ComfyUI-Manager or comfy node install), not by applier"
+        case Installer.COPIED:
+            return "copied in by hand, not by applier"
+        case _:
+            assert_never(installer)
 
 
 def node_pack_installs(target: Target) -> list[dict]:
     """Each folder under the target's custom_nodes/ that holds the overlay pack's node (node_pack.find_copies),
-    with who installed it: "applier" for the folder its overlay manifest names, else what the folder shows ("git",
-    "registry", "copied"); and whether its node finds the kernels package (its own copy, or site-packages')."""
+    with who installed it: APPLIER for the folder its overlay manifest names, else what the folder shows (GIT,
+    REGISTRY, COPIED); and whether its node finds the kernels package (its own copy, or site-packages')."""
     if target.comfyui_root is None:
         return []
     managed = manifest_pack(target.state_dir)
@@ -180,7 +209,7 @@ def node_pack_installs(target: Target) -> list[dict]:
     out = []
     for copy in find_copies(target.comfyui_root):
         by_applier = managed is not None and copy.folder.name == managed["node"]
-        out.append({**copy.to_json(), "installed_by": "applier" if by_applier else copy.source,
+        out.append({**copy.to_json(), "installed_by": Installer.APPLIER if by_applier else copy.source,
                     "finds_package": copy.carries_package or in_site})
     return out
 
@@ -199,7 +228,7 @@ def node_pack_lines(installs: list[dict]) -> list[str]:
             notes.append("disabled: ComfyUI does not load it")
         elif not item["finds_package"]:
             notes.append("no fused_dit beside it nor in site-packages: the node fails when it runs")
-        lines.append(f"node pack: {item['folder']}: {INSTALLED_BY[item['installed_by']]}; {', '.join(notes)}")
+        lines.append(f"node pack: {item['folder']}: {installed_by_words(Installer(item['installed_by']))}; {', '.join(notes)}")
     loaded = [item for item in installs if not item["disabled"]]
     if len(loaded) > 1:
         lines.append(f"node pack: ComfyUI loads {len(loaded)} copies of the same node (the last one loaded wins): "

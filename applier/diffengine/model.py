@@ -1,16 +1,17 @@
 """The data model of the diff engine: hunk and file states, parsed patches, per-hunk reports, file plans."""
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
-class HunkState(str, enum.Enum):
+from applier.strenum import StrEnum
+
+class HunkState(StrEnum):
     APPLIED = "applied"          # the post-image is present
     NOT_APPLIED = "not-applied"  # the pre-image is present: the hunk would apply
     CONFLICT = "conflict"        # neither
 
 
-class FileState(str, enum.Enum):
+class FileState(StrEnum):
     APPLIED = "applied"
     NOT_APPLIED = "not-applied"
     PARTIAL = "partial"
