@@ -507,15 +507,17 @@ class HeldRoot:
 
     def subroot(self, rel, *, links: bool = True, create: bool = False, mode: int = 0o700) -> "HeldRoot":
         """The folder rel as a handle of its own, reached without following a link at its last step (a link there:
-        NotADirectoryError); created with mode when absent and create is set; tightened to mode when created or
-        when it is more open than mode and create is set."""
+        NotADirectoryError); created with mode when absent and create is set."""
         if create:
             self.make_folders(rel, mode=mode)
         fd = self.open_folder(rel, follow_last=False)
-        held = HeldRoot.from_fd(fd, self.display(rel), links=links)
-        if create and stat.S_IMODE(os.fstat(fd).st_mode) & ~mode:
-            os.fchmod(fd, mode)
-        return held
+        return HeldRoot.from_fd(fd, self.display(rel), links=links)
+
+    def tighten(self, mode: int) -> None:
+        """The root folder's mode is at most mode: bits beyond it are taken away (a looser folder is made private)."""
+        current = stat.S_IMODE(os.fstat(self.fd).st_mode)
+        if current & ~mode:
+            os.fchmod(self.fd, current & mode)
 
     def open_flags(self, rel, flags: int, mode: int = 0o600) -> int:
         """os.open of rel's last component on its held folder, with O_NOFOLLOW added (the caller's fd)."""
@@ -853,6 +855,11 @@ class PathRoot(HeldRoot):
         if os.path.islink(path) or not path.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "not a real folder", str(path))
         return PathRoot(path, links=links)
+
+    def tighten(self, mode: int) -> None:
+        current = stat.S_IMODE(os.stat(self.path).st_mode)
+        if current & ~mode:
+            os.chmod(self.path, current & mode)
 
     def rename(self, src, dst) -> None:
         target = self.checked(dst, follow_last=False)

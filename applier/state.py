@@ -28,7 +28,8 @@ from pathlib import Path
 
 from applier.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
-from applier.fsutil import MAX_READ_BYTES, NotRegularFile, check_no_links, io_failure, read_regular, scan_no_links
+from applier.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_no_links,
+                            io_failure, kind_of, read_regular)
 from applier.heldroot import HeldRoot, hold
 
 STATE_FORMAT = 2
@@ -219,29 +220,31 @@ class StateStore:
             raise StateCorruptError(f"{self.dir} is not a folder",
                                     hint="applier keeps its state in that folder: move the file aside")
         try:
-            scan_no_links(self.dir)
+            for where, entries in self.held().walk("", max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES):
+                for name, entry in entries:
+                    if not (stat.S_ISDIR(entry.st_mode) or stat.S_ISREG(entry.st_mode)):
+                        shown = self.dir / where / name
+                        raise StateCorruptError(
+                            f"{shown} is {kind_of(entry.st_mode)}: applier refuses to follow links or use special "
+                            f"files inside {self.dir}", hint="nothing was changed; move it aside by hand (a link "
+                                                             "there could lead a write outside the install)")
         except NotRegularFile as exc:
             raise StateCorruptError(exc.message, hint=exc.hint) from exc
 
     def guard(self, path: Path) -> str:
         """The path of `path` relative to the state folder (the form every operation on it takes), once it is
-        lexically inside it and every component from the folder down is a real folder (or, last, a regular file, or
-        not there yet); StateCorruptError otherwise. The handle refuses a link swapped in later all the same."""
+        lexically inside it (StateCorruptError otherwise). Links are the handle's to refuse: it holds the folder
+        with links refused, at every component of every operation."""
         path = Path(path)
         if path != self.dir and self.dir not in path.parents:
             raise StateCorruptError(f"refusing to write {path}: it is not inside {self.dir}",
                                     hint="a bug: please report it")
-        try:
-            check_no_links(self.dir, path)
-        except NotRegularFile as exc:
-            raise StateCorruptError(exc.message, hint=exc.hint) from exc
         return path.relative_to(self.dir).as_posix()
 
     def held(self, *, create: bool = False) -> HeldRoot | None:
         """The state folder as a held handle, opened from the install's own handle without following a link (links
-        anywhere below it are refused by the handle); None when it does not exist and create is False. Created
-        0700, and tightened to 0700 when applier writes into one that is more open: backups hold the install's
-        files, private ones among them."""
+        anywhere below it are refused by the handle); None when it does not exist and create is False; created
+        0700."""
         if self._held is not None:
             return self._held
         name = self.dir.name
@@ -324,9 +327,10 @@ class StateStore:
             self._held = None
 
     def ensure(self) -> None:
-        """The state folder exists (0700), with its .gitignore."""
+        """The state folder exists, 0700 (a looser one is tightened: backups hold the install's files, private ones
+        among them), with its .gitignore."""
         self.check_folder()
-        self.held(create=True)
+        self.held(create=True).tighten(0o700)
         self.write_gitignore()
 
     def write_gitignore(self) -> None:
