@@ -5,10 +5,12 @@
     ...
     fused_dit.disable(diffusion_model)
 
-Op functions are importable from here (loaded on first use, so importing the package never imports Triton):
-flux_rms_rope, wan_rms_rope, adaln, gate_add, quantize_fp8_dynamic, quantize_fp8_comfy,
-linear_fp8, gelu_quantize_fp8_dynamic, gelu_quantize_fp8_comfy. Each picks Triton or its eager reference through
-`fused_dit.dispatch` and logs the reason once (logger "fused_dit").
+The public names below are loaded on first use, so that importing the package imports neither torch nor Triton
+(applier's node-pack tools import it in a bare interpreter): the op functions flux_rms_rope, wan_rms_rope, adaln,
+gate_add, quantize_fp8_dynamic, quantize_fp8_comfy, linear_fp8, gelu_quantize_fp8_dynamic,
+gelu_quantize_fp8_comfy, each picking Triton or its eager reference through `fused_dit.dispatch` (said once,
+logger "fused_dit"), and enable / disable from the registry (`fused_dit.registry`), which picks what each op
+family runs on a loaded model. The ComfyUI node imports the registry itself, not through these names.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ _LAZY_EXPORTS = {
     "quantize_weight_fp8": ("ops.fp8_linear", "quantize_weight_fp8"),
     "gelu_quantize_fp8_dynamic": ("ops.gelu_quantize_fp8", "gelu_quantize_fp8_dynamic"),
     "gelu_quantize_fp8_comfy": ("ops.gelu_quantize_fp8", "gelu_quantize_fp8_comfy"),
-    "enable": ("integration", "enable"),
-    "disable": ("integration", "disable"),
+    "enable": ("registry", "enable"),
+    "disable": ("registry", "disable"),
     "OP_FAMILIES": ("integration", "OP_FAMILIES"),
     "UnsupportedModelError": ("integration", "UnsupportedModelError"),
 }

@@ -1,4 +1,5 @@
-"""FP8 codes in the Linears' place (the node's fp8_weights="replace", issue 13.2), without ComfyUI.
+"""FP8 codes in the Linears' place (codes_in_place: the node's fp8_weights="no_extra_memory", earlier "replace",
+under ComfyUI's legacy ModelPatcher; issue 13.2), without ComfyUI.
 
 `LifecyclePatcher` is a ModelPatcher written for these tests with the parts of ComfyUI 0.3.64's lifecycle the
 swap relies on (comfy/model_patcher.py): object patches applied when a clone loads and restored from a backup
@@ -13,6 +14,7 @@ both the CPU, so where weights live is checked by identity, not by device.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from types import SimpleNamespace
 
@@ -23,7 +25,8 @@ import blocks
 import comfyui_fused_dit as node_pack
 from comfy_fakes import FakeModelPatcher
 import fused_dit
-from fused_dit.integration import fp8_codes, fp8_linear_modules
+from fused_dit import families, registry, state
+from fused_dit.integration import fp8_linear_modules
 from fused_dit.integration.fp8_codes import Fp8CodesLinear
 
 
@@ -127,7 +130,7 @@ class LifecyclePatcher(FakeModelPatcher):
 MAKERS = {"flux": blocks.make_flux_stack, "wan": blocks.make_wan_stack}
 
 
-def _node(patcher, fp8_weights="replace"):
+def _node(patcher, fp8_weights=families.NO_EXTRA_MEMORY):
     (patched,) = node_pack.FusedDiTOps().patch(patcher, fp8_linear=True, fp8_weights=fp8_weights)
     return patched
 
@@ -246,25 +249,41 @@ def test_a_second_node_run_while_codes_are_loaded_quantises_the_originals(fp8_ca
     assert torch.equal(second.sample(inputs), out)
 
 
-def test_replace_registers_nothing_where_the_fp8_forward_cannot_run():
+def test_no_extra_memory_registers_nothing_where_the_fp8_forward_cannot_run(caplog):
     # CPU without the test's FP8 emulation: dispatch declines fp8_linear, codes would only lose precision
     model, _ = blocks.make_flux_stack(dtype=torch.bfloat16)
-    patched = _node(LifecyclePatcher(model))
+    state.forget_said()
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        patched = _node(LifecyclePatcher(model))
     assert not patched.object_patches
-    result = fp8_codes.add_object_patches(LifecyclePatcher(model), fp8_linear_modules(model))
-    assert result.linears == 0 and result.reason
+    selection = registry.choose(LifecyclePatcher(model), registry.Request(("fp8_linear",)))
+    assert selection.fp8_weights is None and "fp8_linear" in selection.ops
+    assert any("fp8_weights: no_extra_memory left the bf16 weights (" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_the_node_refuses_an_unknown_fp8_weights_value():
     model, _ = blocks.make_flux_stack()
-    with pytest.raises(ValueError, match="fp8_weights='gpu'; expected one of replace, alongside"):
+    with pytest.raises(ValueError, match="fp8_weights='gpu'; expected one of no_extra_memory, codes_beside_weights, "
+                                         "replace, alongside"):
         node_pack.FusedDiTOps().patch(LifecyclePatcher(model), fp8_linear=True, fp8_weights="gpu")
 
 
-def test_the_node_offers_fp8_weights_with_replace_by_default():
+def test_the_node_offers_the_fp8_weight_policies_and_their_earlier_names():
     optional = node_pack.FusedDiTOps.INPUT_TYPES()["optional"]
     choices, options = optional["fp8_weights"]
-    assert choices == ["replace", "alongside"] and options["default"] == "replace"
+    assert choices == ["no_extra_memory", "codes_beside_weights", "replace", "alongside"]
+    assert options["default"] == "no_extra_memory"
+
+
+@pytest.mark.parametrize("earlier, policy", [("replace", "no_extra_memory"), ("alongside", "codes_beside_weights")])
+def test_a_saved_workflows_earlier_fp8_weights_name_does_what_its_policy_does(fp8_calls, earlier, policy):
+    model, inputs = blocks.make_flux_stack(dtype=torch.bfloat16)
+    base = LifecyclePatcher(model)
+    by_name, by_alias = _node(base, policy), _node(base, earlier)
+    assert sorted(by_name.object_patches) == sorted(by_alias.object_patches)
+    assert bool(by_name.object_patches) == (policy == "no_extra_memory")
+    assert torch.equal(by_name.sample(inputs), by_alias.sample(inputs))
 
 
 def test_fp8_linear_modules_lists_what_enable_runs_in_fp8_without_installing_anything():

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import comfyui_fused_dit as node_pack
-from fused_dit import state
 import fused_dit
 from comfy_fakes import FakeModelPatcher
+from fused_dit import families, state
 from fused_dit.integration import generic_blocks, modulation_prefixes
 from fused_dit.testing import fp8_emulated
 
@@ -121,7 +121,8 @@ def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stoc
     assert any(line.startswith("Fused DiT Ops: norm_rope, adaln, gate: stock") for line in lines)
     assert any(line.startswith("Fused DiT Ops: fp8_linear:") and "blocks the other families do not know" in line
                for line in lines)
-    assert sum("measured on Qwen-Image 1024 only" in line and "for memory, not speed" in line for line in lines) == 1
+    assert sum(families.GENERIC_FP8_EVIDENCE.cite() in line and "for memory, not speed" in line
+               for line in lines) == 1
     [wrapper] = patched.wrappers["apply_model"][node_pack.WRAPPER_KEY]
 
     class Executor:

@@ -23,8 +23,8 @@ import torch
 
 import blocks
 import comfyui_fused_dit as node_pack
-from fused_dit import state
 from comfy_fakes import FakeModelPatcher
+from fused_dit import state
 
 PRESTARTUP = Path(node_pack.__file__).with_name("prestartup_script.py")
 

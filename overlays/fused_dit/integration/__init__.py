@@ -6,9 +6,8 @@ block's signature leaves that block stock (logged) instead of running mismatched
 per-instance `forward` attributes: the classes and module-level functions of ComfyUI are never modified, so other
 models in the same process are unaffected, and `disable` restores exactly what was there before.
 
-Helpers the overlay forwards need from the model's own code (`attention`, `optimized_attention`, `repeat_e`) are
-looked up in the module that defines the block class, so the overlay calls the same attention backend ComfyUI
-selected (and test fixtures can supply their own).
+The block classes the overlays know are flux.BLOCKS and wan.BLOCKS (BlockSpecs, integration/blocks.py); helpers
+the overlay forwards need from the model's own code are looked up in the module that defines the block class.
 
 Every block forward and the FP8 Linear seam are variants verified on given ComfyUI releases (fused_dit.variants):
 a block's forward overlay runs only where the code that block runs has the fingerprints of a verified release
@@ -19,22 +18,18 @@ its "seams" (integration/seams.py).
 from __future__ import annotations
 
 import functools
-import inspect
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .. import state
-from . import eras, seams
-from .fp8_modules import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_forward_fp8, fp8_linear_forward, is_gelu_tanh_ffn,
-                          is_linear, new_enable_epoch, restore_stored_weight, slot_of, stock_forward_of,
+from . import eras, flux, seams, wan
+from .blocks import BlockSpec, forward_matches
+from .fp8_modules import (SAVED_FORWARD_ATTR, drop_fp8_cache, ffn_overlay, is_gelu_tanh_ffn, is_linear,
+                          linear_overlay, new_enable_epoch, restore_stored_weight, slot_of, stock_forward_of,
                           store_fp8_only)
 
 OP_FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
-# where the FP8 linears' bf16/fp16 weights stay: beside their FP8 codes on the GPU, or in host memory
-FP8_WEIGHT_STORAGE = ("alongside", "replace")
 OVERLAY_MARK = "_fused_dit_overlay"
 # (key, saved forward, the partial, id of the module): the overlay forward of the last enable, handed out again by
 # the next enable of the same overlay, so torch.compile's guards on `module.forward` hold across ComfyUI's
@@ -79,33 +74,6 @@ def restore_forward(module: torch.nn.Module) -> bool:
     return True
 
 
-def defining_module_global(block: torch.nn.Module, class_name: str, name: str):
-    """A global of the module that defines `class_name` (walked up block's MRO), e.g. ComfyUI's `attention`."""
-    for cls in type(block).__mro__:
-        if cls.__name__ == class_name:
-            # the class's forward sees its module's globals even when the module is not in sys.modules. No truth
-            # test of the dict: under torch.compile Dynamo would guard on its length, which changes whenever a
-            # graph break adds resume functions to the module, and every step would recompile
-            namespace = getattr(cls.forward, "__globals__", None)
-            if namespace is None:
-                namespace = vars(sys.modules[cls.__module__])
-            return namespace[name]
-    raise LookupError(f"{type(block).__name__} has no base class {class_name}")
-
-
-def forward_matches(block: torch.nn.Module, class_name: str, expected_parameters: tuple[str, ...]) -> str | None:
-    """None when the block's forward is the one the overlay was written for, else the reason it is not."""
-    defining = next((c for c in type(block).__mro__ if c.__name__ == class_name), None)
-    if defining is None:
-        return f"{type(block).__name__} is not a {class_name}"
-    if type(block).forward is not defining.forward:
-        return f"{type(block).__name__} overrides {class_name}.forward"
-    names = tuple(inspect.signature(defining.forward).parameters)[1:]
-    if names != expected_parameters:
-        return f"{class_name}.forward takes {names}; the overlay was written for {expected_parameters}"
-    return None
-
-
 def _fp8_units(block: torch.nn.Module, skip_prefixes: tuple[str, ...]):
     """(module, is_ffn) for each unit of a block that runs in FP8: GELU(tanh) FFNs as one, other Linears alone;
     modulation Linears (skip_prefixes) stay stock."""
@@ -136,23 +104,12 @@ def planned_fp8_linears(block: torch.nn.Module, skip_prefixes: tuple[str, ...]) 
     for module, is_ffn in _fp8_seam_units(block, skip_prefixes):
         slot_of(module)
         if is_ffn:
-            installs.append((module, lambda stock, x, _m=module: ffn_forward_fp8(_m, x, stock), "fp8_ffn"))
+            installs.append((module, functools.partial(ffn_overlay, module), "fp8_ffn"))
             linears += [module[0], module[2]]
         else:
-            installs.append((module, lambda stock, x, _m=module: fp8_linear_forward(_m, x, stock), "fp8_linear"))
+            installs.append((module, functools.partial(linear_overlay, module), "fp8_linear"))
             linears.append(module)
     return installs, linears
-
-
-@dataclass(frozen=True)
-class BlockSpec:
-    """A ComfyUI block class the overlays know (flux.BLOCKS, wan.BLOCKS)."""
-    class_name: str
-    parameters: tuple[str, ...]       # its forward's parameter names, the ones the overlay forward was written for
-    forward: Callable                 # forward(block, ops, stock, *args, **kwargs)
-    linear_skip: tuple[str, ...]      # submodules whose Linears stay stock under fp8_linear (the modulation)
-    variant: str                      # its name in variants.json
-    dependencies: Callable            # block -> {dependency key: the live function/class it runs}
 
 
 def planned_block_overlays(block: torch.nn.Module, spec: BlockSpec, ops: frozenset,
@@ -162,24 +119,21 @@ def planned_block_overlays(block: torch.nn.Module, spec: BlockSpec, ops: frozens
     installs: list = []
     block_ops = ops - {"fp8_linear"}
     if block_ops and forward_verified:
-        installs.append((block, lambda stock, *a, **kw: spec.forward(block, block_ops, stock, *a, **kw),
-                         ("block", block_ops)))
+        installs.append((block, functools.partial(spec.forward, block, block_ops), ("block", block_ops)))
     if "fp8_linear" not in ops:
         return installs, []
     fp8_installs, linears = planned_fp8_linears(block, spec.linear_skip)
     return installs + fp8_installs, linears
 
 
-def _block_specs() -> dict[str, BlockSpec]:
-    from . import flux, wan
-    return {spec.class_name: spec for spec in (*flux.BLOCKS, *wan.BLOCKS)}
+BLOCK_SPECS: dict[str, BlockSpec] = {spec.class_name: spec for spec in (*flux.BLOCKS, *wan.BLOCKS)}
 
 
 def _recognised_blocks(model: torch.nn.Module, skipped: list[str]):
     """(block, spec, forward_verified) for every block of a known class; forward_verified: its forward is the one
     its overlay was written for and the code it runs matches a release the variant was verified on. The others are
     logged once and listed in `skipped` (their Linears may still take the FP8 seam)."""
-    specs = _block_specs()
+    specs = BLOCK_SPECS
     for module in model.modules():
         for class_name, spec in specs.items():
             if any(c.__name__ == class_name for c in type(module).__mro__):
@@ -220,7 +174,7 @@ def modulation_prefixes(block: torch.nn.Module) -> tuple[str, ...]:
 
 def supported_blocks(model: torch.nn.Module) -> int:
     """How many blocks of `model` the overlays know; raises UnsupportedModelError when none."""
-    names = tuple(_block_specs())
+    names = tuple(BLOCK_SPECS)
     count = sum(1 for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__))
     if not count:
         raise UnsupportedModelError(
@@ -328,19 +282,18 @@ def _generic_fp8_blocks(model: torch.nn.Module, ops: frozenset) -> list[torch.nn
         return blocks
 
 
-def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongside") -> dict:
+def enable(model: torch.nn.Module, ops=OP_FAMILIES, weights_in_host_memory: bool = False) -> dict:
     """Install the overlays on every supported block of `model`; returns what was patched and what was skipped.
 
-    fp8_weights="replace" (with the fp8_linear family): quantise the FP8 linears' weights now and keep only their
+    weights_in_host_memory (with the fp8_linear family): quantise the FP8 linears' weights now and keep only their
     FP8 codes on the GPU, the bf16/fp16 originals in host memory until `disable` moves them back. For scripts that
-    enable once and run many calls; each enable/disable pair copies those weights across PCIe twice.
+    enable once and run many calls; each enable/disable pair copies those weights across PCIe twice. (The public
+    `fused_dit.enable` names it by its FP8 weight policy: registry.py.)
     """
     ops = frozenset(ops)
     unknown = ops - set(OP_FAMILIES)
     if unknown:
         raise ValueError(f"unknown op families {sorted(unknown)}; known: {', '.join(OP_FAMILIES)}")
-    if fp8_weights not in FP8_WEIGHT_STORAGE:
-        raise ValueError(f"fp8_weights={fp8_weights!r}; expected one of {', '.join(FP8_WEIGHT_STORAGE)}")
     chosen = plan(model, ops)
     new_enable_epoch()
     for module, forward, key in chosen.installs:
@@ -349,7 +302,7 @@ def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = "alongsid
     report = {**chosen.report, "skipped": list(chosen.report["skipped"])}
     if chosen.wants_seams:
         report["seams"] = seams.install(model, ops, chosen.rope_namespace)
-    if fp8_weights == "replace":
+    if weights_in_host_memory:
         freed = [store_fp8_only(module) for module in chosen.fp8_modules]
         report["fp8_weights_stored_in_host_memory"] = sum(1 for b in freed if b)
         report["gpu_bytes_freed"] = sum(freed)
@@ -438,7 +391,7 @@ def model_fingerprints(model: torch.nn.Module) -> dict[str, dict[str, str | None
     """{variant: {dependency key: sha256 or None}} of the code a model's recognised blocks, their Linear ops and the
     op seams they call run (the first of each block class; Linears of every block), e.g. to record a fixture era or
     report a real tree."""
-    specs = _block_specs()
+    specs = BLOCK_SPECS
     prints: dict[str, dict[str, str | None]] = {}
     namespace = seams.rope_module_globals(model)
     if namespace is not None:

@@ -130,10 +130,21 @@ class FastestSdpa:
         return best
 
 
+OVERRIDE_KEY = "optimized_attention_override"
+RUNS = "fastest exact SDPA backend per shape, measured once"
+
+
+def stays_stock(model_options: dict) -> str | None:
+    """Why the override would not go into these model_options (another node's is there and keeps its choice)."""
+    if OVERRIDE_KEY in model_options.get("transformer_options", {}):
+        return "another node's attention override is in place and keeps its choice"
+    return None
+
+
 def install(model_options: dict, override: FastestSdpa | None = None) -> str:
     """Put the override into a (cloned) ModelPatcher's model_options; returns what it did, in words."""
-    transformer_options = model_options.setdefault("transformer_options", {})
-    if "optimized_attention_override" in transformer_options:
-        return "stock: another node's attention override is in place and keeps its choice"
-    transformer_options["optimized_attention_override"] = override or FastestSdpa()
-    return "fastest exact SDPA backend per shape, measured once"
+    why = stays_stock(model_options)
+    if why:
+        return f"stock: {why}"
+    model_options.setdefault("transformer_options", {})[OVERRIDE_KEY] = override or FastestSdpa()
+    return RUNS

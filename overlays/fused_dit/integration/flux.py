@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from . import BlockSpec, compiled, defining_module_global, eras
+from ..ops import adaln, gate_add, rms_rope
+from . import compiled, eras
+from .blocks import BlockSpec, defining_module_global
 
 DOUBLE = "DoubleStreamBlock"
 SINGLE = "SingleStreamBlock"
@@ -28,14 +30,12 @@ SINGLE_PARAMETERS = ("x", "vec", "pe", "attn_mask", "modulation_dims", "transfor
 
 def _modulate(norm: torch.nn.Module, x: torch.Tensor, mod, ops) -> torch.Tensor:
     if compiled.fused("adaln", ops) and getattr(norm, "weight", None) is None:
-        from ..ops import adaln
         return adaln.adaln(x, mod.shift, mod.scale, eps=norm.eps)
     return torch.addcmul(mod.shift, norm(x), 1 + mod.scale)
 
 
 def _gated(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, ops, in_place: bool) -> torch.Tensor:
     if compiled.fused("gate", ops):
-        from ..ops import gate_add
         return gate_add.gate_add(x, y, gate, rounding=gate_add.FLUX, inplace=in_place)
     if in_place:
         x += y * gate
@@ -92,7 +92,6 @@ def double_block_forward(block, ops, stock, img, txt, vec, pe, attn_mask=None, m
     img_norm = _fused_qk_norm(block.img_attn.norm, img_q.dtype) if compiled.fused("norm_rope", ops) else None
     txt_norm = _fused_qk_norm(block.txt_attn.norm, txt_q.dtype) if img_norm else None
     if img_norm and txt_norm:
-        from ..ops import rms_rope
         img_start, txt_start = (0, img_len) if flipped else (txt_len, 0)
         img_pe = _pe_slice(pe, img_start, img_start + img_len)
         txt_pe = _pe_slice(pe, txt_start, txt_start + txt_len)
@@ -139,7 +138,6 @@ def single_block_forward(block, ops, stock, x, vec, pe, attn_mask=None, modulati
     q, k, v = _split_heads(qkv, block.num_heads)
     norm = _fused_qk_norm(block.norm, q.dtype) if compiled.fused("norm_rope", ops) else None
     if norm:
-        from ..ops import rms_rope
         q, k = rms_rope.flux_rms_rope(q, k, *norm[0], pe, eps=norm[1])
         q, k = q.to(v), k.to(v)
         attn = attention(q, k, v, pe=None, mask=attn_mask, transformer_options=transformer_options)

@@ -26,8 +26,7 @@ Under ComfyUI's DynamicVRAM (`ModelPatcherDynamic`, is_dynamic() true) nothing i
 weights (resident in its own VRAM allocation or streamed per call, at its choice) and ComfyUI's cast hands each
 Linear its bf16 weight per call; its LoRA path (weight_lowvram_function, applied to that weight's plain values)
 would miss the codes' scale. The FP8 forward then runs through ComfyUI's cast (`fp8_weights`), quantising each
-weight for its call: on the H200 that costs more than FP8 saves (DYNAMIC_REASON has the figures), and the node
-says so once with the way out, `--disable-dynamic-vram`.
+weight for its call (the registry's PER_CALL_CODES; it says once where the measurements of that are).
 
 The overlay's FP8 forward (`fp8_modules`) reads the codes as they are, with dynamic per-tensor activation scales
 (`fused_dit_dynamic_input`): the same codes, scales and GEMM as with the weights alongside, so the output is the
@@ -42,9 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import dispatch
 from ..ops import fp8_linear as op
-from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
+from ..ops.quantize_fp8 import FP8_DTYPE
 
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
 DIFFUSION_MODEL = "diffusion_model"   # the ModelPatcher's BaseModel attribute holding the diffusion model
@@ -123,34 +121,9 @@ def _round_to_fp8(values: torch.Tensor, seed) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Replacement:
-    """What `add_object_patches` did: object patches added, bytes of weight the GPU no longer holds, or why none."""
+    """What `add_object_patches` did: object patches added, bytes of weight the GPU no longer holds."""
     linears: int
     bytes_saved: int
-    reason: str | None = None
-
-
-def codes_can_run(device) -> str | None:
-    """None when the FP8 forward can run on `device` (the patcher's load device), else why not."""
-    if device is None:
-        return "the ModelPatcher names no load device"
-    choice = dispatch.choose(op.OP, torch.empty(0, device=device, dtype=torch.bfloat16),
-                             min_capability=FP8_MIN_CAPABILITY)
-    return None if choice.triton else choice.reason
-
-
-DYNAMIC_REASON = ("ComfyUI's DynamicVRAM (comfy-aimdo) owns the weights and hands each Linear its bf16 weight per "
-                  "call, so the FP8 forward quantises that weight for its call, and codes in the weights' place "
-                  "would take LoRA (weight_lowvram_function) in the codes' unscaled values. Measured on the H200, "
-                  "ComfyUI 0.33.0, with the attention toggle: Flux-dev 1024 0.91x stock this way, 1.22x with "
-                  "fp8_weights alongside (the codes of resident weights kept: 1 byte per parameter more on the GPU); "
-                  "Flux-dev 2048 1.52x / 1.55x; started with --disable-dynamic-vram the codes take the weights' "
-                  "place: Flux-dev 1024 1.36x at 14.6 GiB against 22.6 (benchmarks/results/generation-0.33.0.json)")
-
-
-def dynamic_reason(patcher) -> str | None:
-    """Why codes must not take the weights' place under this patcher: ComfyUI's ModelPatcherDynamic."""
-    is_dynamic = getattr(patcher, "is_dynamic", None)
-    return DYNAMIC_REASON if callable(is_dynamic) and is_dynamic() else None
 
 
 def _original_weight(patcher, key: str, module: torch.nn.Linear) -> torch.Tensor:
@@ -163,14 +136,11 @@ def add_object_patches(patcher, modules: list[tuple[str, torch.nn.Module]]) -> R
     """Register an Fp8CodesLinear object patch on `patcher` (a ModelPatcher clone) for each (name, Linear) of its
     diffusion model that the FP8 forward would run; names are relative to the diffusion model.
 
-    Nothing is registered where the FP8 forward cannot run on the patcher's load device (CPU, below sm_89): the
-    codes would only lose precision there. Quantises on the load device, one Linear at a time, and keeps the
-    codes on the patcher's offload device until ComfyUI loads the clone.
+    The registry chooses this (CODES_IN_PLACE) only where the FP8 forward can run on the patcher's load device
+    and ComfyUI's legacy ModelPatcher loads the weights. Quantises on the load device, one Linear at a time, and
+    keeps the codes on the patcher's offload device until ComfyUI loads the clone.
     """
     load_device = getattr(patcher, "load_device", None)
-    reason = codes_can_run(load_device) or dynamic_reason(patcher)
-    if reason:
-        return Replacement(0, 0, reason)
     store = torch.device(getattr(patcher, "offload_device", None) or "cpu")
     saved = count = 0
     with torch.inference_mode():   # as ComfyUI loads weights: no autograd bookkeeping for the codes

@@ -33,6 +33,7 @@ traces the plans, the dispatch or the launches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -41,9 +42,9 @@ import torch.nn.functional as F
 
 from .. import dispatch, library
 from ..ops import fp8_linear as op
-from ..state import STATE
 from ..ops.fp8_linear import OP, SUPPORTED_ACTIVATION_DTYPES
 from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
+from ..state import STATE
 from . import fp8_weights
 
 _CACHE_ATTR = "_fused_dit_fp8_weight"
@@ -359,8 +360,9 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
     if reason is None:
         plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x), bias_version=bias_version)
     else:
+        cast_call = fp8_weights.cast_call_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None
         plan = Fp8Plan(key, reason, None, None,
-                       fp8_weights.cast_forward_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None)
+                       None if cast_call is None else functools.partial(cast_forward, module, *cast_call))
     attrs[_PLAN_ATTR] = plan
     return plan
 
@@ -375,6 +377,40 @@ def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) 
             return plan.cast_forward(x)
         return _declined(module, plan.decline_reason, stock_forward, x)
     return op.linear_fp8_triton(x, plan.weight, plan.bias)
+
+
+def cast_forward(module: torch.nn.Module, seam: fp8_weights.CastSeam, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
+    """One call through ComfyUI's cast (fp8_weights): the weight from the cast, the FP8 GEMM on it, the uncast after."""
+    result = seam.cast(module, x, **kwargs)
+    weight, bias, offload_stream = (*result, None) if len(result) == 2 else result
+    try:
+        if seam.quantized_type is not None and isinstance(weight, seam.quantized_type):
+            codes, scale = fp8_weights.fp8_codes_and_scale(weight, module.out_features, module.in_features)
+            if codes is None:           # a layout the cast produced that the static check could not see
+                dispatch.say_once(OP, fp8_weights.STOCK_THROUGH_CAST, scale)
+                return module.forward_comfy_cast_weights(x)
+            weight_fp8 = fp8_weights.fp8_weight(codes, scale)
+        else:
+            # the weight as ComfyUI made it for this call (LoRA and weight functions applied): codes for this call
+            # only, or kept with aimdo's resident weight where asked
+            weight_fp8 = (fp8_weights.resident_codes(module, weight)
+                          or fp8_weights.fp8_weight(*op.quantize_weight_fp8(weight)))
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        return op.linear_fp8_triton(x, weight_fp8, bias)
+    finally:
+        if seam.uncast is not None and offload_stream is not None:
+            seam.uncast(module, weight, bias, offload_stream)
+
+
+def linear_overlay(module: torch.nn.Module, stock_forward, x: torch.Tensor) -> torch.Tensor:
+    """The overlay forward installed on an FP8 Linear (integration.install_forward hands it the stock forward)."""
+    return fp8_linear_forward(module, x, stock_forward)
+
+
+def ffn_overlay(ffn: torch.nn.Sequential, stock_forward, x: torch.Tensor) -> torch.Tensor:
+    """The overlay forward installed on a GELU(tanh) FFN."""
+    return ffn_forward_fp8(ffn, x, stock_forward)
 
 
 def is_linear(module: torch.nn.Module) -> bool:

@@ -9,8 +9,9 @@ weight system often hands a Linear no such weight until the call:
   `QuantizedTensor` (codes and a `scale`); they are not `nn.Linear`.
 In each case ComfyUI's own op forward gets its weight from the cast function of the ops module that defines it
 (`comfy.ops.cast_bias_weight`, with `uncast_bias_weight` after the GEMM since 0.8): it streams the weight in,
-applies LoRA and the weight functions and gives back a tensor on the input's device. `cast_forward_for` builds the
-same call for the FP8 path, so nothing of ComfyUI's streaming, offload or LoRA is bypassed:
+applies LoRA and the weight functions and gives back a tensor on the input's device. `cast_call_for` and
+fp8_modules.cast_forward make the same call for the FP8 path, so nothing of ComfyUI's streaming, offload or LoRA is
+bypassed:
 - the cast gives a QuantizedTensor of ComfyUI's per-tensor e4m3 layout (its fp8 checkpoint, LoRA already requantised
   into it by the cast): its codes and scale go to torch._scaled_mm as they are; the activations get the overlay's
   dynamic per-tensor scale;
@@ -39,8 +40,10 @@ import torch
 from .. import dispatch
 from ..ops import fp8_linear as op
 from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
+from .fp8_codes import Fp8CodesLinear
 
 OP = op.OP
+STOCK_THROUGH_CAST = "stock forward (cast seam)"
 # comfy-kitchen / ComfyUI layout names of a per-tensor e4m3 weight (comfy/quant_ops.py since 0.8)
 FP8_LAYOUTS = frozenset({"TensorCoreFP8Layout", "TensorCoreFP8E4M3Layout"})
 PLAIN_WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -117,7 +120,6 @@ def fp8_codes_and_scale(weight, out_features: int, in_features: int):
 
 def static_decline(module: torch.nn.Module, x: torch.Tensor) -> str | None:
     """Why the cast seam must leave this call to the op's own forward, from what is known before casting."""
-    from ..integration.fp8_codes import Fp8CodesLinear
     if isinstance(module, Fp8CodesLinear):
         return "the pack's own FP8 codes Linear keeps its forward for cast weights"
     if not is_comfy_linear_op(module):
@@ -151,16 +153,17 @@ def static_decline(module: torch.nn.Module, x: torch.Tensor) -> str | None:
     return None if choice.triton else choice.reason
 
 
-def cast_forward_for(module: torch.nn.Module, x: torch.Tensor) -> Callable | None:
-    """The FP8 forward through ComfyUI's cast for this module and inputs like x, or None (said once why) where
-    the op's own forward must run. Built once per plan (fp8_modules), not per call."""
+def cast_call_for(module: torch.nn.Module, x: torch.Tensor) -> tuple[CastSeam, dict] | None:
+    """(the op's cast seam, the arguments to give it) for the FP8 forward through ComfyUI's cast on inputs like x,
+    or None (said once why) where the op's own forward must run. Worked out once per plan (fp8_modules), whose
+    `cast_forward` makes each call."""
     reason = static_decline(module, x)
     if reason is not None:
-        dispatch.say_once(OP, "stock forward (cast seam)", reason)
+        dispatch.say_once(OP, STOCK_THROUGH_CAST, reason)
         return None
     seam = cast_seam_of(type(module))
     quantized = quantized_layout(module._parameters.get("weight")) is not None
-    return functools.partial(cast_forward, module, seam, cast_arguments(seam, x.dtype, quantized))
+    return seam, cast_arguments(seam, x.dtype, quantized)
 
 
 def cast_arguments(seam: CastSeam, dtype: torch.dtype, quantized: bool) -> dict:
@@ -191,11 +194,11 @@ def keep_resident_codes(keep: bool = True):
         _KEEP_RESIDENT_CODES.reset(token)
 
 
-def _fp8_weight(codes: torch.Tensor, scale: torch.Tensor) -> op.Fp8Weight:
+def fp8_weight(codes: torch.Tensor, scale: torch.Tensor) -> op.Fp8Weight:
     return op.Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=())
 
 
-def _resident_codes(module: torch.nn.Module, weight: torch.Tensor) -> op.Fp8Weight | None:
+def resident_codes(module: torch.nn.Module, weight: torch.Tensor) -> op.Fp8Weight | None:
     """The FP8 weight (codes, scale and the GEMM's operands derived from them) kept for the resident weight the
     cast handed back, quantised on the first call; None where nothing may be kept (not asked, not aimdo's resident
     tensor, LoRA or weight functions on the module), and then codes kept before are dropped."""
@@ -212,29 +215,6 @@ def _resident_codes(module: torch.nn.Module, weight: torch.Tensor) -> op.Fp8Weig
     kept = attrs.get(RESIDENT_CODES_ATTR)
     if kept is not None and kept[0] == key:
         return kept[1]
-    fp8_weight = _fp8_weight(*op.quantize_weight_fp8(weight))
-    attrs[RESIDENT_CODES_ATTR] = (key, fp8_weight)
-    return fp8_weight
-
-
-def cast_forward(module: torch.nn.Module, seam: CastSeam, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
-    """One call: the weight from ComfyUI's cast, the FP8 GEMM on it, ComfyUI's uncast after."""
-    result = seam.cast(module, x, **kwargs)
-    weight, bias, offload_stream = (*result, None) if len(result) == 2 else result
-    try:
-        if seam.quantized_type is not None and isinstance(weight, seam.quantized_type):
-            codes, scale = fp8_codes_and_scale(weight, module.out_features, module.in_features)
-            if codes is None:           # a layout the cast produced that the static check could not see
-                dispatch.say_once(OP, "stock forward (cast seam)", scale)
-                return module.forward_comfy_cast_weights(x)
-            fp8_weight = _fp8_weight(codes, scale)
-        else:
-            # the weight as ComfyUI made it for this call (LoRA and weight functions applied): codes for this call
-            # only, or kept with aimdo's resident weight where asked
-            fp8_weight = _resident_codes(module, weight) or _fp8_weight(*op.quantize_weight_fp8(weight))
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)
-        return op.linear_fp8_triton(x, fp8_weight, bias)
-    finally:
-        if seam.uncast is not None and offload_stream is not None:
-            seam.uncast(module, weight, bias, offload_stream)
+    kept = fp8_weight(*op.quantize_weight_fp8(weight))
+    attrs[RESIDENT_CODES_ATTR] = (key, kept)
+    return kept

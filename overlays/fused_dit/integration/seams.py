@@ -24,6 +24,7 @@ import torch
 
 from .. import state
 from ..library import compiling
+from ..ops import rope
 from . import compiled, eras
 
 ROPE_VARIANT = "rope_ck_seam"
@@ -62,14 +63,12 @@ def kitchen(namespace: dict):
 
 
 def _rope1_seam(original, x, freqs_cis):
-    from ..ops import rope
     if compiling() and not compiled.fused("norm_rope", ("norm_rope",)):
         return original(x, freqs_cis)
     return rope.apply_rope1(x, freqs_cis, fallback=original)
 
 
 def _rope_seam(original, xq, xk, freqs_cis):
-    from ..ops import rope
     if compiling():
         if not compiled.fused("norm_rope", ("norm_rope",)):
             return original(xq, xk, freqs_cis)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from . import BlockSpec, compiled, defining_module_global, eras
+from ..ops import adaln, gate_add, rms_rope
+from . import compiled, eras
+from .blocks import BlockSpec, defining_module_global
 
 BLOCK = "WanAttentionBlock"
 BLOCK_PARAMETERS = ("x", "e", "freqs", "context", "context_img_len", "transformer_options")
@@ -21,14 +23,12 @@ BLOCK_PARAMETERS = ("x", "e", "freqs", "context", "context_img_len", "transforme
 
 def _modulate(block, norm, x, shift, scale, ops):
     if compiled.fused("adaln", ops) and getattr(norm, "weight", None) is None:
-        from ..ops import adaln
         return adaln.adaln(x, shift, scale, eps=norm.eps)
     return torch.addcmul(shift, norm(x), 1 + scale)
 
 
 def _gated(x, y, gate, ops):
     if compiled.fused("gate", ops):
-        from ..ops import gate_add
         return gate_add.gate_add(x, y, gate, rounding=gate_add.WAN)
     return torch.addcmul(x, y, gate)
 
@@ -44,7 +44,6 @@ def _fusable_qk_norm(attn) -> bool:
 def self_attention(block, attn, x, freqs, transformer_options, ops):
     if not compiled.fused("norm_rope", ops) or not _fusable_qk_norm(attn):
         return attn(x, freqs, transformer_options=transformer_options)
-    from ..ops import rms_rope
     optimized_attention = defining_module_global(block, BLOCK, "optimized_attention")
     b, s, n, d = *x.shape[:2], attn.num_heads, attn.head_dim
     eps = getattr(attn.norm_q, "eps", attn.eps)
@@ -72,5 +71,5 @@ def block_forward(block, ops, stock, x, e, freqs, context, context_img_len=257, 
     return _gated(x, y, repeat_e(e[5], x), ops)
 
 
-BLOCKS = (BlockSpec(BLOCK, BLOCK_PARAMETERS, block_forward, ("modulation",), "wan_block_forward_0.3",
-                    eras.wan_dependencies),)
+VARIANT = "wan_block_forward_0.3"
+BLOCKS = (BlockSpec(BLOCK, BLOCK_PARAMETERS, block_forward, ("modulation",), VARIANT, eras.wan_dependencies),)

@@ -101,12 +101,10 @@ def next_power_of_2(n: int) -> int:
 
 @dataclass(frozen=True)
 class TuningRecord:
-    """Why an op's launch setting is what it is: one record per op, beside its setting.
-
-    `results` names the JSON of the sweep in the repository's benchmarks/results/ (not shipped with the pack).
-    """
-    chosen: str
-    best: str
-    second_best: str
+    """Why an op's launch setting is what it is: one record per op, beside its setting. The timings are in the
+    sweep's results, never here: `results` is a file of the repository's benchmarks/results/ (not shipped with the
+    pack) and the key of this op's sweep in it."""
+    chosen: str                  # the setting, in words
+    runner_up: str               # the settings the sweep timed closest to it, in words
     date: str
-    results: str
+    results: str                 # "FILE: key"

@@ -51,9 +51,8 @@ class AdalnLaunch:
 LAUNCH = AdalnLaunch()
 TUNING = TuningRecord(
     chosen="2 rows x 2 warps, unrolled 2/2, prefetch, rows of <= 8 steps held, modulation 1 step ahead",
-    best="the chosen setting: L=4096 20.4 us, 8192 35.5, 16384 63.9 (H200, bf16, C=3072)",
-    second_best="modulation 2 steps ahead: 20.6 / 35.7 us at L=4096 / 8192; at 16384 1 row per program, 63.9 us",
-    date="2026-11-30", results="kernels-sweep.json (ops.adaln)")
+    runner_up="modulation 2 steps ahead (L=4096, 8192); 1 row per program (L=16384)",
+    date="2026-11-30", results="kernels-sweep.json: ops.adaln")
 
 
 def _modulation_rows(x, shift, scale):

@@ -35,10 +35,10 @@ class GateAddLaunch:
 
 LAUNCH = GateAddLaunch()
 TUNING = TuningRecord(
-    chosen="2048 elements per program, channel blocks of <= 1024, 8 warps (kept: every setting swept was within 1%)",
-    best="L=4096: 4096 elements x 2 warps, 23.8 us; L=16384: 1024 elements x 4 warps, 77.0 us (Wan, bf16, H200)",
-    second_best="L=4096: 4096 elements x 8 warps, 23.8 us; L=16384: the chosen setting, 77.1 us",
-    date="2026-11-30", results="kernels-sweep.json (ops.gate_add_wan)")
+    chosen="2048 elements per program, channel blocks of <= 1024, 8 warps (one setting for every length: the "
+           "sweep found none clearly faster)",
+    runner_up="4096 elements x 2 or 8 warps (L=4096); 1024 elements x 4 warps (L=16384)",
+    date="2026-11-30", results="kernels-sweep.json: ops.gate_add_wan")
 
 WAN = "addcmul"        # torch.addcmul(x, y, gate)
 FLUX = "mul_then_add"  # x + gate * y (or x += gate * y)

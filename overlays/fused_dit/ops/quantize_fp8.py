@@ -76,11 +76,10 @@ class QuantizeLaunch:
 
 LAUNCH = QuantizeLaunch()
 TUNING = TuningRecord(
-    chosen="4096 elements per iteration x 8 warps, at most 1024 programs; the dynamic pass keeps 32 MiB of x in L2",
-    best="at most 8 programs per SM: 25.2 us at [4096, 3072], 73.3 us at [16384, 3072] with 16 warps (H200, bf16)",
-    second_best="the chosen grid: 25.4 / 73.4 us (within 0.5%); the L2 hints: +2% at [4608, 3072], +4% at "
-                "[16384, 3072]",
-    date="2026-11-30", results="kernels-sweep.json (ops.quantize_fp8_dynamic, quantize_fp8_dynamic_l2_hints)")
+    chosen="4096 elements per iteration x 8 warps, at most 1024 programs; the dynamic pass keeps the tail of x in "
+           "L2 (dynamic_l2_keep_bytes), which the sweep of L2 hints found faster than none",
+    runner_up="at most 8 programs per SM with 16 warps, about as fast as the chosen grid",
+    date="2026-11-30", results="kernels-sweep.json: ops.quantize_fp8_dynamic, quantize_fp8_dynamic_l2_hints")
 
 
 def launch_grid(n: int, launch: QuantizeLaunch = LAUNCH, elements_per_iteration: int | None = None,

@@ -64,14 +64,12 @@ FLUX_LAUNCH = FluxLaunch()
 WAN_LAUNCH = WanLaunch()
 FLUX_TUNING = TuningRecord(
     chosen="2 tokens x 8 heads per step x 2 warps, next head step prefetched",
-    best="the chosen setting: L=4096 32.8 us, L=16384 112.6 us (H200, bf16, 24 heads x 128)",
-    second_best="1 token, prefetched: 34.0 us at L=4096; 1 token, not prefetched: 114.6 us at L=16384",
-    date="2026-11-30", results="kernels-sweep.json (ops.rms_rope_flux)")
+    runner_up="1 token per step, prefetched (L=4096) or not (L=16384)",
+    date="2026-11-30", results="kernels-sweep.json: ops.rms_rope_flux")
 WAN_TUNING = TuningRecord(
     chosen="1 token x 8 heads per step x 4 warps, loops unrolled by 5, rows of <= 16 steps held in registers",
-    best="the chosen setting: L=4096 52.0 us, 8192 93.3, 16384 175.9 (H200, bf16, C=5120)",
-    second_best="L=4096: rows read twice, 52.3 us; L=8192 / 16384: 2 warps, 95.6 / 180.3 us",
-    date="2026-11-30", results="kernels-sweep.json (ops.rms_rope_wan)")
+    runner_up="rows read twice (L=4096); 2 warps (L=8192, 16384)",
+    date="2026-11-30", results="kernels-sweep.json: ops.rms_rope_wan")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""The one place that picks: for the model a ComfyUI node was given, which implementation each op family runs (or why
+it stays stock), said once per line on ComfyUI's console.
+
+The families and what their implementations need are data (families.py); the picking walks a family's
+implementations in order and keeps the first whose needs hold: the ComfyUI code it was verified on (checked block by
+block through integration/eras.py, by `recognition` and the install plan), the load device's compute capability,
+the VRAM mode, capture-safety where ComfyUI's model compiler captures blocks in CUDA graphs. The FP8 family also gets
+its weight mechanism here (families.FP8_WEIGHTS). Every line goes through the pack's once-only log (state.say_once).
+
+Per op call, dispatch.py still chooses Triton or eager for the tensors it is given; the installer
+(integration/__init__.py) puts the chosen families in around each model call (`enable`, `disable`).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from . import dispatch, state
+from .families import (CACHED_CODES, CODES_BESIDE_WEIGHTS, CODES_IN_PLACE, DYNAMIC, FAMILIES, FASTEST_SDPA,
+                       FP8_WEIGHTS, GENERIC_FP8_EVIDENCE, LEGACY, LINEAR_FP8_SEAM, NO_EXTRA_MEMORY, PER_CALL_CODES,
+                       PER_CALL_EVIDENCE, RESIDENT_CODES, Implementation, Needs, fp8_weight_policy)
+from .integration import (GENERIC_MIN_BLOCKS, OP_FAMILIES, UnsupportedModelError, attention, fp8_codes, fp8_weights,
+                          fp8_linear_modules, generic_blocks, is_active, recognition, supported_blocks)
+from .integration import disable as _disable
+from .integration import enable as _enable
+from .ops.fp8_linear import OP as FP8_OP
+
+NODE_LINE = "Fused DiT Ops: %s"          # the node's lines on ComfyUI's console, said once each
+
+
+def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = CODES_BESIDE_WEIGHTS) -> dict:
+    """Install the op families `ops` on every block of `model` that runs their verified code (integration.enable);
+    returns what was installed and what stayed stock. For scripts that enable once and run many calls,
+    fp8_weights=NO_EXTRA_MEMORY (earlier "replace") holds the FP8 Linears' weights as WEIGHTS_IN_HOST_MEMORY."""
+    return _enable(model, ops, weights_in_host_memory=fp8_weight_policy(fp8_weights) == NO_EXTRA_MEMORY)
+
+
+disable = _disable
+
+
+@contextlib.contextmanager
+def enabled(model: torch.nn.Module, ops, keep_resident_codes: bool = False):
+    """The families `ops` installed on `model` for the calls inside, the stock forwards back in `finally` (the
+    node's APPLY_MODEL wrapper); keep_resident_codes: the codes_beside_weights policy under DynamicVRAM."""
+    _enable(model, ops)
+    try:
+        with fp8_weights.keep_resident_codes(keep_resident_codes):
+            yield
+    finally:
+        _disable(model)
+
+
+def drop_fp8_weights(model: torch.nn.Module) -> None:
+    """Forget every FP8 copy of `model`'s weights (ComfyUI's ON_CLEANUP of the node's clone)."""
+    _disable(model, drop_fp8_weights=True)
+
+
+def install_attention(model_options: dict) -> str:
+    """Put the attention family's override into a cloned ModelPatcher's options (choose said whether it runs)."""
+    return attention.install(model_options)
+
+
+def put_codes_in_place(patcher) -> fp8_codes.Replacement:
+    """CODES_IN_PLACE on the node's clone: an object patch of FP8 codes for each Linear FP8 runs."""
+    return fp8_codes.add_object_patches(patcher, fp8_linear_modules(patcher.model.diffusion_model))
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the node was asked for."""
+    families: tuple[str, ...]
+    fp8_weights: str = NO_EXTRA_MEMORY           # a policy, or its earlier spelling
+    graphs_captured: bool = False                # ComfyUI's model compiler captures each block in a CUDA graph
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the node installs on its clone of the ModelPatcher."""
+    ops: tuple[str, ...]                         # the families enable() installs around each model call
+    wrap: bool                                   # whether that changes anything the model runs
+    attention: bool                              # put the attention override into the clone's options
+    fp8_weights: str | None                      # the weight mechanism (families.FP8_WEIGHTS); None: FP8 off
+    lines: tuple[str, ...]                       # what runs per family, or why it stays stock
+
+    @property
+    def keep_resident_codes(self) -> bool:
+        """Whether the model calls keep the codes of resident weights (the codes_beside_weights policy)."""
+        return self.fp8_weights in (RESIDENT_CODES, CACHED_CODES)
+
+
+def vram_mode(patcher) -> str:
+    """DYNAMIC for ComfyUI's ModelPatcherDynamic (is_dynamic() true), else LEGACY."""
+    is_dynamic = getattr(patcher, "is_dynamic", None)
+    return DYNAMIC if callable(is_dynamic) and is_dynamic() else LEGACY
+
+
+def runs_on(device, needs: Needs) -> str | None:
+    """None where an implementation's kernels can run on `device` (a ModelPatcher's load device), else why not."""
+    if device is None:
+        return "the ModelPatcher names no load device"
+    if needs.min_capability is None:
+        return None
+    choice = dispatch.choose(FP8_OP, torch.empty(0, device=device, dtype=torch.bfloat16),
+                             min_capability=needs.min_capability)
+    return None if choice.triton else choice.reason
+
+
+def capture_refusal(implementation: Implementation, request: Request) -> str | None:
+    """Why `implementation` must not run where blocks are captured in CUDA graphs, or None."""
+    if request.graphs_captured and not implementation.needs.capture_safe:
+        return f"{implementation.name} is not capture-safe ({implementation.needs.capture_note})"
+    return None
+
+
+def choose(patcher, request: Request) -> Selection:
+    """The implementation of each family asked for on `patcher`'s diffusion model, or why it stays stock; each line
+    said once (logger `fused_dit`, shown on ComfyUI's console)."""
+    model = patcher.model.diffusion_model
+    policy = fp8_weight_policy(request.fp8_weights)
+    asked = set(request.families)
+    ops = tuple(name for name in OP_FAMILIES if name in asked)
+    lines: list[str] = []
+    try:
+        supported_blocks(model)
+    except UnsupportedModelError as unknown:
+        ops, lines = _on_unknown_model(model, ops, unknown)
+    lines += [f"{family}: {line}" for family, line in recognition(model, ops).items()]
+    kept = []
+    for name in ops:
+        refused = [capture_refusal(impl, request) for impl in FAMILIES[name].implementations]
+        if all(refused):
+            lines.append(f"{name}: stock ({'; '.join(refused)})")
+        else:
+            kept.append(name)
+    ops = tuple(kept)
+    wrap = bool(ops) and is_active(model, ops)
+    if ops and not wrap:
+        # a wrapper that installs nothing still costs a call per step: the model runs as ComfyUI's own
+        lines.append(f"{', '.join(ops)}: every one stays stock on {type(model).__name__} (above), so the node adds "
+                     f"no wrapper to its model calls")
+    mechanism = None
+    if "fp8_linear" in ops:
+        mechanism, line = _fp8_weights(patcher, policy)
+        lines.append(line)
+    use_attention = False
+    if "attention" in asked:
+        why = capture_refusal(FASTEST_SDPA, request) or attention.stays_stock(patcher.model_options)
+        use_attention = why is None
+        lines.append(f"attention: {attention.RUNS if use_attention else f'stock: {why}'}")
+    for line in lines:
+        state.say_once(NODE_LINE, line)
+    return Selection(ops, wrap, use_attention, mechanism, tuple(lines))
+
+
+def _on_unknown_model(model, ops: tuple[str, ...], unknown: UnsupportedModelError) -> tuple[tuple, list[str]]:
+    """A model whose blocks the block families do not know (Qwen-Image, Lumina, SD3, ...): they stay stock; FP8
+    takes the Linear seam in its transformer stacks' blocks where it has some (integration.generic_blocks)."""
+    lines = []
+    block_families = [name for name in ops if name != "fp8_linear"]
+    if block_families:
+        lines.append(f"{', '.join(block_families)}: stock ({unknown})")
+    if "fp8_linear" not in ops:
+        return (), lines
+    if not generic_blocks(model):
+        lines.append(f"fp8_linear: stock ({unknown}, and no stack of {GENERIC_MIN_BLOCKS} or more blocks of one "
+                     f"class)")
+        return (), lines
+    lines.append("fp8_linear on a model the block families do not know was measured on Qwen-Image only, where "
+                 f"its text stream's short Linears cost more than FP8 saves ({GENERIC_FP8_EVIDENCE.cite()}). Turn "
+                 "it on there for memory, not speed")
+    return ("fp8_linear",), lines
+
+
+def _fp8_weights(patcher, policy: str) -> tuple[str | None, str]:
+    """(the weight mechanism, its line) for the node's FP8 Linears under `patcher`."""
+    mode = vram_mode(patcher)
+    if policy == CODES_BESIDE_WEIGHTS:
+        mechanism = RESIDENT_CODES if mode == DYNAMIC else CACHED_CODES
+        return mechanism, f"fp8_weights: {mechanism} ({FP8_WEIGHTS[mechanism].does})"
+    cannot = runs_on(getattr(patcher, "load_device", None), LINEAR_FP8_SEAM.needs)
+    if cannot:
+        return None, f"fp8_weights: {NO_EXTRA_MEMORY} left the bf16 weights ({cannot})"
+    if mode == DYNAMIC:
+        return PER_CALL_CODES, (
+            f"fp8_weights: {PER_CALL_CODES} ({FP8_WEIGHTS[PER_CALL_CODES].does}: ComfyUI's DynamicVRAM (comfy-aimdo) "
+            f"owns the weights, and codes in their place would take LoRA (weight_lowvram_function) in the codes' "
+            f"unscaled values. Against {CODES_BESIDE_WEIGHTS} ({RESIDENT_CODES}) and against a start with "
+            f"--disable-dynamic-vram ({CODES_IN_PLACE}): {PER_CALL_EVIDENCE.cite()})")
+    return CODES_IN_PLACE, f"fp8_weights: {CODES_IN_PLACE} ({FP8_WEIGHTS[CODES_IN_PLACE].does})"
