@@ -434,7 +434,10 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run, forget):
     found = detect_target(target, python, gpu=False)
     catalog = load_catalog(patches_dir)
     check_known(catalog, tuple(only))
-    result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run, forget=forget)
+    if forget:   # its own operation, spelled as revert's adverb on the command line
+        result = operations.forget(found, catalog, tuple(only), dry_run=dry_run)
+    else:
+        result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run)
     if not dry_run:
         remember_interpreter(found, catalog, python)
     if as_json:

@@ -2,8 +2,10 @@
 to the journal in one go."""
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,11 +206,36 @@ class RevertResult:
     displaced: Path | None = None
 
 
+# What happens to one file of one recorded patch: (outcome, the file's bytes afterwards, a note). Given the file's
+# bytes as the patches undone before it in the same run leave them.
+FileUndo = Callable[[StateStore, AppliedPatch, AppliedFile, bytes | None], tuple[FileOutcome, bytes | None, str]]
+
+
 def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, force: bool = False,
-           dry_run: bool = False, forget: bool = False) -> RevertResult:
-    """Restore the exact original bytes of every selected applied patch (latest first). With forget, drop the
-    records and leave the files as they are (for patches an update replaced and no variant can reach any more);
-    their backups move to .applier/displaced/."""
+           dry_run: bool = False) -> RevertResult:
+    """Restore the exact original bytes of every selected applied patch (latest first)."""
+    by_id = {p.id: p for p in catalog}
+    pristine = functools.cache(lambda: pristine_hashes(target.site_packages))   # torch's RECORD, read under the lock
+
+    def restore(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None):
+        return revert_file(store, rec, f, current, by_id.get(rec.id), pristine(), force)
+    return drop_records(target, catalog, only, restore, dry_run=dry_run)
+
+
+def forget(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *,
+           dry_run: bool = False) -> RevertResult:
+    """Drop the records of the selected applied patches and leave their files as they are (for patches an update
+    replaced and no variant can reach any more); their backups move to .applier/displaced/. `applier revert
+    --forget` on the command line."""
+    def leave(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None):
+        return FileOutcome.FORGOTTEN, current, "record dropped, file left as it is"
+    return drop_records(target, catalog, only, leave, dry_run=dry_run)
+
+
+def drop_records(target: Target, catalog: list[Patch], only: tuple[str, ...], undo_file: FileUndo, *,
+                 dry_run: bool) -> RevertResult:
+    """Revert and forget: undo_file decides each file of the selected records (latest patch first), then one
+    journal run writes the files and the state without those records, and the backups no longer needed go."""
     store = store_for(target, catalog)
     store.check_folder()
     if not store.state_file.exists() and not journal.needs_recovery(store):
@@ -219,7 +246,6 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
     with target_lock(store):
         recovered = journal.recover(store)
         state = store.load()
-        by_id = {p.id: p for p in catalog}
         chosen = [rec for _, rec in state.in_order() if not only or rec.id in only or rec.component in only]
         unknown = [name for name in only if name not in state.applied and name not in ("comfyui", "torch")]
         if unknown:
@@ -228,7 +254,6 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
         pending: dict[Place, bytes | None] = {}
         originals: dict[Place, bytes | None] = {}
         displaced: list[tuple[Place, bytes]] = []
-        pristine = pristine_hashes(target.site_packages)
         reports = []
         for rec in reversed(chosen):
             files = []
@@ -236,11 +261,7 @@ def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, 
                 path = store.path_of(rec, f)
                 if path not in pending:
                     originals[path] = pending[path] = path.read(limit=MAX_READ_BYTES)
-                if forget:
-                    outcome, new, note = FileOutcome.FORGOTTEN, pending[path], "record dropped, file left as it is"
-                else:
-                    outcome, new, note = revert_file(store, rec, f, pending[path], by_id.get(rec.id), pristine,
-                                                     force)
+                outcome, new, note = undo_file(store, rec, f, pending[path])
                 if outcome is FileOutcome.FORCED and pending[path] is not None:
                     displaced.append((path, pending[path]))
                 pending[path] = new
