@@ -1,7 +1,7 @@
 """Check the catalog against cached upstream releases: does every variant apply where it claims to, and only there?
 
 The cache is a folder of pristine upstream files, filled by scripts outside the package
-(scripts/fetch_torch_upstream.py for torch; another helper for ComfyUI):
+(`python -m benchmarks upstream torch` and `upstream comfyui`):
 
     <cache>/<component>/<version>/<paths relative to the component root>
     e.g. <cache>/torch/2.13.0/torch/cuda/streams.py, <cache>/comfyui/0.3.64/nodes.py
@@ -22,7 +22,7 @@ specifier to match: for them the check asserts that exactly one variant applies 
 by dry run needs; a variant whose `tested` names a snapshot claims it (it must be that clean one). Variants of one
 patch must not both claim any cached or tested release.
 
-Nothing here prints or writes; scripts/coverage_report.py renders the report as docs/coverage.md.
+Nothing here prints or writes; `python -m benchmarks coverage` renders the report as docs/coverage.md.
 """
 from __future__ import annotations
 
