@@ -34,7 +34,7 @@ from .state import STATE
 
 # Triton (major, minor) releases whose CompiledKernel.run(gridX, gridY, gridZ, stream, function, packed_metadata,
 # launch_metadata, enter_hook, exit_hook, *all_arguments) the direct path was checked against on a GPU
-DIRECT_LAUNCH_TRITON = {(3, 6)}
+DIRECT_LAUNCH_TRITON = frozenset({(3, 6)})
 
 
 @functools.lru_cache(maxsize=1)
