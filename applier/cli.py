@@ -10,10 +10,12 @@ from pathlib import Path
 import click
 
 from applier import __version__, settings
-from applier.catalog import COMPONENTS, load_catalog, select_patches
+from applier.catalog import COMPONENTS, Patch, load_catalog, select_patches
 from applier.errors import (EXIT_DRIFT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_VERIFY_FAILED,
                             ApplierError, RefusedError)
 from applier.fsutil import io_failure
+from applier.strenum import assert_never
+from applier.target import Target
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -97,7 +99,8 @@ class ApplierGroup(click.Group):
 
 
 def emit_error(ctx, message: str, hint: str | None, code: int, kind: str):
-    if (ctx.obj or {}).get("json"):
+    invocation = ctx.find_object(Invocation)
+    if invocation is not None and invocation.as_json:
         click.echo(json.dumps({"ok": False, "error": {"kind": kind, "message": message, "hint": hint,
                                                        "exit_code": code}}, indent=2))
     else:
@@ -107,49 +110,89 @@ def emit_error(ctx, message: str, hint: str | None, code: int, kind: str):
     ctx.exit(code)
 
 
+class Invocation:
+    """What one command works on, each resolved once, when first asked: the install (--target, --python), the
+    catalog (--patches), and whether output is JSON (--json). The group makes it the context's object; the options
+    stay on each command and fill it (target_options, patches_option, json_option), and the command receives it as
+    its first argument (pass_invocation, Click's make_pass_decorator)."""
+
+    def __init__(self) -> None:
+        self.as_json = False
+        self.target_path: Path | None = None
+        self.python: Path | None = None
+        self.patches_dir: Path | None = None
+        self._found: dict[bool, Target] = {}
+        self._catalog: list[Patch] | None = None
+
+    def target(self, *, gpu: bool = False) -> Target:
+        """The target as detected, with the interpreter --python names, else the one recorded for this install (a
+        conda env, a shared venv: given once with --python, reused by every later command), else the one found by
+        layout. gpu: also look for GPUs (nvidia-smi)."""
+        if gpu not in self._found:
+            from applier.detect import detect
+            self._found[gpu] = detect(self.target_path, python=self.python, gpu=gpu)
+        return self._found[gpu]
+
+    @property
+    def catalog(self) -> list[Patch]:
+        """The catalog --patches names, else the packaged one."""
+        if self._catalog is None:
+            self._catalog = load_catalog(self.patches_dir)
+        return self._catalog
+
+
+pass_invocation = click.make_pass_decorator(Invocation, ensure=True)
+
+
+def into_invocation(ctx, param, value):
+    """An option's value goes to the command's Invocation (the attribute named as the option's name)."""
+    setattr(ctx.ensure_object(Invocation), param.name, value)
+    return value
+
+
 def remember_json(ctx, param, value):
-    """Errors raised below a command are printed by the group: it learns about --json through ctx.obj."""
+    """Errors raised below a command are printed by the group: it learns about --json through the Invocation."""
     if value:
-        ctx.ensure_object(dict)["json"] = True
+        ctx.ensure_object(Invocation).as_json = True
     return value
 
 
 def json_option(func):
-    return click.option("--json", "as_json", is_flag=True, callback=remember_json, expose_value=True,
+    return click.option("--json", "as_json", is_flag=True, callback=remember_json, expose_value=False,
                         help="Machine-readable output.")(func)
 
 
+def patches_option(help_text: str | None = None):
+    return click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path), help=help_text,
+                        callback=into_invocation, expose_value=False)
+
+
 def target_options(func):
-    """--target, --python, --patches, --json: shared by every command that looks at a target."""
+    """--target, --python, --patches, --json: shared by every command that looks at a target, which receives them
+    as an Invocation (its first argument) that detects the target and loads the catalog once, when first asked."""
+    func = pass_invocation(func)
     func = json_option(func)
-    func = click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path),
-                        help="Another catalog folder (default: the packaged patches/).")(func)
-    func = click.option("--python", "python", type=click.Path(path_type=Path),
-                        help="The target's interpreter (overrides detection).")(func)
-    func = click.option("--target", "-t", required=True, type=click.Path(path_type=Path),
+    func = patches_option("Another catalog folder (default: the packaged patches/).")(func)
+    func = click.option("--python", "python", type=click.Path(path_type=Path), callback=into_invocation,
+                        expose_value=False, help="The target's interpreter (overrides detection).")(func)
+    func = click.option("--target", "-t", "target_path", required=True, type=click.Path(path_type=Path),
+                        callback=into_invocation, expose_value=False,
                         help="ComfyUI folder, portable install, or Python env.")(func)
     return func
 
 
-def detect_target(target: Path, python: Path | None, *, gpu: bool = True):
-    """The target as detected, with the interpreter --python names, else the one recorded for this install (a
-    conda env, a shared venv: given once with --python, reused by every later command), else the one found by
-    layout."""
-    from applier.detect import detect
-    return detect(target, python=python, gpu=gpu)
-
-
-def remember_interpreter(found, catalog, python: Path | None) -> None:
+def remember_interpreter(invocation: Invocation) -> None:
     """After a command that wrote with --python: record that interpreter for this install's later commands."""
     from applier.allowlist import store_for
     from applier.lock import target_lock
     from applier.state import read_interpreter
-    if python is None or found.python is None:
+    found = invocation.target()
+    if invocation.python is None or found.python is None:
         return
     chosen = Path(os.path.abspath(found.python))
     if read_interpreter(found.state_dir) == chosen:   # already recorded: no lock, no write
         return
-    store = store_for(found, catalog)
+    store = store_for(found, invocation.catalog)
     with target_lock(store):
         store.record_interpreter(chosen)
 
@@ -177,7 +220,7 @@ def cli(ctx):
     applier verify --target ComfyUI/      prove the effect
     applier revert --target ComfyUI/      byte-identical restore
     """
-    ctx.ensure_object(dict)
+    ctx.ensure_object(Invocation)
     settings.check_environment()    # a bad APPLIER_* value is exit 2 before any command starts
     if settings.no_color():
         ctx.color = False
@@ -187,13 +230,13 @@ def cli(ctx):
 
 @cli.command()
 @target_options
-def detect(target, python, patches_dir, as_json):
+def detect(invocation):
     """Show ComfyUI version and layout, its Python env, torch/CUDA/triton and GPU (never imports torch).
 
     Example: applier detect --target ComfyUI/
     """
-    found = detect_target(target, python)
-    if as_json:
+    found = invocation.target(gpu=True)
+    if invocation.as_json:
         return out_json(found.to_json())
     rows = [
         ("target", f"{found.root} ({found.layout})"),
@@ -226,14 +269,15 @@ def print_rows(rows):
 
 @cli.command("list")
 @target_options
-def list_cmd(target, python, patches_dir, as_json):
+def list_cmd(invocation):
     """List the catalog: each patch, the variant that fits this install, and its status.
 
     Example: applier list --target ComfyUI/
     """
-    statuses, found, _ = compute_statuses(target, python, patches_dir)
-    catalog = {p.id: p for p in load_catalog(patches_dir)}
-    if as_json:
+    from applier.status import PatchState
+    statuses, found, _ = compute_statuses(invocation)
+    catalog = {p.id: p for p in invocation.catalog}
+    if invocation.as_json:
         return out_json({"target": str(found.root), "patches": [
             {**s.to_json(), "title": catalog[s.id].title if s.id in catalog else None,
              "default": catalog[s.id].default if s.id in catalog else None,
@@ -244,17 +288,17 @@ def list_cmd(target, python, patches_dir, as_json):
         title = patch.title if patch else "(not in the catalog any more)"
         flag = "" if patch is None or patch.default else "  [opt-in: --only]"
         click.echo(f"{s.id:32} {s.state:15} {('variant ' + s.variant) if s.variant else '':22} {title}{flag}")
-        if s.state in ("not-applicable", "conflict"):
+        if s.state in (PatchState.NOT_APPLICABLE, PatchState.CONFLICT):
             click.echo(f"{'':32} {s.reason}")
 
 
-def compute_statuses(target, python, patches_dir, only: tuple[str, ...] = ()):
+def compute_statuses(invocation: Invocation, only: tuple[str, ...] = ()):
     from applier.allowlist import store_for
     from applier.journal import recover, recover_if_pending
     from applier.lock import target_lock
     from applier.status import compute_status, needs_second_look
-    found = detect_target(target, python, gpu=False)
-    catalog = load_catalog(patches_dir)
+    found = invocation.target()
+    catalog = invocation.catalog
     check_known(catalog, only)
     store = store_for(found, catalog)
     recovered = recover_if_pending(store)
@@ -281,7 +325,7 @@ def check_known(catalog, only: tuple[str, ...]) -> None:
 def complete_patch_ids(ctx, param, incomplete):
     """Shell completion of patch ids (and component names) from the catalog --patches names, or the packaged one."""
     try:
-        catalog = load_catalog(ctx.params.get("patches_dir"))
+        catalog = ctx.ensure_object(Invocation).catalog
     except Exception:  # completion must never print a traceback into the user's shell
         return []
     names = [p.id for p in catalog] + list(COMPONENTS)
@@ -292,16 +336,16 @@ def complete_patch_ids(ctx, param, incomplete):
 @target_options
 @click.option("--only", multiple=True, metavar="ID", shell_complete=complete_patch_ids,
               help="Only this patch id, or a component (comfyui, torch). Repeatable.")
-def status(target, python, patches_dir, as_json, only):
+def status(invocation, only):
     """Per patch: applied / not applied / lost (an update replaced the file) / modified. Exit 5 on drift.
 
     Example: applier status --target ComfyUI/
     """
-    from applier.status import DRIFT, node_pack_installs, node_pack_lines
-    statuses, found, recovered = compute_statuses(target, python, patches_dir, tuple(only))
+    from applier.status import DRIFT, PatchState, node_pack_installs, node_pack_lines
+    statuses, found, recovered = compute_statuses(invocation, tuple(only))
     drift = [s for s in statuses if s.state in DRIFT]
     node_pack = node_pack_installs(found) if found.comfyui_root and not only else None
-    if as_json:
+    if invocation.as_json:
         out_json({"target": str(found.root), "python": str(found.python) if found.python else None,
                   "recovered": recovered, "drift": bool(drift), "patches": [s.to_json() for s in statuses],
                   **({} if node_pack is None else {"node_pack": node_pack})})
@@ -310,10 +354,9 @@ def status(target, python, patches_dir, as_json, only):
         if recovered:
             click.echo(recovered)
         for s in statuses:
-            color = {"applied": "green", "lost": "yellow", "modified": "yellow", "conflict": "red"}.get(s.state)
-            click.echo(f"{s.id:32} " + click.style(f"{s.state:15}", fg=color) + f" {s.reason}")
+            click.echo(f"{s.id:32} " + click.style(f"{s.state:15}", fg=state_color(s.state)) + f" {s.reason}")
             for f in s.files:
-                if f.state != "applied":
+                if f.state is not PatchState.APPLIED:
                     click.echo(f"{'':32}   {f.state}: {f.path} {f.note}")
         for line in drift_advice(found.root, drift) + (node_pack_lines(node_pack) if node_pack is not None else []):
             click.echo(line)
@@ -321,15 +364,32 @@ def status(target, python, patches_dir, as_json, only):
         sys.exit(EXIT_DRIFT)
 
 
+def state_color(state) -> str | None:
+    """The colour of a patch's status: green when applied, yellow for drift, red for a conflict."""
+    from applier.status import PatchState
+    match state:
+        case PatchState.APPLIED:
+            return "green"
+        case PatchState.LOST | PatchState.MODIFIED:
+            return "yellow"
+        case PatchState.CONFLICT:
+            return "red"
+        case PatchState.NOT_APPLIED | PatchState.PARTIAL | PatchState.NOT_APPLICABLE:
+            return None
+        case _:
+            assert_never(state)
+
+
 def drift_advice(root, drift) -> list[str]:
     """What works after drift, per patch: lost ones are re-applied; for a hand edit, each way out, worded for what
     it does to the edit."""
+    from applier.status import PatchState
     lines = []
-    lost = [s.id for s in drift if s.state == "lost"]
+    lost = [s.id for s in drift if s.state is PatchState.LOST]
     if lost:
         lines.append(f"lost ({', '.join(lost)}): `applier apply --target {root}` applies them again")
     for s in drift:
-        if s.state != "modified":
+        if s.state is not PatchState.MODIFIED:
             continue
         base = f"applier revert --target {root} --only {s.id}"
         lines += [f"modified ({s.id}): the patch is in place and the file was edited since. Choose:",
@@ -357,21 +417,21 @@ def selection_options(func):
 @click.option("--dry-run", is_flag=True, help="Plan and report; write nothing.")
 @click.option("--fuzz", type=click.IntRange(0, 3), default=0, show_default=True,
               help="Context lines a hunk may ignore to find its place (fuzz can misplace hunks: off by default).")
-def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
+def apply(invocation, only, skip, dry_run, fuzz):
     """Apply the catalog's patches that fit this install: all or nothing, backed up, journaled.
 
     Example: applier apply --target ComfyUI/ --only comfyui/max-resolution
     """
     from applier import operations
-    found = detect_target(target, python, gpu=False)
-    catalog = load_catalog(patches_dir)
+    found = invocation.target()
+    catalog = invocation.catalog
     chosen = select_patches(catalog, tuple(only), tuple(skip))
     explicit = bool(only) and all(o not in COMPONENTS for o in only)
     result = operations.apply(found, chosen, catalog=catalog, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
     if not dry_run:
-        remember_interpreter(found, catalog, python)
+        remember_interpreter(invocation)
     stale = [{"id": pid, "advice": advice} for pid, advice in result.stale]
-    if as_json:
+    if invocation.as_json:
         out_json({"ok": not stale, "dry_run": dry_run, "recovered": result.recovered,
                   "python": str(found.python) if found.python else None,
                   "warnings": result.warnings, "stale": stale, "patches": [p.to_json() for p in result.plans]})
@@ -382,8 +442,7 @@ def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
     if result.recovered:
         click.echo(result.recovered)
     for plan in result.plans:
-        verb = {"apply": "would apply" if dry_run else "applied", "already-applied": "already applied",
-                "not-applicable": "not applicable"}[plan.action]
+        verb = plan_verb(plan.action, dry_run)
         variant = f" (variant {plan.variant.name})" if plan.variant else ""
         click.echo(f"{plan.patch.id:32} {verb}{variant}: {plan.reason}")
         for change in plan.files:
@@ -401,18 +460,38 @@ def apply(target, python, patches_dir, as_json, only, skip, dry_run, fuzz):
         sys.exit(EXIT_DRIFT)
 
 
-def hunk_line(h, action: str, dry_run: bool) -> str:
+def plan_verb(action, dry_run: bool) -> str:
+    """What apply did (or, in a dry run, would do) with a patch."""
+    from applier.planner import PlanAction
+    match action:
+        case PlanAction.APPLY:
+            return "would apply" if dry_run else "applied"
+        case PlanAction.ALREADY_APPLIED:
+            return "already applied"
+        case PlanAction.NOT_APPLICABLE:
+            return "not applicable"
+        case _:
+            assert_never(action)
+
+
+def hunk_line(h, action, dry_run: bool) -> str:
     """One hunk of the apply report, worded for what happened: a hunk found not applied before a successful run
     is now applied; in a dry run it would be."""
+    from applier.diffengine import HunkState
+    from applier.planner import PlanAction
     where = f"line {h.line}" if h.line else "new file"
     # the engine's note already words offsets and fuzz when it has something to say
     extra = f" ({h.note})" if h.note else "".join(
         [f", offset {h.offset:+d}" if h.offset else "", f", fuzz {h.fuzz}" if h.fuzz else ""])
-    state = h.state.value
-    if action == "apply" and state == "not-applied":
-        state = "would apply" if dry_run else "applied"
-    elif state == "applied":
-        state = "already applied"
+    match h.state:
+        case HunkState.NOT_APPLIED if action is PlanAction.APPLY:
+            state = "would apply" if dry_run else "applied"
+        case HunkState.APPLIED:
+            state = "already applied"
+        case HunkState.NOT_APPLIED | HunkState.CONFLICT:
+            state = h.state.value
+        case _:
+            assert_never(h.state)
     return f"{state} at {where}{extra}"
 
 
@@ -425,22 +504,22 @@ def hunk_line(h, action: str, dry_run: bool) -> str:
 @click.option("--dry-run", is_flag=True, help="Report what would be restored; write nothing.")
 @click.option("--forget", is_flag=True,
               help="Drop the records and leave the files as they are (patches an update replaced for good).")
-def revert(target, python, patches_dir, as_json, only, force, dry_run, forget):
+def revert(invocation, only, force, dry_run, forget):
     """Restore the exact original bytes of applied patches (latest first).
 
     Example: applier revert --target ComfyUI/
     """
     from applier import operations
-    found = detect_target(target, python, gpu=False)
-    catalog = load_catalog(patches_dir)
+    found = invocation.target()
+    catalog = invocation.catalog
     check_known(catalog, tuple(only))
     if forget:   # its own operation, spelled as revert's adverb on the command line
         result = operations.forget(found, catalog, tuple(only), dry_run=dry_run)
     else:
         result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run)
     if not dry_run:
-        remember_interpreter(found, catalog, python)
-    if as_json:
+        remember_interpreter(invocation)
+    if invocation.as_json:
         return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
                          "python": str(found.python) if found.python else None,
                          "displaced": str(result.displaced) if result.displaced else None,
@@ -453,7 +532,7 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run, forget):
     for report in result.reports:
         click.echo(f"{report.id}: {'would revert' if dry_run else 'reverted'}")
         for f in report.files:
-            action = DRY_RUN_VERBS.get(f.action, f.action) if dry_run else f.action
+            action = dry_run_verb(f.action) if dry_run else f.action
             click.echo(f"    {action:16} {f.path}  {f.note}")
     if result.displaced:
         click.echo(f"current bytes of forced files saved in {result.displaced}")
@@ -463,18 +542,18 @@ def revert(target, python, patches_dir, as_json, only, force, dry_run, forget):
 @target_options
 @click.option("--only", multiple=True, metavar="ID", required=True, shell_complete=complete_patch_ids,
               help="The applied patch whose edited files to accept. Repeatable.")
-def accept(target, python, patches_dir, as_json, only):
+def accept(invocation, only):
     """Take files edited by hand since apply as the patch's new patched state (its hunks must still be there).
 
     A later revert then reverses only the patch's hunks and keeps the edits. Example:
     applier accept --target ComfyUI/ --only comfyui/max-resolution
     """
     from applier import operations
-    found = detect_target(target, python, gpu=False)
-    catalog = load_catalog(patches_dir)
+    found = invocation.target()
+    catalog = invocation.catalog
     check_known(catalog, tuple(only))
     reports = operations.accept(found, catalog, tuple(only))
-    if as_json:
+    if invocation.as_json:
         return out_json({"ok": True, "patches": [{"id": r.id, "files": [vars(f) for f in r.files]}
                                                  for r in reports]})
     say_interpreter(found)
@@ -486,15 +565,15 @@ def accept(target, python, patches_dir, as_json, only):
 
 @cli.command()
 @target_options
-def clean(target, python, patches_dir, as_json):
+def clean(invocation):
     """Remove .applier/ from a target where nothing is applied and no overlay is installed (displaced bytes stay).
 
     Example: applier clean --target ComfyUI/
     """
     from applier import operations
-    found = detect_target(target, python, gpu=False)
-    result = operations.clean(found, load_catalog(patches_dir))
-    if as_json:
+    found = invocation.target()
+    result = operations.clean(found, invocation.catalog)
+    if invocation.as_json:
         return out_json({"ok": True, "removed": result.removed, "existed": result.existed, "kept": result.kept})
     if not result.existed:
         click.echo(f"nothing to clean: {found.state_dir} does not exist")
@@ -504,27 +583,44 @@ def clean(target, python, patches_dir, as_json):
         click.echo(f"kept {line}")
 
 
-DRY_RUN_VERBS = {"restored": "would restore", "reversed-diff": "would reverse", "deleted": "would delete",
-                 "forced": "would force", "forgotten": "would forget"}
+def dry_run_verb(outcome) -> str:
+    """What a revert would do to a file, said before it is done."""
+    from applier.operations import FileOutcome
+    match outcome:
+        case FileOutcome.RESTORED:
+            return "would restore"
+        case FileOutcome.REVERSED_DIFF:
+            return "would reverse"
+        case FileOutcome.DELETED:
+            return "would delete"
+        case FileOutcome.FORCED:
+            return "would force"
+        case FileOutcome.FORGOTTEN:
+            return "would forget"
+        case FileOutcome.UNCHANGED | FileOutcome.LOST | FileOutcome.ACCEPTED:
+            return outcome.value
+        case _:
+            assert_never(outcome)
 
 
 # ------------------------------------------------------------------ explain
 
 @cli.command()
 @click.argument("patch_id", shell_complete=complete_patch_ids)
-@click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path))
+@patches_option()
 @json_option
-def explain(patch_id, patches_dir, as_json):
+@pass_invocation
+def explain(invocation, patch_id):
     """What a patch changes, whom it reaches, its measured effect, risks, and how to revert it.
 
     Example: applier explain torch/stream-priority
     """
-    catalog = {p.id: p for p in load_catalog(patches_dir)}
+    catalog = {p.id: p for p in invocation.catalog}
     if patch_id not in catalog:
         raise RefusedError(f"no patch {patch_id!r} in the catalog", hint=f"known: {', '.join(sorted(catalog))}")
     p = catalog[patch_id]
     revert_hint = f"applier revert --target <TARGET> --only {p.id}"
-    if as_json:
+    if invocation.as_json:
         return out_json({"id": p.id, "title": p.title, "summary": p.summary, "reach": p.reach,
                          "measured": p.measured, "risks": p.risks, "revert": revert_hint,
                          "effect_probe": p.effect_probe, "default": p.default,
@@ -556,7 +652,7 @@ def explain(patch_id, patches_dir, as_json):
 @click.option("--real-import", is_flag=True, help="Import the target's ComfyUI nodes in its own interpreter.")
 @click.option("--timeout", type=float, default=None,
               help="Seconds per check subprocess [default: 180; kernel-parity 900].")
-def verify(target, python, patches_dir, as_json, only, kernels, device, real_import, timeout):
+def verify(invocation, only, kernels, device, real_import, timeout):
     """Prove the effect: MAX_RESOLUTION as the server sees it, each patch's behaviour, kernel parity.
 
     Exit 6 when a check FAILs or every check SKIPs (SKIP is never PASS). Example: applier verify --target ComfyUI/
@@ -565,12 +661,12 @@ def verify(target, python, patches_dir, as_json, only, kernels, device, real_imp
     from applier.journal import recover_if_pending
     from applier.resources import load_verify
     verify_pkg = load_verify()
-    found = detect_target(target, python, gpu=False)
-    catalog = load_catalog(patches_dir)
+    found = invocation.target()
+    catalog = invocation.catalog
     store = store_for(found, catalog)
     recover_if_pending(store)   # an interrupted apply/revert is finished before anything is judged
     state = store.load()
-    tty = sys.stderr.isatty() and not as_json
+    tty = sys.stderr.isatty() and not invocation.as_json
 
     def progress(name):
         if tty:
@@ -581,7 +677,7 @@ def verify(target, python, patches_dir, as_json, only, kernels, device, real_imp
                                        real_import=real_import, only=tuple(only), progress=progress, **limits)
     results = verify_pkg.run_verify(options)
     ok = verify_pkg.overall_ok(results)
-    if as_json:
+    if invocation.as_json:
         out_json(verify_pkg.results_to_json(results, target=found))
     else:
         colors = {"PASS": "green", "FAIL": "red", "WARN": "yellow", "SKIP": "cyan"}
@@ -610,17 +706,16 @@ def overlay():
 
 @overlay.command("install")
 @target_options
-def overlay_install(target, python, patches_dir, as_json):
+def overlay_install(invocation):
     """Install the overlay pack into the target's site-packages and custom_nodes/ (tracked by a manifest).
 
     Example: applier overlay install --target ComfyUI/
     """
     from applier import overlays
-    found = detect_target(target, python, gpu=False)
-    catalog = load_catalog(patches_dir)
-    result = overlays.install(found, catalog=catalog)
-    remember_interpreter(found, catalog, python)
-    if as_json:
+    found = invocation.target()
+    result = overlays.install(found, catalog=invocation.catalog)
+    remember_interpreter(invocation)
+    if invocation.as_json:
         return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})
     say_interpreter(found)
     click.echo(f"installed overlay pack {result['pack']} {result['version']}: {len(result['files'])} files")
@@ -631,15 +726,15 @@ def overlay_install(target, python, patches_dir, as_json):
 @overlay.command("uninstall")
 @target_options
 @click.option("--force", is_flag=True, help="Also remove files edited since install (saved aside first).")
-def overlay_uninstall(target, python, patches_dir, as_json, force):
+def overlay_uninstall(invocation, force):
     """Remove exactly the files the overlay install recorded.
 
     Example: applier overlay uninstall --target ComfyUI/
     """
     from applier import overlays
-    found = detect_target(target, python, gpu=False)
-    result = overlays.uninstall(found, catalog=load_catalog(patches_dir), force=force)
-    if as_json:
+    found = invocation.target()
+    result = overlays.uninstall(found, catalog=invocation.catalog, force=force)
+    if invocation.as_json:
         return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})
     say_interpreter(found)
     click.echo(f"removed {len(result['removed'])} files" if result["removed"] else "no overlay installed")
@@ -647,22 +742,23 @@ def overlay_uninstall(target, python, patches_dir, as_json, force):
 
 @overlay.command("list")
 @target_options
-def overlay_list(target, python, patches_dir, as_json):
+def overlay_list(invocation):
     """Show the installed overlay pack and whether its files are intact.
 
     Example: applier overlay list --target ComfyUI/
     """
     from applier import overlays
-    found = detect_target(target, python, gpu=False)
-    result = overlays.listing(found, catalog=load_catalog(patches_dir))
-    if as_json:
+    found = invocation.target()
+    result = overlays.listing(found, catalog=invocation.catalog)
+    if invocation.as_json:
         return out_json({"python": str(found.python) if found.python else None, **result})
     say_interpreter(found)
     if result.get("recovered"):
         click.echo(result["recovered"])
     if not result["installed"]:
+        from applier.node_pack import Installer
         from applier.status import node_pack_installs, node_pack_lines
-        by_hand = [i for i in node_pack_installs(found) if i["installed_by"] != "applier"]
+        by_hand = [i for i in node_pack_installs(found) if i["installed_by"] is not Installer.APPLIER]
         click.echo("no overlay installed by applier")
         for line in node_pack_lines(by_hand) if by_hand else []:
             click.echo(line)
@@ -676,7 +772,8 @@ def overlay_list(target, python, patches_dir, as_json):
 @click.option("--publisher", metavar="ID", help="Your Comfy Registry publisher id (fills [tool.comfy] PublisherId).")
 @click.option("--repository", metavar="URL", help="The pack's repository (fills [project.urls] Repository).")
 @json_option
-def overlay_export(folder, publisher, repository, as_json):
+@pass_invocation
+def overlay_export(invocation, folder, publisher, repository):
     """Write the node pack as one self-contained folder to install the ComfyUI way (ComfyUI-Manager's git URL,
     `comfy node install` once published): push it as a repository's root, or copy it into custom_nodes/.
 
@@ -684,7 +781,7 @@ def overlay_export(folder, publisher, repository, as_json):
     """
     from applier.node_pack import export
     result = export(folder, publisher=publisher, repository=repository)
-    if as_json:
+    if invocation.as_json:
         return out_json({"ok": True, **result})
     click.echo(f"wrote {result['name']} {result['version']} ({len(result['files'])} files) to {result['folder']}")
     for rel in result["removed"]:
@@ -693,7 +790,7 @@ def overlay_export(folder, publisher, repository, as_json):
 
 @overlay.command("check")
 @target_options
-def overlay_check(target, python, patches_dir, as_json):
+def overlay_check(invocation):
     """Per model family and op family, which overlay variant this ComfyUI's code matches, or why none does.
 
     Reads the target's ComfyUI files (no torch, no GPU). Exit 0 with the report, whatever stays stock; 9 when the
@@ -702,12 +799,13 @@ def overlay_check(target, python, patches_dir, as_json):
     """
     from applier.overlay_check import check_tree
     from applier.errors import BadTargetError
-    found = detect_target(target, python, gpu=False)
+    found = invocation.target()
     if found.comfyui_root is None:
-        raise BadTargetError(f"{target} has no ComfyUI folder", hint="point --target at the ComfyUI folder")
+        raise BadTargetError(f"{invocation.target_path} has no ComfyUI folder",
+                             hint="point --target at the ComfyUI folder")
     from applier.status import node_pack_installs, node_pack_lines
     report = check_tree(found.comfyui_root, found.comfyui_version, node_pack=node_pack_installs(found))
-    if as_json:
+    if invocation.as_json:
         return out_json(report)
     click.echo(f"ComfyUI {found.comfyui_version or 'version unknown'} at {found.comfyui_root}")
     for line in node_pack_lines(report["node_pack"]) + [report["node_pack_note"] or ""]:
@@ -735,7 +833,7 @@ def overlay_check(target, python, patches_dir, as_json):
                                         "[default: the model's].")
 @click.option("--within", default="1h", show_default=True, metavar="DURATION",
               help="The time a generation may take (1h, 90m, 2h30m, seconds): native only if it finishes within it.")
-def budget_cmd(target, python, patches_dir, as_json, model_name, size, frames, gpu_name, steps, cfg, within):
+def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, within):
     """What a canvas costs: tokens, FLOPs, memory, time per step and generation, the target's caps, a verdict.
 
     Reads files and nvidia-smi only, never torch. Exit 3 for a model or GPU the table does not know. Example:
@@ -753,7 +851,7 @@ def budget_cmd(target, python, patches_dir, as_json, model_name, size, frames, g
     model = budget.find_model(data, model_name)
     if frames is not None and not model.video:
         raise click.BadParameter(f"{model.name} makes images; --frames is for video models", param_hint="--frames")
-    found = detect_target(target, python, gpu=gpu_name is None)
+    found = invocation.target(gpu=gpu_name is None)
     gpu, how, memory_mib = budget.choose_gpu(data, gpu_name, [(g.name, g.memory_mib) for g in found.gpus],
                                              found.gpu_problem)
     canvas = budget.Canvas(width, height, frames or model.frames)
@@ -762,7 +860,7 @@ def budget_cmd(target, python, patches_dir, as_json, model_name, size, frames, g
                              found.comfyui_version, sys.platform.startswith("win"), memory_mib, how)
     caps = read_target_caps(found, max(width, height), data.measured.pillow_max_image_pixels)
     report = budget.plan_budget(data, request, caps)
-    if as_json:
+    if invocation.as_json:
         return out_json({"target": str(found.root), **report})
     for line in budget.report_lines(report):
         click.echo(line)
@@ -778,9 +876,10 @@ def catalog():
 @catalog.command("check")
 @click.option("--cache", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Upstream cache: <cache>/<component>/<version>/<files> (scripts/fetch_*_upstream.py fill it).")
-@click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path))
+@patches_option()
 @json_option
-def catalog_check(cache, patches_dir, as_json):
+@pass_invocation
+def catalog_check(invocation, cache):
     """Every variant must apply and revert cleanly on every upstream version it claims, and no other.
 
     Example: applier catalog check --cache DIR
@@ -788,8 +887,8 @@ def catalog_check(cache, patches_dir, as_json):
     from dataclasses import asdict
 
     from applier.catalog_check import check_catalog
-    report = check_catalog(load_catalog(patches_dir), cache)
-    if as_json:
+    report = check_catalog(invocation.catalog, cache)
+    if invocation.as_json:
         out_json({"ok": report.ok, "cache": str(report.cache_root), "problems": report.problems,
                   "warnings": report.warnings, "rows": [asdict(row) for row in report.rows]})
     else:
@@ -817,8 +916,9 @@ def catalog_check(cache, patches_dir, as_json):
 @click.option("--path", "relpath", required=True, help="The file's path inside the component root.")
 @click.option("--versions", required=True, help='Specifier the new variant covers, e.g. ">=2.16,<2.17".')
 @click.option("--name", "variant_name", required=True, help="The new variant's name, e.g. 2.16.")
-@click.option("--patches", "patches_dir", type=click.Path(file_okay=False, path_type=Path))
-def catalog_refresh(patch_id, upstream, edited, relpath, versions, variant_name, patches_dir):
+@patches_option()
+@pass_invocation
+def catalog_refresh(invocation, patch_id, upstream, edited, relpath, versions, variant_name):
     """Build a new variant's diff from an edited copy of a new upstream file and register it.
 
     Example: applier catalog refresh torch/stream-priority --upstream new/streams.py --edited mine/streams.py
@@ -826,10 +926,10 @@ def catalog_refresh(patch_id, upstream, edited, relpath, versions, variant_name,
     """
     from applier.authoring import add_variant
     from applier.resources import RESOURCE_ORIGIN
-    if patches_dir is None and RESOURCE_ORIGIN == "installed":
+    if invocation.patches_dir is None and RESOURCE_ORIGIN == "installed":
         raise RefusedError("catalog refresh writes into the catalog, and this applier's is the copy inside its "
                            "installed package", hint="run it from a checkout, or pass --patches DIR")
-    catalog = {p.id: p for p in load_catalog(patches_dir)}
+    catalog = {p.id: p for p in invocation.catalog}
     if patch_id not in catalog:
         raise RefusedError(f"no patch {patch_id!r} in the catalog", hint=f"known: {', '.join(sorted(catalog))}")
     diff_path = add_variant(catalog[patch_id], upstream.read_bytes(), edited.read_bytes(), relpath, versions,
