@@ -75,7 +75,7 @@ def test_unknown_op_family_is_refused():
 
 def test_unknown_fp8_weight_storage_is_refused_before_anything_changes():
     model, _ = blocks.make_flux_stack()
-    with pytest.raises(ValueError, match="fp8_weights='moved'; expected one of alongside, replace"):
+    with pytest.raises(ValueError, match="fp8_weights='moved'; expected one of no_extra_memory, codes_beside_weights"):
         fused_dit.enable(model, ops=ALL_OPS, fp8_weights="moved")
     assert not any("forward" in m.__dict__ for m in model.modules())
 

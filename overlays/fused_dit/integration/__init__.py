@@ -355,7 +355,7 @@ def _fp8_verdicts(block: torch.nn.Module, skip_prefixes: tuple[str, ...], where:
 
 def recognition(model: torch.nn.Module, ops=OP_FAMILIES) -> dict[str, str]:
     """{op family: what the overlays would run for it on this model, or why it stays stock}, one line each, without
-    installing anything (the node says these once when it runs)."""
+    installing anything (the registry says these once, as the node runs)."""
     said: dict[str, set[str]] = {family: set() for family in ops}
     all_verified = True
     for block, spec, forward_verified in _recognised_blocks(model, []):

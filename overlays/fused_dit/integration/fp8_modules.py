@@ -19,7 +19,8 @@ quantisation kernel and torch._scaled_mm, without re-running the checks or dispa
 
 Weight storage: by default the FP8 codes are held beside the module's bf16 weight (1 byte per parameter more on
 the GPU). `store_fp8_only` moves the bf16 weight to host memory once its codes exist, so the GPU holds 1 byte per
-parameter instead of 2 (`fused_dit.enable(model, fp8_weights="replace")`); `restore_stored_weight` moves it back.
+parameter instead of 2 (`fused_dit.enable(model, fp8_weights="no_extra_memory")`:
+families.WEIGHTS_IN_HOST_MEMORY); `restore_stored_weight` moves it back.
 While it is away, a call the FP8 forward declines runs the stock forward with the weight brought back to the GPU
 for that call (slow, logged). In ComfyUI the node swaps whole modules for `fp8_codes.Fp8CodesLinear` instead
 (codes in the weight's place, through ComfyUI's object patches); their e4m3 weights are the overlay's own codes

@@ -17,10 +17,11 @@ bypassed:
   dynamic per-tensor scale;
 - the cast gives a plain bf16/fp16/fp32 weight (with LoRA and weight functions applied by ComfyUI): it is quantised
   for this call only (op 5) and dropped after the GEMM, so no second copy of any weight stays on the GPU.
-With the node's `fp8_weights` "alongside" (`keep_resident_codes`), a weight DynamicVRAM holds resident (the cast
-hands back comfy-aimdo's `_v_weight` itself, no LoRA or weight function on the module) keeps its codes between
-calls, keyed by that tensor and its vbar signature: no quantisation per call, one byte per parameter more on the
-GPU beside aimdo's weights (what "alongside" means). Anything else, or a module that gets a LoRA, drops them.
+With the node's `fp8_weights` codes_beside_weights under DynamicVRAM (families.RESIDENT_CODES,
+`keep_resident_codes`), a weight DynamicVRAM holds resident (the cast hands back comfy-aimdo's `_v_weight` itself,
+no LoRA or weight function on the module) keeps its codes between calls, keyed by that tensor and its vbar
+signature: no quantisation per call, one byte per parameter more on the GPU beside aimdo's weights. Anything else,
+or a module that gets a LoRA, drops them.
 Everything else runs the op's own forward, said once (logger `fused_dit`): other layouts (nvfp4, mxfp8, int8),
 ComfyUI's full-precision or forced-cast flags, AWQ `pre_quant_scale`, inputs the FP8 GEMM cannot take. The pack's
 own `fp8_codes.Fp8CodesLinear` keeps its own forward (its weight functions see the codes' values).
@@ -186,7 +187,7 @@ RESIDENT_CODES_ATTR = "_fused_dit_resident_codes"
 @contextlib.contextmanager
 def keep_resident_codes(keep: bool = True):
     """For the calls inside: keep the codes of weights DynamicVRAM holds resident (the node's fp8_weights
-    "alongside", set around each model call)."""
+    codes_beside_weights, set around each model call)."""
     token = _KEEP_RESIDENT_CODES.set(keep)
     try:
         yield
