@@ -265,9 +265,12 @@ def hold_lock(root: Path) -> subprocess.Popen:
 def test_ctrl_c_and_sigterm_end_with_their_documented_codes(plain, signum, code):
     holder = hold_lock(plain.root)
     try:
+        # SIGINT back to its default in the child: a suite started as a background job inherits it ignored, and
+        # Python then never turns it into KeyboardInterrupt (a user's terminal always delivers it)
         proc = subprocess.Popen([sys.executable, "-m", "applier", *map(str, plain.args("apply"))], cwd=REPO,
                                 env=child_env({"APPLIER_LOCK_TIMEOUT": "60"}), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(2.0)
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=30)
