@@ -132,6 +132,23 @@ class Model:
 class Efficiency:
     value: float
     source: str
+    # where it varies with sequence length (attention): the tokens `value` was measured at, and more
+    # (tokens, value, source) points; between points it is interpolated linearly in log(tokens), held flat outside
+    tokens: int | None = None
+    by_tokens: tuple[tuple[int, float, str], ...] = ()
+
+    def at(self, tokens: float) -> float:
+        """The efficiency at this sequence length (value where nothing is known of the length)."""
+        if not self.by_tokens or self.tokens is None:
+            return self.value
+        points = sorted([(self.tokens, self.value)] + [(t, v) for t, v, _ in self.by_tokens])
+        if tokens <= points[0][0]:
+            return points[0][1]
+        for (t0, v0), (t1, v1) in zip(points, points[1:]):
+            if tokens <= t1:
+                share = math.log(tokens / t0) / math.log(t1 / t0)
+                return v0 + share * (v1 - v0)
+        return points[-1][1]
 
 
 @dataclass(frozen=True)
@@ -339,22 +356,29 @@ def _group_tokens(model: Model, tokens: Tokens, group: BlockGroup) -> dict:
 class Work:
     """What one forward of the model does at one canvas."""
     tokens: Tokens
-    attention_flop: float
+    attention_flop: float         # the sum of attention_calls' FLOPs
     gemm_flop: float
     fp8_gemm_flop: float          # the part of gemm_flop FP8 linears can take
     quantize_elements: float      # FP8 linears' input elements
     elementwise_bytes: float
     fp8_parameters: int           # weights of the linears FP8 replaces
+    # (sequence length, FLOPs) of the attention calls by length: the geometric mean of the query and key counts
+    # (the tokens of a self-attention; a cross-attention's short key set makes it short)
+    attention_calls: tuple[tuple[float, float], ...] = ()
 
 
 def forward_work(model: Model, canvas: Canvas) -> Work:
     tokens = token_counts(model, canvas)
     attention = gemm = fp8_gemm = quantize = elementwise = 0.0
     fp8_parameters = 0
+    calls: dict = {}
     for group in model.groups:
         sets = _group_tokens(model, tokens, group)
         for queries, keys in group.attention:
-            attention += group.count * 4.0 * sets[queries] * sets[keys] * group.heads * group.head_dim
+            flop = group.count * 4.0 * sets[queries] * sets[keys] * group.heads * group.head_dim
+            attention += flop
+            length = math.sqrt(sets[queries] * sets[keys])
+            calls[length] = calls.get(length, 0.0) + flop
         for linear in group.linears:
             flop = group.count * 2.0 * linear.fan_in * linear.fan_out * sets[linear.tokens]
             gemm += flop
@@ -363,7 +387,8 @@ def forward_work(model: Model, canvas: Canvas) -> Work:
                 quantize += group.count * float(linear.fan_in) * sets[linear.tokens]
                 fp8_parameters += group.count * group.weight_copies * linear.fan_in * linear.fan_out
         elementwise += group.count * group.elementwise_passes * group.width * sets[group.stream] * BF16_BYTES
-    return Work(tokens, attention, gemm, fp8_gemm, quantize, elementwise, fp8_parameters)
+    return Work(tokens, attention, gemm, fp8_gemm, quantize, elementwise, fp8_parameters,
+                tuple(sorted(calls.items())))
 
 
 def weight_bytes(model: Model, work: Work, fp8: bool) -> int:
@@ -431,8 +456,21 @@ def _attention_efficiency(measured: Measured, gpu: Gpu, backend: str) -> Efficie
     return measured.attention[measured.projection_attention]
 
 
-def _fastest_backend(measured: Measured, gpu: Gpu) -> str:
-    return max(measured.attention, key=lambda b: _attention_efficiency(measured, gpu, b).value)
+def _fastest_backend(measured: Measured, gpu: Gpu, tokens: float) -> str:
+    return max(measured.attention, key=lambda b: _attention_efficiency(measured, gpu, b).at(tokens))
+
+
+def attention_seconds(work: Work, measured: Measured, gpu: Gpu, backend: str | None) -> tuple[float, str]:
+    """Seconds of one forward's attention calls, each at its length's efficiency, on `backend` (None: the fastest
+    backend for each length, as the attention family picks per shape); and the backend of the longest calls."""
+    bf16 = gpu.bf16_tflops * 1e12
+    seconds, main = 0.0, backend or ""
+    calls = work.attention_calls or ((float(work.tokens.all), work.attention_flop),)
+    for length, flop in calls:
+        chosen = backend or _fastest_backend(measured, gpu, length)
+        seconds += flop / (bf16 * _attention_efficiency(measured, gpu, chosen).at(length))
+        main = chosen if length == calls[-1][0] else main
+    return seconds, main
 
 
 def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, work: Work, *,
@@ -444,10 +482,9 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
         return Priced(config, families, False, reason)
     fp8 = "fp8" in families
     stock_backend = era.stock_attention_windows if windows else era.stock_attention
-    backend = _fastest_backend(measured, gpu) if "attention" in families else stock_backend
+    attention_s, backend = attention_seconds(work, measured, gpu, None if "attention" in families else stock_backend)
     bf16 = gpu.bf16_tflops * 1e12
     bandwidth = gpu.bandwidth_gbs * 1e9
-    attention_s = work.attention_flop / (bf16 * _attention_efficiency(measured, gpu, backend).value)
     if fp8:
         gemm_s = (work.fp8_gemm_flop / (gpu.fp8_tflops * 1e12 * measured.gemm_fp8.value)
                   + (work.gemm_flop - work.fp8_gemm_flop) / (bf16 * measured.gemm_bf16.value))

@@ -119,13 +119,28 @@ def _efficiency(row: _Reader) -> Efficiency:
     return Efficiency(row.get("value", float), row.get("from", str))
 
 
+def _attention_efficiency(row: _Reader) -> Efficiency:
+    """An attention backend: its value at `tokens`, and `by_tokens` points [{tokens, value, from}] where measured."""
+    points = []
+    for i, item in enumerate(row.get("by_tokens", list, [])):
+        point = _Reader(item, f"{row.where}.by_tokens[{i}]")
+        tokens, value = point.get("tokens", int), point.get("value", float)
+        if tokens <= 0 or not 0 < value <= 1:
+            raise BudgetDataError(f"{point.where}: tokens must be positive and value a fraction of peak")
+        points.append((tokens, value, point.get("from", str)))
+    tokens = row.get("tokens", int, None)
+    if points and tokens is None:
+        raise BudgetDataError(f"{row.where}: by_tokens needs the tokens `value` was measured at")
+    return Efficiency(row.get("value", float), row.get("from", str), tokens, tuple(points))
+
+
 def _measured(table: dict, where: str, gpus: dict) -> Measured:
     top = _Reader(table, where)
     gpu = top.get("measured_on", str)
     if gpu not in gpus:
         raise BudgetDataError(f"{where}: measured_on {gpu!r} is not a row of gpus.toml")
     attention = top.sub("attention")
-    backends = {name: _efficiency(attention.sub(name)) for name in attention.table}
+    backends = {name: _attention_efficiency(attention.sub(name)) for name in attention.table}
     projection = top.sub("projection").get("attention", str)
     if projection not in backends:
         raise BudgetDataError(f"{where}: projection.attention {projection!r} is not one of {', '.join(backends)}")

@@ -16,6 +16,7 @@ COMMANDS = {
     "generation": ("generation", "whole generations through a ComfyUI release's loader and sampler, stock vs overlays"),
     "step-profile": ("step_profile", "one sampling step by kernel category, and the ceilings it leaves"),
     "comfy-server": ("comfy_server", "the node through a real ComfyUI server: install, start, prompts over HTTP"),
+    "canvas-pipeline": ("canvas_pipeline", "a 32K canvas through a real server's nodes, after applier apply and stock"),
     "checkpoint": ("models", "write the random-weight checkpoint a UNETLoader reads, for one release"),
     "validate": {
         "overlay-eras": ("eras", "overlay variants on real ComfyUI trees; --record fills variants.json"),

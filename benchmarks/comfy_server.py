@@ -316,10 +316,17 @@ def make_venv(comfyui: Path) -> Path:
 
 def install_overlay(comfyui: Path, python: Path) -> dict:
     """`python -m applier overlay install --target DIR --python PY --json`, run from the repo as a user would."""
+    return run_applier(comfyui, python, ("overlay", "install"))
+
+
+def run_applier(comfyui: Path, python: Path, verb: tuple, more: tuple = (), timeout: float | None = None) -> dict:
+    """`python -m applier VERB --target DIR --python PY --json MORE`, run from the repo as a user would: the command
+    (the tree as DIR), its exit status, seconds and the JSON it printed."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "applier", "overlay", "install", "--target", str(comfyui),
-                           "--python", str(python), "--json"], cwd=REPO_ROOT, capture_output=True, text=True)
-    record = {"command": "python -m applier overlay install --target DIR --python DIR/venv/bin/python --json",
+    done = subprocess.run([sys.executable, "-m", "applier", *verb, "--target", str(comfyui), "--python", str(python),
+                           "--json", *more], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    record = {"command": " ".join(["python -m applier", *verb, "--target DIR --python DIR/venv/bin/python --json",
+                                   *more]),
               "returncode": done.returncode, "seconds": round(time.perf_counter() - started, 2)}
     try:
         record["result"] = json.loads(done.stdout)

@@ -37,8 +37,9 @@ exists is recorded as skipped, not run.
 A run spec is CONFIG[@WEIGHTS][:eval], e.g. `overlay_fp8@fp8_e4m3fn` (the node's FP8 on ComfyUI's fp8 weights) or
 `comfy_fp8_fast:eval`.
 
-Models (--models): flux-dev (1024x1024, 2048x2048; T5 256 tokens + CLIP pooled, guidance 3.5), wan2.1-t2v-14b
-(480x832, 33 frames; umT5 512 tokens) and qwen-image (1024x1024; 115 Qwen2.5-VL tokens, no pooled vector, no
+Models (--models): flux-dev (1024x1024, 2048x2048, and 4096x4096 when --resolutions names it; T5 256 tokens + CLIP
+pooled, guidance 3.5), wan2.1-t2v-14b (480x832, 33 frames, and 81 frames when --resolutions names 480x832x81; umT5
+512 tokens) and qwen-image (1024x1024; 115 Qwen2.5-VL tokens, no pooled vector, no
 guidance; the 16-channel EmptySD3LatentImage latent with the frame axis ComfyUI adds for its Wan21 latent format).
 Qwen-Image's ComfyUI detection reads only in_channels and the depth from the weights (hidden 3072 = 24 x 128 and the
 text width 3584 are the class's defaults), so its --tiny model only loses depth, as Flux's does. A release without

@@ -7,7 +7,9 @@ comfy.sd.load_diffusion_model(_state_dict) inside torch.inference_mode() as Comf
 KSampler gets and its sampling call. The weights are random: speed, memory and which code ran, never image quality.
 
     python -m benchmarks checkpoint --comfyui DIR --model flux-dev --dir CKPT_DIR [--tiny]
-writes the file a UNETLoader reads (once; its name carries the key format), and prints `CHECKPOINT {json}`.
+writes the file a UNETLoader reads (once; its name carries the key format), and prints `CHECKPOINT {json}`;
+`--model flux-vae` writes Flux's VAE (BFL's ae.safetensors keys) for a VAELoader, checked through the release's own
+comfy.sd.VAE.
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ class ModelSpec:
     text_tokens: int       # T5 tokens for Flux (FluxTokenizer min_length), umT5 tokens for Wan, Qwen2.5-VL for Qwen
     tiny_text_tokens: int
     model_class: str = ""  # the comfy.model_base class ComfyUI's detection must pick for these weights
+    # run only when --resolutions names them (applier budget's validation points, issue 30: a Flux-dev 4096 step
+    # takes ~10 s on an H200, Wan's 81 frames ~4 s; a run of the defaults stays as long as it was)
+    on_request: tuple = ()
 
 
 FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=3072,
@@ -64,11 +69,11 @@ QWEN_IMAGE_TEXT_TOKENS = 115
 MODELS = {
     # ComfyUI's Flux detection fixes hidden 3072 / 24 heads, so the tiny Flux only loses depth
     "flux-dev": ModelSpec("flux-dev", "flux", FLUX_DEV, {**FLUX_DEV, "depth": 1, "depth_single_blocks": 1},
-                          ((1024, 1024), (2048, 2048)), ((64, 64),), 256, 8, "Flux"),
+                          ((1024, 1024), (2048, 2048)), ((64, 64),), 256, 8, "Flux", ((4096, 4096),)),
     # Wan's detection reads dim (heads = dim // 128), ffn_dim and the depth from the weights
     "wan2.1-t2v-14b": ModelSpec("wan2.1-t2v-14b", "wan", WAN21_T2V_14B,
                                 {**WAN21_T2V_14B, "dim": 256, "ffn_dim": 512, "num_heads": 2, "num_layers": 1},
-                                ((480, 832, 33),), ((64, 64, 5),), 512, 8, "WAN21"),
+                                ((480, 832, 33),), ((64, 64, 5),), 512, 8, "WAN21", ((480, 832, 81),)),
     # Qwen-Image's detection reads in_channels and the depth only: the tiny Qwen-Image only loses depth
     "qwen-image": ModelSpec("qwen-image", "qwen_image", QWEN_IMAGE, {**QWEN_IMAGE, "num_layers": 1},
                             ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage"),
@@ -127,12 +132,16 @@ def checkpoint_shapes(spec: ModelSpec, tiny: bool) -> dict:
 
 
 def random_state_dict(spec: ModelSpec, tiny: bool, seed: int, device: str) -> dict:
-    """Seeded random bf16 weights with the names and shapes of the release's checkpoint (checkpoint_shapes).
+    """Seeded random bf16 weights with the names and shapes of the release's checkpoint (checkpoint_shapes)."""
+    return random_tensors(checkpoint_shapes(spec, tiny), seed, device)
 
-    Scales keep activations finite through the whole depth: matrices ~ N(0, 1/fan_in), norm scales near 1,
-    biases and Wan's modulation tables small. Tensors are drawn on `device` and returned on the CPU."""
+
+def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16") -> dict:
+    """Seeded random weights of these names and shapes.
+
+    Scales keep activations finite through the whole depth: matrices and convolutions ~ N(0, 1/fan_in), norm
+    scales near 1, biases and Wan's modulation tables small. Tensors are drawn on `device` and returned on the CPU."""
     import torch
-    shapes = checkpoint_shapes(spec, tiny)
     state = {}
     for index, (name, shape) in enumerate(sorted(shapes.items())):
         generator = torch.Generator(device=device).manual_seed(seed * 100003 + index)
@@ -146,7 +155,7 @@ def random_state_dict(spec: ModelSpec, tiny: bool, seed: int, device: str) -> di
             noise = 1.0 + 0.1 * noise
         else:
             noise *= 0.05
-        state[name] = noise.to(torch.bfloat16).cpu().contiguous()
+        state[name] = noise.to(getattr(torch, dtype)).cpu().contiguous()
         del noise
     return state
 
@@ -175,6 +184,54 @@ def ensure_checkpoint(directory: Path, spec: ModelSpec, tiny: bool, seed: int, d
     os.sync()
     return path, time.perf_counter() - started
 
+
+
+# ------------------------------------------------------------------------------------------------- the Flux VAE
+# BFL's ae.safetensors, Flux-dev's VAE: the SD family's KL autoencoder with 16 latent channels (ch 128, ch_mult
+# 1,2,4,4, 2 res blocks, no quant convs), keys "encoder.*" and "decoder.*", float32. ComfyUI's VAE (comfy/sd.py)
+# builds an AutoencodingEngine of comfy.ldm.modules.diffusionmodules.model's Encoder and Decoder for a file whose
+# decoder.conv_in takes 16 channels and that has no post_quant_conv: the same module, built here, names the keys.
+FLUX_VAE = dict(double_z=True, z_channels=16, resolution=256, in_channels=3, out_ch=3, ch=128, ch_mult=[1, 2, 4, 4],
+                num_res_blocks=2, attn_resolutions=[], dropout=0.0)
+VAE_KEY = "flux-vae"
+
+
+def flux_vae_shapes() -> dict:
+    import torch
+    from comfy.ldm.models.autoencoder import AutoencodingEngine
+    blocks = "comfy.ldm.modules.diffusionmodules.model."
+    with comfy_release.eager_weights(), torch.device("meta"):
+        model = AutoencodingEngine(
+            regularizer_config={"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"},
+            encoder_config={"target": blocks + "Encoder", "params": FLUX_VAE},
+            decoder_config={"target": blocks + "Decoder", "params": FLUX_VAE})
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def ensure_flux_vae(directory: Path, seed: int, device: str) -> tuple[Path, float, dict]:
+    """The random-weight Flux VAE file a VAELoader reads (written once); seconds spent writing it; and what the
+    release's own comfy.sd.VAE makes of it (its model class, latent channels, keys it lacks or does not use)."""
+    import comfy.sd
+    from safetensors.torch import load_file, save_file
+    shapes = flux_vae_shapes()
+    path = directory / f"{VAE_KEY}-random-seed{seed}-keys{comfy_release.key_format_tag(shapes)}.safetensors"
+    started = time.perf_counter()
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        save_file(random_tensors(shapes, seed, device, "float32"), str(partial),
+                  metadata={"note": "seeded random weights (benchmarks/models.py)"})
+        partial.replace(path)
+    wrote = time.perf_counter() - started
+    state = load_file(str(path))
+    vae = comfy.sd.VAE(sd=dict(state))
+    loaded = set(vae.first_stage_model.state_dict())
+    recognised = {"vae_class": type(vae.first_stage_model).__name__, "latent_channels": vae.latent_channels,
+                  "parameters": sum(t.numel() for t in state.values()),
+                  "missing_keys": sorted(loaded - set(state))[:5], "unused_keys": sorted(set(state) - loaded)[:5]}
+    if recognised["latent_channels"] != 16 or recognised["missing_keys"] or recognised["unused_keys"]:
+        raise RuntimeError(f"ComfyUI's VAE did not take {path.name} as Flux's VAE: {recognised}")
+    return path, wrote, recognised
 
 
 def inputs_for(spec: ModelSpec, resolution: tuple, tiny: bool, seed: int):
@@ -286,8 +343,12 @@ def check_model_arguments(options, parser) -> None:
 
 
 def resolutions_of(spec: ModelSpec, options) -> list[tuple]:
-    """The model's resolutions (--tiny: its tiny ones), those named in --resolutions where it names any."""
-    resolutions = spec.tiny_resolutions if options.tiny else spec.resolutions
+    """The model's resolutions (--tiny: its tiny ones), those named in --resolutions where it names any; its
+    on_request ones only where --resolutions names them."""
+    if options.tiny:
+        resolutions = spec.tiny_resolutions
+    else:
+        resolutions = spec.resolutions + tuple(r for r in spec.on_request if resolution_name(r) in options.resolutions)
     return [r for r in resolutions if not options.resolutions or resolution_name(r) in options.resolutions]
 
 
@@ -398,7 +459,9 @@ class Loader:
 def add_arguments(parser) -> None:
     parser.add_argument("--comfyui", type=Path, required=True,
                         help="a ComfyUI checkout (its model classes name the keys)")
-    parser.add_argument("--model", choices=tuple(MODELS), default="flux-dev")
+    parser.add_argument("--model", choices=(*MODELS, VAE_KEY), default="flux-dev",
+                        help=f"a diffusion model, or {VAE_KEY}: Flux's VAE (BFL's ae.safetensors keys; --tiny "
+                             "does not apply)")
     parser.add_argument("--dir", type=Path, required=True, help="where the file is written (or found)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="the shrunk model (CPU smoke tests)")
@@ -410,6 +473,11 @@ def run(options, parser) -> int:
     comfy_release.import_comfyui(options.comfyui.resolve(), "cpu", "native")
     import torch
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if options.model == VAE_KEY:
+        path, seconds, recognised = ensure_flux_vae(options.dir, options.seed, device)
+        print("CHECKPOINT " + json.dumps({"path": str(path), "write_s": round(seconds, 1), "drawn_on": device,
+                                          "comfy_sd_vae": recognised}))
+        return 0
     path, seconds = ensure_checkpoint(options.dir, MODELS[options.model], options.tiny, options.seed, device)
     print("CHECKPOINT " + json.dumps({"path": str(path), "write_s": round(seconds, 1), "drawn_on": device}))
     return 0

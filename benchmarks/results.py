@@ -271,6 +271,12 @@ KINDS: dict[str, Kind] = {
         "python scripts/validate_node_pack.py --mirror MIRROR --work WORK --out "
         "benchmarks/results/node-pack-RELEASE.json",
         "", CPU),
+    "canvas-pipeline-*.json": Kind(
+        "a 32768x18432 canvas through a real ComfyUI server of one release (in the name), started as its main.py "
+        "starts: EmptySD3LatentImage, VAEDecodeTiled, SaveImage, then LoadImage and ImageScaleBy, after `applier "
+        "apply` of max-resolution and pil-pixel-limit (per node: accepted, seconds, peak RSS and GPU memory) and on "
+        "the stock server (the first cap, in ComfyUI's words)",
+        "COMMAND=canvas-pipeline bash scripts/comfy_server_for_device.sh RELEASE (on the device machine)", "", H200),
     "budget-validation.json": Kind(
         "`applier budget`'s predicted seconds per step against the committed H200 measurements, run by run",
         "python scripts/budget_validation.py --out benchmarks/results/budget-validation.json", "", H200),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -38,6 +39,12 @@ REQUIRED = (("flux-dev", "1024x1024"), ("flux-dev", "2048x2048"), ("flux-dev", "
 GENERATION_FILES = ("generation-0.33.0.json", "generation-0.3.64.json")
 # generation.py configs that are one of the budget's with a different way of holding the FP8 weights (time alike)
 SAME_AS = {"overlay_fp8_alongside": "overlay_fp8", "overlay_all_fp8_alongside": "overlay_all_fp8"}
+# Attention's efficiency at longer sequences (efficiency.toml attention.*.by_tokens): the fused_dit node's own timing
+# of each SDPA backend (median of CUDA events per call, one line of its log per shape, in the run's overlay_log) on
+# Flux-dev's self-attention at these canvases. Fitted from Flux-dev alone: every Wan and Qwen-Image row is held out.
+CURVE_FROM = (("flux-dev", "2048x2048"), ("flux-dev", "4096x4096"))
+PROBE_SHAPE = re.compile(r"attention \(\(1, (\d+), (\d+), (\d+)\), \(1, \1, \2, \3\)")
+BACKEND_MS = {"flash": "SDPBackend.FLASH_ATTENTION", "cudnn": "SDPBackend.CUDNN_ATTENTION"}
 
 
 def load(name: str) -> dict:
@@ -89,16 +96,54 @@ def derive_efficiencies(data: budget.BudgetData) -> dict:
         source = eager if era.releases.startswith("<") else kitchen
         for key, value in source.items():
             derived[f"era[{index}].{key}"] = value
-    run = load("generation-0.33.0.json")["runs"][21]
+    generation = load("generation-0.33.0.json")
+    run = generation["runs"][21]
     assert (run["model"], run["config"], run["vram_mode"]) == ("flux-dev", "stock", "legacy"), run["config"]
     derived["reserve.gib"] = run["device_used_peak_gib"] - run["peak_gib"]
+    for key, (_, value, _) in attention_curve(generation, peak_bf16).items():
+        derived[f"attention.{key}"] = value
     return derived
+
+
+def probe_ms(run: dict) -> list[tuple[int, int, int, str, float]]:
+    """(heads, tokens, head dim, backend, ms per call) from the node's attention lines in a run's overlay_log."""
+    found = []
+    for line in run.get("overlay_log") or []:
+        shape = PROBE_SHAPE.search(line)
+        if not shape:
+            continue
+        heads, tokens, dim = (int(v) for v in shape.groups())
+        for backend, name in BACKEND_MS.items():
+            timed = re.search(re.escape(f"'{name}': ") + r"([0-9.]+)", line)
+            if timed:
+                found.append((heads, tokens, dim, backend, float(timed.group(1))))
+    return found
+
+
+def attention_curve(generation: dict, peak_bf16: float) -> dict:
+    """{"backend@tokens": (tokens, efficiency, the runs it comes from)} per CURVE_FROM canvas: 4 x tokens^2 x
+    heads x dim FLOPs over the mean of the node's per-call timings there, as a fraction of the bf16 peak."""
+    curve = {}
+    for model, resolution in CURVE_FROM:
+        timings: dict = {}
+        for index, run in enumerate(generation["runs"]):
+            if (run["model"], run["resolution"]) != (model, resolution):
+                continue
+            for heads, tokens, dim, backend, ms in probe_ms(run):
+                timings.setdefault((backend, tokens, heads, dim), []).append((index, ms))
+        for (backend, tokens, heads, dim), found in sorted(timings.items()):
+            mean_ms = sum(ms for _, ms in found) / len(found)
+            efficiency = 4.0 * tokens * tokens * heads * dim / (mean_ms / 1e3 * peak_bf16)
+            curve[f"{backend}@{tokens}"] = (tokens, efficiency, [index for index, _ in found])
+    return curve
 
 
 def table_values(path: Path) -> dict:
     table = tomllib.loads(path.read_text(encoding="utf-8"))
     values = {key: table[key]["value"] for key in ("gemm_bf16", "gemm_fp8", "fp8_quantize")}
     values.update({f"attention.{name}": entry["value"] for name, entry in table["attention"].items()})
+    values.update({f"attention.{name}@{point['tokens']}": point["value"] for name, entry in table["attention"].items()
+                   for point in entry.get("by_tokens", [])})
     for index, era in enumerate(table["era"]):
         values.update({f"era[{index}].{key}": era[key]["value"] for key in ("other", "elementwise_factor",
                                                                             "host_gap_s")})
@@ -138,10 +183,41 @@ def scope_of(run: dict, config: str) -> str | None:
     return None
 
 
+def fit_of(run: dict) -> str:
+    """Whether the run's own shape is a source of the efficiencies it is predicted with."""
+    if (run["model"], run["resolution"]) == ("flux-dev", "1024x1024"):
+        return "calibration: the efficiencies come from this shape's profiled step"
+    if (run["model"], run["resolution"]) in CURVE_FROM:
+        return ("fitted: the attention curve's point at this length comes from the node's timing of this shape's "
+                "calls (attention.*.by_tokens)")
+    return "held out"
+
+
+def repeats_of(document: dict) -> dict:
+    """{runs index: [s_per_step of later calls of the same run]} from the file's `repeats`."""
+    found: dict = {}
+    for repeat in document.get("repeats", []):
+        index = int(repeat["repeat_of"].strip("runs[]"))
+        found.setdefault(index, []).append(repeat["s_per_step"])
+    return found
+
+
+def spread(row: dict, again: list) -> dict:
+    """The spread of a run measured more than once, and whether the prediction lies inside it."""
+    measured = [row["measured_s_per_step"], *again]
+    low, high = min(measured), max(measured)
+    predicted = row.get("predicted_s_per_step")
+    return {"measured_s_per_step": measured, "low": low, "high": high,
+            "prediction_within_spread": None if predicted is None else low <= predicted <= high,
+            "error_pct_against": {"low": None if predicted is None else round(100 * (predicted - low) / low, 1),
+                                  "high": None if predicted is None else round(100 * (predicted - high) / high, 1)}}
+
+
 def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
     rows, skipped = [], []
     for name in GENERATION_FILES:
         document = load(name)
+        again = repeats_of(document)
         cfg = document["settings"].get("cfg", 1.0) if "settings" in document else 1.0
         for index, run in enumerate(document["runs"]):
             key = f"{name}: runs[{index}]"
@@ -176,6 +252,9 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
                             "attention_backend": priced.attention_backend})
                 if outside:
                     row["why"] = outside
+            row["fit"] = fit_of(run)
+            if index in again:
+                row["spread"] = spread(row, again[index])
             rows.append(row)
     return rows, skipped
 
@@ -211,6 +290,7 @@ def summary(rows: list[dict]) -> dict:
     for release in sorted({r["comfyui"] for r in compared}):
         inside = [r for r in compared if r["comfyui"] == release and r["in_scope"]]
         out[release] = {"in_scope": stats(inside),
+                        "held_out": stats([r for r in inside if r["fit"] == "held out"]),
                         "stock": stats([r for r in inside if r["config"] == "stock"]),
                         "overlay_configs": stats([r for r in inside if r["config"] != "stock"]),
                         "outside_the_model": stats([r for r in compared if r["comfyui"] == release
@@ -240,8 +320,9 @@ def main(argv=None) -> int:
         "script": "scripts/budget_validation.py",
         "about": "applier budget's predicted seconds per step (one forward at cfg 1.0, as generation.py runs) "
                  "against the committed H200 measurements, run by run; error_pct = (predicted - measured) / "
-                 "measured. The efficiencies come from step-profile-*.json (Flux-dev 1024 only), so the Flux-dev "
-                 "1024 rows are partly the calibration point; every other row is a prediction.",
+                 "measured. The efficiencies come from step-profile-*.json (Flux-dev 1024 only) and attention's "
+                 "length curve from the node's per-call timings on Flux-dev 2048 and 4096 (fitting): each row's "
+                 "`fit` says whether its own shape is a source (calibration, fitted) or held out.",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": data.gpus[data.measured.gpu].name,
         "target_error_pct": 100 * TARGET_ERROR,
@@ -249,6 +330,17 @@ def main(argv=None) -> int:
         "efficiency_table_agrees": not problems,
         "selection": "every run of " + " and ".join(GENERATION_FILES) + " with bf16 weights, a recorded "
                      "vram_mode and a config the budget prices (fp8 alongside runs compared as their config)",
+        "fitting": {"calibration": "step-profile-0.33.0.json and step-profile-0.3.64.json results[0]: Flux-dev "
+                                   "1024x1024, one profiled step per release (every efficiency's value)",
+                    "attention_curve": {f"attention.{key}": {"tokens": tokens, "value": round(value, 4),
+                                                             "from_runs": [f"generation-0.33.0.json: runs[{i}]"
+                                                                           for i in runs]}
+                                        for key, (tokens, value, runs) in attention_curve(
+                                            load("generation-0.33.0.json"),
+                                            data.gpus[data.measured.gpu].bf16_tflops * 1e12).items()},
+                    "held_out": "every row whose fit is 'held out': Wan 2.1 14B and Qwen-Image, every config",
+                    "spread": "rows measured more than once (the generation file's repeats) give every measurement "
+                              "and whether the prediction lies inside their range"},
         "summary": summary(rows),
         "rows": rows,
         "missing": missing_points(data, rows),

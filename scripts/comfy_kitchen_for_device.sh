@@ -33,7 +33,7 @@ rm -rf "$kit" && mkdir -p "$kit"
 fetch_kitchen "$VERSION" "$tmp/ck"
 (cd "$tmp/ck" && tar cf - . | xz -9 -T2 > "$OLDPWD/$kit/ck.tar.xz")
 pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    "comfy-aimdo==$AIMDO" torchsde==0.2.6 trampoline==0.1.2 sageattention==1.0.6 -d "$kit"
+    "comfy-aimdo==$AIMDO" torchsde==0.2.6 trampoline==0.1.2 sageattention==1.0.6 unidiff==1.0.1 -d "$kit"
 mkdir -p "$tmp/trees"
 for tree in "$@"; do
     name="$(basename "$tree")"

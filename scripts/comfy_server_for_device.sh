@@ -4,6 +4,7 @@
 # the kit holds ComfyUI's code (GPL-3.0) and packages from PyPI. Usage and environment: benchmarks/README.md.
 #   TMPDIR=$PWD/.cache/tmp scripts/comfy_server_for_device.sh --kit TREE     # here (network): .server-device/
 #   bash scripts/comfy_server_for_device.sh [ERA]                            # there (carry [".server-device"])
+#   COMMAND=canvas-pipeline bash scripts/comfy_server_for_device.sh [ERA]    # there: the 32K canvas pipeline
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kit="${KIT:-.server-device}"
@@ -52,12 +53,18 @@ mkdir -p "$site" "$trees" "$ckpt"
     python3 -c 'import torch, sqlalchemy, pydantic, av, comfy_aimdo, comfy_kitchen, torchsde; print("torch",
         torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), "sqlalchemy", sqlalchemy.__version__,
         "pydantic", pydantic.VERSION, "av", av.__version__)'
-    echo "== $(date -u +%T) benchmarks comfy-server on $era"
-    timeout -k 20 "${TIME_LIMIT:-510}" python3 -m benchmarks comfy-server \
-        --comfyui "$trees/$era" --make-checkpoint "$ckpt" --model flux-dev \
-        --resolution "${RESOLUTION:-1024x1024}" --steps ${STEPS:-2 6} --checkpoint-timeout 300 \
-        --startup-timeout 150 --prompt-timeout 120 ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-} \
-        --out "$out/comfy-server-$era.json"
+    echo "== $(date -u +%T) benchmarks ${COMMAND:-comfy-server} on $era"
+    if [ "${COMMAND:-comfy-server}" = canvas-pipeline ]; then
+        timeout -k 20 "${TIME_LIMIT:-510}" python3 -m benchmarks canvas-pipeline --comfyui "$trees/$era" \
+            --work "$work/canvas" --startup-timeout 150 ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-} \
+            --out "$out/canvas-pipeline-$era.json"
+    else
+        timeout -k 20 "${TIME_LIMIT:-510}" python3 -m benchmarks comfy-server \
+            --comfyui "$trees/$era" --make-checkpoint "$ckpt" --model flux-dev \
+            --resolution "${RESOLUTION:-1024x1024}" --steps ${STEPS:-2 6} --checkpoint-timeout 300 \
+            --startup-timeout 150 --prompt-timeout 120 ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-} \
+            --out "$out/comfy-server-$era.json"
+    fi
     rc=$?
     echo "== $(date -u +%T) exit $rc; disk: $(df -h "$work" | tail -1)"
     ls -la "$out" "$ckpt"

@@ -158,6 +158,60 @@ def test_the_sampling_commands_share_their_arguments():
         models.check_model_arguments(parser.parse_args(["--comfyui", "C", "--models", "sdxl", "--out", "o"]), parser)
 
 
+def test_the_validation_points_run_only_when_named():
+    parser = argparse.ArgumentParser()
+    models.add_model_arguments(parser, models="flux-dev", steps=3, warmup_steps=1)
+
+    def resolutions(model, *named):
+        options = parser.parse_args(["--comfyui", "C", "--out", "o.json", "--resolutions", ",".join(named)])
+        models.check_model_arguments(options, parser)
+        return [models.resolution_name(r) for r in models.resolutions_of(models.MODELS[model], options)]
+    assert "4096x4096" not in resolutions("flux-dev")
+    assert resolutions("flux-dev", "4096x4096") == ["4096x4096"]
+    assert resolutions("wan2.1-t2v-14b", "480x832x33", "480x832x81") == ["480x832x33", "480x832x81"]
+
+
+# ------------------------------------------------------------------------------------- the canvas pipeline
+def test_the_canvas_pipeline_times_each_node_from_the_servers_messages():
+    from benchmarks import canvas_pipeline
+    events = [(10.0, "execution_start", {"prompt_id": "p"}), (10.1, "executing", {"node": "2", "prompt_id": "p"}),
+              (10.2, "executing", {"node": "3", "prompt_id": "p"}), (14.2, "executing", {"node": "4", "prompt_id": "p"}),
+              (15.0, "executing", {"node": None, "prompt_id": "p"}), (15.0, "execution_success", {"prompt_id": "p"}),
+              (12.0, "executing", {"node": "9", "prompt_id": "other"})]
+    samples = [(10.15, 1 << 30, None), (11.0, 3 << 30, 2 << 30), (13.0, 5 << 30, 1 << 30), (14.5, 4 << 30, None)]
+    nodes = canvas_pipeline.node_timeline(events, samples, "p", 10.0)
+    assert [(n["node"], n["seconds"]) for n in nodes] == [("2", 0.1), ("3", 4.0), ("4", 0.8)]
+    assert (nodes[1]["peak_rss_gib"], nodes[1]["peak_gpu_used_gib"]) == (5.0, 2.0)
+    assert nodes[2]["peak_gpu_used_gib"] is None
+
+
+def test_the_canvas_pipeline_names_the_node_a_server_refused_and_its_message():
+    from benchmarks import canvas_pipeline
+    prompt = canvas_pipeline.prompt_a(32768, 18432, "vae.safetensors", 1024, 64, "x")
+    refusal = {"error": {"message": "Prompt outputs failed validation"},
+               "node_errors": {"2": {"class_type": "EmptySD3LatentImage", "errors": [
+                   {"message": "Value 32768 bigger than max of 16384", "details": "width"}]}}}
+    refused = canvas_pipeline.refusal_nodes(refusal, prompt)
+    assert refused == [{"node": "2", "class_type": "EmptySD3LatentImage",
+                        "messages": ["Value 32768 bigger than max of 16384: width"]}]
+    report = {"servers": {"stock": {"server_start": {"vram_mode": "dynamic"}, "prompts": [
+        {"prompt": "A", "accepted": False, "refused_by": refused}]}, "patched": {"prompts": [
+            {"prompt": "A", "accepted": True, "nodes": [{"node": "2", "class_type": "EmptySD3LatentImage", "ran": True,
+                                                         "seconds": 0.1, "peak_rss_gib": 1, "peak_gpu_used_gib": 1}]}]}}}
+    summary = canvas_pipeline.summarise(report)
+    assert summary["stock_first_cap"]["class_type"] == "EmptySD3LatentImage" and summary["patched_every_node_ran"]
+
+
+def test_the_canvas_pipeline_reads_a_pngs_size_without_pillow(tmp_path):
+    from benchmarks import canvas_pipeline
+    path = tmp_path / "a.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + (32768).to_bytes(4, "big")
+                     + (18432).to_bytes(4, "big") + bytes(5))
+    assert canvas_pipeline.png_size(path) == (32768, 18432)
+    path.write_bytes(b"not a png at all, twenty-four bytes")
+    assert canvas_pipeline.png_size(path) is None
+
+
 def test_a_release_without_a_models_code_says_so(monkeypatch):
     import types
     for name in ("comfy", "comfy.ldm"):

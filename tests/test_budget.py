@@ -93,6 +93,49 @@ def test_attention_grows_with_the_square_of_the_tokens_and_gemms_linearly():
     assert large.gemm_flop / small.gemm_flop == pytest.approx(ratio)
 
 
+def test_attention_calls_are_grouped_by_length_and_a_cross_attention_is_short():
+    wan = budget.forward_work(DATA.models["wan-14b"], budget.Canvas(832, 480, 33))
+    assert sum(flop for _, flop in wan.attention_calls) == pytest.approx(wan.attention_flop)
+    lengths = [length for length, _ in wan.attention_calls]
+    assert lengths == sorted(lengths) and lengths[-1] == 14040
+    assert lengths[0] == pytest.approx((14040 * 512) ** 0.5)   # the cross-attention to the 512 text tokens
+
+
+def test_an_efficiency_by_tokens_is_log_linear_between_its_points_and_flat_outside():
+    curve = budget.Efficiency(0.3, "a", tokens=1000, by_tokens=((4000, 0.5, "b"), (16000, 0.4, "c")))
+    assert curve.at(10) == curve.at(1000) == 0.3
+    assert curve.at(2000) == pytest.approx(0.4)            # half-way between 1000 and 4000 in log(tokens)
+    assert curve.at(8000) == pytest.approx(0.45)
+    assert curve.at(10 ** 7) == curve.at(16000) == 0.4
+    assert budget.Efficiency(0.3, "a").at(10 ** 6) == 0.3   # no curve: the value at any length
+
+
+def test_a_longer_call_is_priced_at_its_own_lengths_efficiency():
+    measured = DATA.measured
+    flash = measured.attention["flash"]
+    if not flash.by_tokens:
+        pytest.skip("efficiency.toml has no attention curve")
+    gpu, model = DATA.gpus[measured.gpu], DATA.models["flux-dev"]
+    work = budget.forward_work(model, budget.Canvas(4096, 4096))
+    seconds, backend = budget.attention_seconds(work, measured, gpu, "flash")
+    length = work.attention_calls[-1][0]
+    assert backend == "flash"
+    assert seconds == pytest.approx(work.attention_flop / (gpu.bf16_tflops * 1e12 * flash.at(length)))
+    _, fastest = budget.attention_seconds(work, measured, gpu, None)
+    assert fastest == max(measured.attention, key=lambda b: measured.attention[b].at(length))
+
+
+def test_a_curve_without_the_length_of_its_value_is_refused(tmp_path):
+    for name in ("gpus.toml", "models.toml", "efficiency.toml"):
+        (tmp_path / name).write_bytes((DATA_DIR / name).read_bytes())
+    text = (tmp_path / "efficiency.toml").read_text()
+    if "tokens = 4352\n" not in text:
+        pytest.skip("efficiency.toml has no attention curve")
+    (tmp_path / "efficiency.toml").write_text(text.replace("tokens = 4352\n", "", 1))
+    with pytest.raises(BudgetDataError, match="by_tokens needs the tokens"):
+        load_budget_data(tmp_path)
+
+
 def test_sizes_and_durations_parse_and_garbage_is_refused():
     assert budget.parse_size("32768x18432") == (32768, 18432)
     assert budget.parse_duration("1h") == 3600 and budget.parse_duration("2h30m") == 9000
@@ -359,9 +402,10 @@ def test_every_gpu_and_model_and_efficiency_names_its_source():
     measured = DATA.measured
     efficiencies = [measured.gemm_bf16, measured.gemm_fp8, measured.fp8_quantize, *measured.attention.values()]
     efficiencies += [e for era in measured.eras for e in (era.other, era.elementwise_factor, era.host_gap_s)]
-    for efficiency in efficiencies:
-        results_file = efficiency.source.split(":")[0]
-        assert (REPO / "benchmarks" / "results" / results_file).is_file(), efficiency.source
+    sources = [e.source for e in efficiencies] + [p[2] for e in measured.attention.values() for p in e.by_tokens]
+    for source in sources:
+        results_file = source.split(":")[0]
+        assert (REPO / "benchmarks" / "results" / results_file).is_file(), source
 
 
 def test_a_malformed_table_is_a_refusal_naming_file_and_key(tmp_path):
