@@ -643,6 +643,17 @@ def explain(invocation, patch_id):
 
 # ------------------------------------------------------------------ verify
 
+def _verify_size(text):
+    """--size WxH as (width, height); a usage error (exit 2) otherwise."""
+    if text is None:
+        return None
+    from applier import budget
+    try:
+        return budget.parse_size(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--size") from None
+
+
 @cli.command()
 @target_options
 @click.option("--only", multiple=True, metavar="CHECK", help="Only this check. Repeatable.")
@@ -652,7 +663,9 @@ def explain(invocation, patch_id):
 @click.option("--real-import", is_flag=True, help="Import the target's ComfyUI nodes in its own interpreter.")
 @click.option("--timeout", type=float, default=None,
               help="Seconds per check subprocess [default: 180; kernel-parity 900].")
-def verify(invocation, only, kernels, device, real_import, timeout):
+@click.option("--size", metavar="WxH", default=None, callback=lambda _c, _p, v: _verify_size(v),
+              help="Also run the reach check: every cap below this canvas (e.g. 32768x18432).")
+def verify(invocation, only, kernels, device, real_import, timeout, size):
     """Prove the effect: MAX_RESOLUTION as the server sees it, each patch's behaviour, kernel parity.
 
     Exit 6 when a check FAILs or every check SKIPs (SKIP is never PASS). Example: applier verify --target ComfyUI/
@@ -674,7 +687,8 @@ def verify(invocation, only, kernels, device, real_import, timeout):
 
     limits = {} if timeout is None else {"timeout": timeout, "kernel_timeout": timeout}
     options = verify_pkg.VerifyOptions(target=found, catalog=catalog, state=state, device=device, kernels=kernels,
-                                       real_import=real_import, only=tuple(only), progress=progress, **limits)
+                                       real_import=real_import, only=tuple(only), progress=progress, size=size,
+                                       **limits)
     results = verify_pkg.run_verify(options)
     ok = verify_pkg.overall_ok(results)
     if invocation.as_json:

@@ -46,6 +46,7 @@ class VerifyOptions:
     timeout: float = DEFAULT_PROBE_TIMEOUT_S            # per probe
     progress: Callable[[str], None] | None = None     # told each slow check's name before it runs
     kernel_timeout: float = DEFAULT_KERNEL_TIMEOUT_S
+    size: tuple[int, int] | None = None   # --size WxH: the canvas the reach check walks the tree for
 
 
 @dataclass

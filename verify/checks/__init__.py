@@ -1,2 +1,2 @@
 """The applier-side checks; importing this package registers them, in the order `applier verify` runs them."""
-from . import resolution, integrity, effects, kernels  # noqa: F401
+from . import resolution, reach, integrity, effects, kernels  # noqa: F401

@@ -67,6 +67,7 @@ class Cap:
     line: int
     value: int
     what: str             # "MAX_RESOLUTION" definition or the input's name
+    node: str = ""        # the class the cap stands in (a node's INPUT_TYPES / define_schema), "" at module level
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.value}"
@@ -176,10 +177,11 @@ def caps_in_source(data: bytes, relpath: str, cap: int) -> tuple[list[Cap], bool
     except (SyntaxError, ValueError, RecursionError, MemoryError):   # deep nesting: the regex reads lines
         return _caps_by_regex(_decode(data), relpath, cap), True
     found: list[Cap] = []
+    classes = class_spans(tree)
 
     def keep(value: int, line: int, what: str) -> None:
         if MIN_PLAUSIBLE_CAP <= value < cap:
-            found.append(Cap(relpath, line, value, what))
+            found.append(Cap(relpath, line, value, what, enclosing_class(classes, line)))
 
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -202,6 +204,17 @@ def caps_in_source(data: bytes, relpath: str, cap: int) -> tuple[list[Cap], bool
                         if value is not None:
                             keep(value, keyword.value.lineno, name)
     return sorted(set(found), key=lambda c: c.line), False
+
+
+def class_spans(tree: ast.AST) -> list[tuple[int, int, str]]:
+    """(first line, last line, name) of every class in a parsed file."""
+    return [(n.lineno, n.end_lineno or n.lineno, n.name) for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+
+
+def enclosing_class(spans: list[tuple[int, int, str]], line: int) -> str:
+    """The innermost class holding this line ("" at module level)."""
+    inside = [(end - start, name) for start, end, name in spans if start <= line <= end]
+    return min(inside)[1] if inside else ""
 
 
 def _caps_by_regex(text: str, relpath: str, cap: int) -> list[Cap]:
