@@ -22,6 +22,7 @@ COMMANDS = {
         "overlay-eras": ("eras", "overlay variants on real ComfyUI trees; --record fills variants.json"),
         "fp8-eras": ("fp8_eras", "the FP8 seam on real ComfyUI trees; --record-mixed fills variants.json"),
         "comfyui-sweep": ("sweep", "apply / status / revert over a ComfyUI mirror's history, byte-identical"),
+        "node-pack": ("node_pack", "the node pack cloned as ComfyUI-Manager does into a real release, on the CPU"),
     },
     "upstream": {
         "torch": ("fetch_torch", "fill the torch upstream cache (torch/cuda files per release)"),

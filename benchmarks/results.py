@@ -268,7 +268,7 @@ KINDS: dict[str, Kind] = {
         "the node pack installed the ComfyUI way (git clone into custom_nodes/, as ComfyUI-Manager's Install via Git "
         "URL) into a real ComfyUI release (in the name), `main.py --cpu`: listed by /object_info, prompts with the "
         "node run, `applier status` on the clone",
-        "python scripts/validate_node_pack.py --mirror MIRROR --work WORK --out "
+        "python -m benchmarks validate node-pack --mirror MIRROR --work WORK --out "
         "benchmarks/results/node-pack-RELEASE.json",
         "", CPU),
     "canvas-pipeline-*.json": Kind(

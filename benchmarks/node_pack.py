@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The node pack installed the ComfyUI way into a real ComfyUI, on the CPU: listed by the server, run in a prompt.
 
 Steps (each recorded in the JSON; no network but PyPI for the venv):
@@ -16,12 +15,11 @@ Steps (each recorded in the JSON; no network but PyPI for the venv):
      math; the node's own console lines say which;
   6. `applier status` and `overlay check` on the tree: how they name the clone.
 
-    python scripts/validate_node_pack.py --mirror MIRROR_GIT_DIR --work /tmp/node-pack \\
+    python -m benchmarks validate node-pack --mirror MIRROR_GIT_DIR --work WORK \\
         --out benchmarks/results/node-pack-0.33.0.json
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -75,13 +73,13 @@ NODE_CLASS_MAPPINGS = {"NodePackProbeZeroConditioning": NodePackProbeZeroConditi
 '''
 
 
-def run(cmd, **kw) -> subprocess.CompletedProcess:
+def sh(cmd, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True, **kw)
 
 
 def export_tree(mirror: Path, rev: str, into: Path) -> tuple[str, list[str]]:
     """(commit, files absent from the mirror) after writing rev's tree under into."""
-    commit = run(["git", f"--git-dir={mirror}", "rev-parse", rev]).stdout.strip()
+    commit = sh(["git", f"--git-dir={mirror}", "rev-parse", rev]).stdout.strip()
     listing = subprocess.run(["git", f"--git-dir={mirror}", "ls-tree", "-r", "-z", commit], check=True,
                              capture_output=True).stdout
     blobs = [(meta.split()[2], path.decode()) for meta, path in
@@ -113,10 +111,10 @@ def make_venv(work: Path, comfyui: Path) -> Path:
     python = venv / "bin" / "python"
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""}
     if not python.exists():
-        run([sys.executable, "-m", "venv", venv])
-        run([python, "-m", "pip", "install", "-q", *TORCH], timeout=3600, env=env)
+        sh([sys.executable, "-m", "venv", venv])
+        sh([python, "-m", "pip", "install", "-q", *TORCH], timeout=3600, env=env)
         (work / "torch-pin.txt").write_text("\n".join(TORCH) + "\n")
-        run([python, "-m", "pip", "install", "-q", "-r", comfyui / "requirements.txt", "-c", work / "torch-pin.txt"],
+        sh([python, "-m", "pip", "install", "-q", "-r", comfyui / "requirements.txt", "-c", work / "torch-pin.txt"],
             timeout=3600, env=env)
     return python
 
@@ -124,12 +122,12 @@ def make_venv(work: Path, comfyui: Path) -> Path:
 def install_like_manager(work: Path, comfyui: Path) -> dict:
     """The exported pack as a git repository, cloned into custom_nodes/ as ComfyUI-Manager clones a git URL."""
     repo = work / "fused-dit"
-    exported = json.loads(run([sys.executable, "-m", "applier", "overlay", "export", repo, "--json"], cwd=REPO).stdout)
+    exported = json.loads(sh([sys.executable, "-m", "applier", "overlay", "export", repo, "--json"], cwd=REPO).stdout)
     git = ["git", "-c", "user.name=node-pack", "-c", "user.email=node-pack@localhost", "-C", repo]
-    run([*git, "init", "-q"])
-    run([*git, "add", "-A"])
-    run([*git, "commit", "-q", "-m", f"fused-dit {exported['version']}"])
-    run(["git", "clone", "-q", repo, comfyui / "custom_nodes" / FOLDER])
+    sh([*git, "init", "-q"])
+    sh([*git, "add", "-A"])
+    sh([*git, "commit", "-q", "-m", f"fused-dit {exported['version']}"])
+    sh(["git", "clone", "-q", repo, comfyui / "custom_nodes" / FOLDER])
     return {"name": exported["name"], "version": exported["version"], "files": len(exported["files"]),
             "installed_as": f"git clone into custom_nodes/{FOLDER} (ComfyUI-Manager's Install via Git URL)",
             "requirements_txt": (repo / "requirements.txt").exists()}
@@ -205,15 +203,14 @@ def applier_view(comfyui: Path, work: Path) -> dict:
 def git_head() -> str | None:
     """This checkout's commit, with "+dirty" when its pack or applier differ from it (None outside a checkout)."""
     try:
-        head = run(["git", "-C", REPO, "rev-parse", "HEAD"]).stdout.strip()
-        dirty = run(["git", "-C", REPO, "status", "--porcelain", "--", "applier", "overlays"]).stdout.strip()
+        head = sh(["git", "-C", REPO, "rev-parse", "HEAD"]).stdout.strip()
+        dirty = sh(["git", "-C", REPO, "status", "--porcelain", "--", "applier", "overlays"]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty else "")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--mirror", type=Path, required=True, help="the fetched ComfyUI git folder")
     parser.add_argument("--rev", default="master", help="the revision to check out (default master: 0.33.0)")
     parser.add_argument("--work", type=Path, required=True, help="a folder outside the repository")
@@ -221,19 +218,21 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=8199)
     parser.add_argument("--timeout", type=float, default=600, help="seconds for the server to start, and a prompt")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+
+
+def run(args, parser) -> int:
     work, comfyui = args.work.resolve(), args.work.resolve() / "ComfyUI"
     if comfyui.exists():
         parser.error(f"{comfyui} exists: name a new --work folder")
     commit, missing = export_tree(args.mirror, args.rev, comfyui)
-    release = run([sys.executable, "-c", "import runpy,sys; print(runpy.run_path(sys.argv[1])['__version__'])",
+    release = sh([sys.executable, "-c", "import runpy,sys; print(runpy.run_path(sys.argv[1])['__version__'])",
                    comfyui / "comfyui_version.py"]).stdout.strip()
     python = args.python or make_venv(work, comfyui)
     pack = install_like_manager(work, comfyui)
     (comfyui / "custom_nodes" / "node_pack_probe.py").write_text(PROBE)
     models = comfyui / "models" / "diffusion_models"
     models.mkdir(parents=True, exist_ok=True)
-    run([python, "-c", WRITE_CHECKPOINT, models / CHECKPOINT, json.dumps(TINY_WAN)], cwd=comfyui, timeout=600)
+    sh([python, "-c", WRITE_CHECKPOINT, models / CHECKPOINT, json.dumps(TINY_WAN)], cwd=comfyui, timeout=600)
     server_args = ["--cpu", "--listen", "127.0.0.1", "--port", str(args.port)]
     base = f"http://127.0.0.1:{args.port}"
     report = {"comfyui": {"release": release, "source": SOURCE, "commit": commit, "files_absent_from_mirror": missing},
@@ -258,17 +257,14 @@ def main(argv=None) -> int:
                             "errors": [ln for ln in lines if "Traceback" in ln or "IMPORT FAILED" in ln]}
     report["applier"] = {"commit": git_head(), **applier_view(comfyui, work)}
     report["environment"] = {
-        "python": run([python, "-c", "import platform; print(platform.python_version())"]).stdout.strip(),
-        "torch": run([python, "-c", "import torch; print(torch.__version__)"]).stdout.strip(),
+        "python": sh([python, "-c", "import platform; print(platform.python_version())"]).stdout.strip(),
+        "torch": sh([python, "-c", "import torch; print(torch.__version__)"]).stdout.strip(),
         "machine": platform.machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python scripts/validate_node_pack.py --mirror MIRROR --work WORK --out " + str(args.out)}
+        "command": "python -m benchmarks validate node-pack --mirror MIRROR --work WORK --out " + str(args.out)}
     text = json.dumps(report, indent=2).replace(str(work), "WORK").replace(str(args.mirror.resolve()), "MIRROR")
     args.out.write_text(text + "\n")
     ran = all(p.get("ran") for p in report["prompts"].values())
     print(f"listed: {report['listed']}, prompts ran: {ran} -> {args.out}")
     return 0 if report["listed"] and ran else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
