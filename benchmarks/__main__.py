@@ -23,6 +23,7 @@ COMMANDS = {
         "fp8-eras": ("fp8_eras", "the FP8 seam on real ComfyUI trees; --record-mixed fills variants.json"),
         "comfyui-sweep": ("sweep", "apply / status / revert over a ComfyUI mirror's history, byte-identical"),
         "node-pack": ("node_pack", "the node pack cloned as ComfyUI-Manager does into a real release, on the CPU"),
+        "budget": ("budget", "applier budget's predictions against the committed H200 runs (--check: efficiencies)"),
     },
     "upstream": {
         "torch": ("fetch_torch", "fill the torch upstream cache (torch/cuda files per release)"),

@@ -279,7 +279,7 @@ KINDS: dict[str, Kind] = {
         "COMMAND=canvas-pipeline bash scripts/comfy_server_for_device.sh RELEASE (on the device machine)", "", H200),
     "budget-validation.json": Kind(
         "`applier budget`'s predicted seconds per step against the committed H200 measurements, run by run",
-        "python scripts/budget_validation.py --out benchmarks/results/budget-validation.json", "", H200),
+        "python -m benchmarks validate budget --out benchmarks/results/budget-validation.json", "", H200),
     "real-torch-envs.json": Kind(
         "real torch 2.14.1+cu130 and 2.13.0+cpu venvs: apply, verify, revert, RECORD",
         "python3 scripts/validate_torch_env.py --target VENV214 VENV213 --out benchmarks/results/real-torch-envs.json",

@@ -1,7 +1,7 @@
 """`applier budget`: token arithmetic, the verdict and what flips it, the caps it reads, its errors and its JSON.
 
 No measured figure is asserted here: the efficiencies and peaks are data (applier/data/), checked against the
-committed results by scripts/budget_validation.py (and by the last test, which runs its --check).
+committed results by python -m benchmarks validate budget (and by the last test, which runs its --check).
 """
 from __future__ import annotations
 
@@ -428,7 +428,7 @@ def test_the_tables_ship_as_package_data():
 
 
 def test_the_efficiency_table_agrees_with_the_committed_results():
-    spec = importlib.util.spec_from_file_location("budget_validation", REPO / "scripts" / "budget_validation.py")
+    spec = importlib.util.spec_from_file_location("budget_validation", REPO / "benchmarks" / "budget.py")
     validation = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(validation)
     derived = validation.derive_efficiencies(DATA)

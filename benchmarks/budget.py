@@ -10,12 +10,11 @@ Two jobs, both from the files in benchmarks/results/ alone (no GPU):
   to benchmarks/results/budget-validation.json, with the points the validation asks for that no results file holds.
 
 Needs applier importable (the project's venv: `pip install -e .`). Examples:
-    .venv/bin/python scripts/budget_validation.py --check
-    .venv/bin/python scripts/budget_validation.py --out benchmarks/results/budget-validation.json
+    .venv/bin/python python -m benchmarks validate budget --check
+    .venv/bin/python python -m benchmarks validate budget --out benchmarks/results/budget-validation.json
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import re
@@ -298,13 +297,13 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="only recompute efficiency.toml's figures; exit 1 where they disagree")
     parser.add_argument("--out", type=Path, help="write the validation JSON here")
-    args = parser.parse_args(argv)
+
+
+def run(args, parser=None) -> int:
     data = load_budget_data()
     derived = derive_efficiencies(data)
     problems = compare_efficiencies(derived, table_values(DATA_DIR / "efficiency.toml"))
@@ -317,7 +316,7 @@ def main(argv=None) -> int:
     rows, skipped = validation_rows(data)
     report = {
         "benchmark": "budget-validation",
-        "script": "scripts/budget_validation.py",
+        "script": "python -m benchmarks validate budget",
         "about": "applier budget's predicted seconds per step (one forward at cfg 1.0, as generation.py runs) "
                  "against the committed H200 measurements, run by run; error_pct = (predicted - measured) / "
                  "measured. The efficiencies come from step-profile-*.json (Flux-dev 1024 only) and attention's "
@@ -354,6 +353,3 @@ def main(argv=None) -> int:
         print(text)
     return 1 if problems else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
