@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -874,6 +875,8 @@ def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, withi
                              found.comfyui_version, sys.platform.startswith("win"), memory_mib, how)
     caps = read_target_caps(found, max(width, height), data.measured.pillow_max_image_pixels)
     report = budget.plan_budget(data, request, caps)
+    for blocking in report.get("caps", {}).get("blocking", []):     # the command to run names this install
+        blocking["fix"] = blocking["fix"].replace("<TARGET>", shlex.quote(str(found.root)))
     if invocation.as_json:
         return out_json({"target": str(found.root), **report})
     for line in budget.report_lines(report):

@@ -248,6 +248,7 @@ def test_stock_caps_refuse_a_32k_canvas_and_name_the_fix(comfy):
     assert by_cap["MAX_RESOLUTION"]["value"] == 16384 and by_cap["MAX_RESOLUTION"]["where"].startswith("nodes.py:")
     assert "comfyui/max-resolution" in by_cap["MAX_RESOLUTION"]["fix"]
     assert "comfyui/pil-pixel-limit" in by_cap["PIL.Image.MAX_IMAGE_PIXELS"]["fix"]
+    assert all(f"--target {comfy}" in b["fix"] for b in caps["blocking"])     # a command to run as it is
     # verify's resolution-caps scan: the fixture's 3D loader and custom node caps
     assert {c["value"] for c in caps["node_caps"]} == {4096, 16384}
 
