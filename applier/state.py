@@ -170,7 +170,10 @@ class StateStore:
         self.confinement = confinement
         self.install_root = Path(install_root) if install_root is not None else self.dir.parent
         self.identities = {path: identity(path) for path in self.held_roots()}
-        self.install = hold(self.install_root)
+        try:
+            self.install = hold(self.install_root)
+        except OSError as exc:
+            raise io_failure(exc, self.install_root, "open") from exc
         self._held: HeldRoot | None = None
 
     @property
