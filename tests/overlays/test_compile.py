@@ -25,7 +25,7 @@ from fused_dit import library
 from fused_dit.integration import compiled
 from fused_dit.integration import fp8_modules
 # every op module imported: each registers its custom ops, which the fake-vs-real check enumerates
-from fused_dit.ops import adaln, gate_add, gelu_quantize_fp8, quantize_fp8, rms_rope, rope  # noqa: F401
+from fused_dit.ops import adaln, attention_fp8, gate_add, gelu_quantize_fp8, quantize_fp8, rms_rope, rope  # noqa: F401
 
 MAKERS = {"flux": blocks.make_flux_stack, "wan": blocks.make_wan_stack}
 NO_FP8 = ("norm_rope", "adaln", "gate")
@@ -352,6 +352,8 @@ def _op_cases():
          lambda: (torch.randn(B, L, C), torch.randn(B, 8, C), torch.randn(C), torch.randn(C), 1e-6)),
         ("rope", "flux q: a BHND view of qkv", lambda: (_flux_qk()[0], _flux_pe())),
         ("rope", "wan q: BLHD", lambda: (torch.randn(B, L, HEADS, C // HEADS), _wan_freqs())),
+        ("attention_fp8", "bf16 BHSD views of qkv, head dim 64",
+         lambda: tuple(torch.randn(B, L, 3, 1, 64).bfloat16().permute(2, 0, 3, 1, 4)) + (0.125,)),
     ]
     return cases
 

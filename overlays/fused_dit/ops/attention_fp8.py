@@ -1,0 +1,441 @@
+"""FP8 attention forward (issue 28's `fp8` mode, the project's own kernel): softmax(q k^T * sm_scale) v with FP8
+operands and fp32 accumulation, for sm_89 (Ada, RTX 4090) and sm_90 (Hopper), non-causal, no mask.
+
+Layout: ComfyUI's attention layout, q `[B, H, Sq, D]`, k and v `[B, H, Skv, D]` (any strides; Sq may differ from
+Skv, as in Wan's cross-attention), D in {64, 128}, bf16 or fp16; the output is contiguous `[B, H, Sq, D]` in q's
+dtype.
+
+Format choice: FP8 e4m3 (float8_e4m3fn, max 448) for both products, Q K^T and P V, rather than SageAttention2's
+INT8 Q K^T. One format serves both GPUs through the same Triton `tl.dot` (mma.sync e4m3 on sm_89, wgmma on sm_90;
+FP8 and INT8 tensor-core rates are the same on both), e4m3's error is relative to each value (3 mantissa bits,
+unit roundoff 2^-4) where INT8's is absolute to the block's maximum, so the few large channels of DiT queries and
+keys cost the small ones less, and one rounding helper, one quantiser and one error bound cover all three operands.
+
+Quantisation (all scales fp32, derived on the GPU, no host sync):
+- Q: per (batch, head, block of BLOCK_M rows), inside the attention kernel: scale = max(absmax, 1e-12) / 448,
+  codes = e4m3(q / scale). The softmax scale and log2(e) are folded into the fp32 rescale of each Q K^T tile.
+- K: smoothed first (SageAttention's trick: k - mean over the tokens of (batch, head); softmax is invariant to a
+  per-row shift q.mean, so this changes only the rounding), then per (batch, head, block of BLOCK_N rows).
+- V: per (batch, head, block of BLOCK_N rows), same quantiser (one pass over K and V before the attention kernel).
+- P (in [0, 1] after exp2(s - running max)): a fixed scale, codes = e4m3(p * 448); each P V tile is rescaled by
+  sv / 448. The row sums use the unquantised fp32 p.
+
+Tiling (FlashAttention-2 style): one program per (BLOCK_M rows of Q, batch x head), walking K and V in tiles of
+BLOCK_N with an online softmax in base 2. The eager FP8 reference (`attention_fp8_reference`) runs the same
+tiles, the same quantisation and the same online softmax in fp32 torch ops; `attention_exact_reference` is fp32
+SDPA on the unquantised inputs; `error_bound` is the elementwise bound between the two that follows from e4m3's
+rounding (derivation in its docstring).
+
+Under TRITON_INTERPRET=1 the interpreter's fp32 -> e4m3 cast loses round-ups in a few percent of codes (FACTS),
+so there (only) the kernels round to e4m3's grid in fp32 arithmetic first (`e4m3_grid`, round to nearest even),
+after which the cast is exact; compiled kernels use the hardware conversion (cvt.rn.satfinite.e4m3x2.f32).
+
+`refusal(q, k, v)` says why the kernel cannot take a call (a reason string, None when it can); `attention_fp8`
+never raises for such a call: it says the reason once and returns exact attention. Not registered in the
+registry yet (families.py names no implementation of it).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .. import dispatch
+from ..library import compiling, register
+from . import cdiv, eager_because
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # dispatch.triton_import_error() gives the reason; the references still work
+    triton = None
+
+OP = "attention_fp8"
+FP8_DTYPE = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+# e4m3: 3 mantissa bits, so round to nearest has a relative error of at most 2^-4 for normal values, and an
+# absolute error of at most half the subnormal spacing 2^-9 (in code units) below 2^-6
+E4M3_UNIT_ROUNDOFF = 2.0 ** -4
+E4M3_HALF_SUBNORMAL_SPACING = 2.0 ** -10
+ABSMAX_FLOOR = 1e-12
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+MIN_CAPABILITY = (8, 9)
+
+
+@dataclass(frozen=True)
+class AttentionFP8Launch:
+    """Tile sizes of the FP8 attention kernel: BLOCK_M query rows per program (also Q's scale block), BLOCK_N key
+    rows per step (also K's and V's scale block). Not yet swept on a GPU: FlashAttention-2's usual tiles for
+    head dims 64/128; a GPU session sweeps them (and the pipelining stages) per architecture."""
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    quantize_num_warps: int = 4
+
+
+LAUNCH = AttentionFP8Launch()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# refusal: why a call stays on exact attention
+# ---------------------------------------------------------------------------------------------------------------
+
+def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """None when the kernel can take (q, k, v); else the reason, in one line, for the caller to say once."""
+    if dispatch.triton_import_error() or triton is None:
+        return dispatch.triton_import_error() or "triton is not importable"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return f"needs [B, H, S, D] tensors, got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"needs bf16 or fp16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+    b, h, _, d = q.shape
+    if d not in HEAD_DIMS:
+        return f"head dim {d} is not one of {HEAD_DIMS}"
+    if k.shape != v.shape or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
+        return f"k and v must be [{b}, {h}, S, {d}] like q, got {tuple(k.shape)} and {tuple(v.shape)}"
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        return "empty sequence"
+    if max(q.numel(), k.numel()) >= 2 ** 31:
+        return "more than 2^31 elements per tensor (int32 offsets)"
+    devices = {q.device, k.device, v.device}
+    if len(devices) != 1:
+        return f"q, k, v on different devices {sorted(map(str, devices))}"
+    device = q.device
+    if device.type == "cuda":
+        return capability_refusal(torch.cuda.get_device_capability(device))
+    if device.type == "cpu" and dispatch.interpreting():
+        return None
+    return f"tensors on {device.type} (the FP8 kernel runs on sm_89+ CUDA GPUs)"
+
+
+def capability_refusal(capability: tuple[int, int]) -> str | None:
+    """None for sm_89 and later; else why a GPU of that compute capability stays on exact attention."""
+    major, minor = capability
+    if (major, minor) < MIN_CAPABILITY:
+        return f"sm_{major}{minor} is below sm_89, the first GPU with FP8 tensor cores"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# eager references
+# ---------------------------------------------------------------------------------------------------------------
+
+def default_scale(d: int) -> float:
+    return 1.0 / math.sqrt(d)
+
+
+def e4m3_codes(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values of the e4m3 codes of x (fp32, in code units): clamp to +-448, round to nearest even."""
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).float()
+
+
+def quantize_blocks_reference(x: torch.Tensor, block: int, mean: torch.Tensor | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (batch, head, block of `block` rows) e4m3 quantisation of `[B, H, S, D]` x (minus `mean`, fp32
+    `[B, H, 1, D]`, where given): (codes float8_e4m3fn `[B, H, S, D]`, scales fp32 `[B, H, ceil(S / block)]`)."""
+    b, h, s, d = x.shape
+    xf = x.float()
+    if mean is not None:
+        xf = xf - mean
+    blocks = cdiv(s, block)
+    padded = F.pad(xf, (0, 0, 0, blocks * block - s)).view(b, h, blocks, block, d)
+    absmax = padded.abs().amax(dim=(3, 4)).clamp_min(ABSMAX_FLOOR)
+    scales = absmax / torch.full((), E4M3_MAX, dtype=torch.float32, device=x.device)
+    codes = (padded / scales[..., None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    return codes.view(b, h, blocks * block, d)[:, :, :s], scales
+
+
+def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
+    """fp32 `[B, H, S, D]` values of quantize_blocks' codes and scales."""
+    rows = torch.arange(codes.shape[2], device=codes.device) // block
+    return codes.float() * scales[:, :, rows, None]
+
+
+def key_mean(k: torch.Tensor) -> torch.Tensor:
+    """K's smoothing mean, fp32 `[B, H, 1, D]` (one torch op: kernel and reference use the same values)."""
+    return k.float().mean(dim=2, keepdim=True)
+
+
+def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                            launch: AttentionFP8Launch = LAUNCH, smooth_k: bool = True) -> torch.Tensor:
+    """The kernel's math in fp32 torch ops: the same quantisation, the same tiles, the same online softmax."""
+    b, h, sq, d = q.shape
+    skv = k.shape[2]
+    bm, bn = launch.block_m, launch.block_n
+    qk_const = torch.tensor((sm_scale or default_scale(d)) * LOG2E, dtype=torch.float32)
+    q_codes, q_scales = quantize_blocks_reference(q, bm)
+    k_codes, k_scales = quantize_blocks_reference(k, bn, key_mean(k) if smooth_k else None)
+    v_codes, v_scales = quantize_blocks_reference(v, bn)
+    q_codes = q_codes.float()
+    q_row_scale = q_scales[:, :, torch.arange(sq, device=q.device) // bm, None]         # [B, H, Sq, 1]
+    p_max = torch.full((), E4M3_MAX, dtype=torch.float32, device=q.device)
+    m = torch.full((b, h, sq), -math.inf, device=q.device)
+    l = torch.zeros((b, h, sq), device=q.device)
+    acc = torch.zeros((b, h, sq, d), device=q.device)
+    for j in range(cdiv(skv, bn)):
+        cols = slice(j * bn, min((j + 1) * bn, skv))
+        kj = k_codes[:, :, cols].float()
+        s = (q_codes @ kj.transpose(-1, -2)) * ((q_row_scale * k_scales[:, :, j, None, None]) * qk_const)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.exp2(m - m_new)
+        p = torch.exp2(s - m_new[..., None])
+        l = l * alpha + p.sum(dim=-1)
+        pv = e4m3_codes(p * p_max) @ v_codes[:, :, cols].float()
+        acc = acc * alpha[..., None] + pv * (v_scales[:, :, j, None, None] / p_max)
+        m = m_new
+    return (acc / l[..., None]).to(q.dtype)
+
+
+def attention_exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              sm_scale: float | None = None) -> torch.Tensor:
+    """fp32 SDPA on the unquantised inputs (fp32 out): what the FP8 error is measured against."""
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=sm_scale or default_scale(q.shape[-1]))
+
+
+def error_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                launch: AttentionFP8Launch = LAUNCH, smooth_k: bool = True) -> torch.Tensor:
+    """Elementwise bound on |attention_fp8 - attention_exact_reference|, fp64 `[B, H, Sq, D]`, from e4m3's
+    rounding alone: u = 2^-4 relative, plus half the subnormal spacing (2^-10 code units) absolute.
+
+    Each quantised operand x (q, smoothed k, v; s its block scale) obeys |x^ - x| <= e_x = u|x| + 2^-10 s.
+    Logits: |s^_ij - s_ij| <= sm_scale * sum_d (e_q (|k| + e_k) + |q| e_k) <= delta_i (the max over j); the
+    smoothing shifts row i by a constant, which softmax ignores. Softmax weights w (exact) and w^ (of the
+    quantised logits): each ratio w^_j / w_j lies in [e^-2delta, e^2delta]. P's codes are p (1 + theta) + phi with
+    |theta| <= u and |phi| <= 2^-10 / 448 (p <= 1), over fp32 row sums l >= 1 (the row maximum adds 1). With
+    A_id = sum_j w_ij |v_jd| and Asv_i = sum_j w_ij sv_j:
+      |o^_id - o_id| <= (e^(2 delta_i) - 1) A_id + e^(2 delta_i) ((2u + u^2) A_id + (1 + u) 2^-10 Asv_i)
+                        + Skv * 2^-10 / 448 * max_j ((1 + u) |v_jd| + 2^-10 sv_j),
+    plus fp32 arithmetic (delta scaled by 1 + 2^-10, and Skv * 2^-22 * max_j |v_jd|). Relative to the weighted
+    mean of |v|: about 2 delta + 2u, where delta grows with sm_scale * sum_d |q_d| |k_d|.
+    """
+    u, eta = E4M3_UNIT_ROUNDOFF, E4M3_HALF_SUBNORMAL_SPACING
+    scale = sm_scale or default_scale(q.shape[-1])
+    bm, bn = launch.block_m, launch.block_n
+    _, q_scales = quantize_blocks_reference(q, bm)
+    k_mean = key_mean(k) if smooth_k else None
+    _, k_scales = quantize_blocks_reference(k, bn, k_mean)
+    _, v_scales = quantize_blocks_reference(v, bn)
+    qf, kf, vf = q.double(), k.double(), v.double()
+    ks = kf - k_mean.double() if smooth_k else kf
+    q_rows = torch.arange(q.shape[2], device=q.device) // bm
+    kv_rows = torch.arange(k.shape[2], device=k.device) // bn
+    e_q = u * qf.abs() + eta * q_scales[:, :, q_rows, None].double()
+    e_k = u * ks.abs() + eta * k_scales[:, :, kv_rows, None].double()
+    logit = e_q @ (ks.abs() + e_k).transpose(-1, -2) + qf.abs() @ e_k.transpose(-1, -2)
+    # (1 + 2^-10) covers the fp32 arithmetic of the logits (a few roundings of 2^-24 each)
+    delta = scale * (1 + 2.0 ** -10) * logit.amax(dim=-1, keepdim=True)          # [B, H, Sq, 1]
+    w = torch.softmax(scale * (qf @ kf.transpose(-1, -2)), dim=-1)                 # [B, H, Sq, Skv]
+    sv = v_scales[:, :, kv_rows, None].double()                                    # [B, H, Skv, 1]
+    weighted_v, weighted_sv = w @ vf.abs(), w @ sv
+    growth = torch.exp(2 * delta)
+    p_term = k.shape[2] * eta / E4M3_MAX * ((1 + u) * vf.abs() + eta * sv).amax(dim=2, keepdim=True)
+    fp32_term = k.shape[2] * 2.0 ** -22 * vf.abs().amax(dim=2, keepdim=True)
+    return (torch.expm1(2 * delta) * weighted_v + growth * ((2 * u + u * u) * weighted_v + (1 + u) * eta * weighted_sv)
+            + p_term + fp32_term)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public entry point
+# ---------------------------------------------------------------------------------------------------------------
+
+def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                  launch: AttentionFP8Launch = LAUNCH) -> torch.Tensor:
+    """FP8 attention; where `refusal` gives a reason (or FUSED_DIT_BACKEND=eager), says it once and returns
+    torch SDPA in q's dtype instead. Under torch.compile: one custom op (`torch.ops.fused_dit.attention_fp8`)."""
+    scale = float(sm_scale or default_scale(q.shape[-1]))
+    if compiling() and launch is LAUNCH:
+        return _ATTENTION_FP8(q, k, v, scale)
+    reason = "FUSED_DIT_BACKEND=eager" if os.environ.get("FUSED_DIT_BACKEND") == "eager" else refusal(q, k, v)
+    if reason is not None:
+        eager_because(OP, reason)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return attention_fp8_triton(q, k, v, scale, launch)
+
+
+def _attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    out = attention_fp8(q, k, v, sm_scale)
+    if out.stride() != q.new_empty(q.shape).stride():     # SDPA's output (a refused call): the fake's layout
+        out = q.new_empty(q.shape).copy_(out)
+    return out
+
+
+def _attention_fp8_fake(q, k, v, sm_scale):
+    return q.new_empty(q.shape)
+
+
+_ATTENTION_FP8 = register(OP, _attention_fp8_op, _attention_fp8_fake)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton kernels and launchers
+# ---------------------------------------------------------------------------------------------------------------
+
+if triton is not None:
+    @triton.jit
+    def e4m3_grid(x):
+        """x (fp32, within +-448) rounded to nearest even on e4m3's grid, in fp32 arithmetic: the spacing is
+        2^(exponent - 3), at least 2^-9 (subnormals); adding and subtracting 1.5 * 2^23 spacings rounds to it.
+        A negative x that rounds to zero keeps its sign (-0, code 0x80), as the cast gives."""
+        biased = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        spacing = ((tl.maximum(biased, 127 - 6) - 3) << 23).to(tl.float32, bitcast=True)
+        magic = spacing * 12582912.0
+        rounded = (x + magic) - magic
+        return tl.where(rounded == 0.0, x * 0.0, rounded)
+
+    @triton.jit
+    def to_e4m3(x, EXACT_GRID: tl.constexpr):
+        """fp32 (code units) -> float8e4nv, saturating at +-448; EXACT_GRID rounds first (interpreter only)."""
+        x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+        if EXACT_GRID:
+            x = e4m3_grid(x)
+        return x.to(tl.float8e4nv)
+
+    @triton.jit
+    def _quantize_blocks_kernel(x_ptr, mean_ptr, codes_ptr, scales_ptr, S, H, blocks,
+                                stride_b, stride_h, stride_s, stride_d,
+                                HAS_MEAN: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                                EXACT_GRID: tl.constexpr):
+        """One (block of BLOCK rows, batch x head): scale = max(absmax, floor) / 448, codes into a contiguous
+        [B, H, S, D] uint8 buffer, the scale into [B * H, blocks]."""
+        block = tl.program_id(0)
+        bh = tl.program_id(1)
+        rows = block * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.arange(0, D)
+        valid = rows[:, None] < S
+        base = x_ptr + (bh // H) * stride_b + (bh % H) * stride_h
+        x = tl.load(base + rows[:, None] * stride_s + cols[None, :] * stride_d, mask=valid, other=0.0)
+        x = x.to(tl.float32)
+        if HAS_MEAN:
+            x = tl.where(valid, x - tl.load(mean_ptr + bh * D + cols)[None, :], 0.0)
+        scale = tl.div_rn(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12), 448.0)
+        codes = to_e4m3(tl.div_rn(x, scale), EXACT_GRID).to(tl.uint8, bitcast=True)
+        tl.store(codes_ptr + bh * S * D + rows[:, None] * D + cols[None, :], codes, mask=valid)
+        tl.store(scales_ptr + bh * blocks + block, scale)
+
+    @triton.jit
+    def _attention_fp8_kernel(q_ptr, k_codes_ptr, k_scales_ptr, v_codes_ptr, v_scales_ptr, out_ptr,
+                              Sq, Skv, H, kv_blocks, qk_const,
+                              stride_qb, stride_qh, stride_qs, stride_qd,
+                              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                              EXACT_GRID: tl.constexpr):
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, D)
+        row_ok = rows < Sq
+        q_base = q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh
+        q = tl.load(q_base + rows[:, None] * stride_qs + cols[None, :] * stride_qd, mask=row_ok[:, None],
+                    other=0.0).to(tl.float32)
+        # Q's block scale: this program's rows are the block
+        q_scale = tl.div_rn(tl.maximum(tl.max(tl.max(tl.abs(q), axis=1), axis=0), 1e-12), 448.0)
+        q_codes = to_e4m3(tl.div_rn(q, q_scale), EXACT_GRID)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        kv_base = bh * Skv * D
+        for j in range(0, kv_blocks):
+            kv_rows = j * BLOCK_N + tl.arange(0, BLOCK_N)
+            kv_ok = kv_rows < Skv
+            offsets = kv_base + kv_rows[:, None] * D + cols[None, :]
+            k_codes = tl.load(k_codes_ptr + offsets, mask=kv_ok[:, None], other=0).to(tl.float8e4nv,
+                                                                                       bitcast=True)
+            s = tl.dot(q_codes, tl.trans(k_codes))
+            s = s * ((q_scale * tl.load(k_scales_ptr + bh * kv_blocks + j)) * qk_const)
+            s = tl.where(kv_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v_codes = tl.load(v_codes_ptr + offsets, mask=kv_ok[:, None], other=0).to(tl.float8e4nv,
+                                                                                       bitcast=True)
+            pv = tl.dot(to_e4m3(p * 448.0, EXACT_GRID), v_codes)
+            acc = acc * alpha[:, None] + pv * tl.div_rn(tl.load(v_scales_ptr + bh * kv_blocks + j), 448.0)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + bh * Sq * D + rows[:, None] * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+
+
+def quantize_blocks_triton(x: torch.Tensor, block: int, mean: torch.Tensor | None = None,
+                           launch: AttentionFP8Launch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_blocks_reference through the quantiser kernel: (codes float8_e4m3fn contiguous [B, H, S, D],
+    scales fp32 [B, H, blocks])."""
+    b, h, s, d = x.shape
+    if x.requires_grad:     # the interpreter hands tensors to numpy, which refuses ones that require grad
+        x = x.detach()
+    blocks = cdiv(s, block)
+    codes = torch.empty((b, h, s, d), dtype=FP8_DTYPE, device=x.device)
+    scales = torch.empty((b, h, blocks), dtype=torch.float32, device=x.device)
+    mean_arg = mean.contiguous() if mean is not None else scales
+    _quantize_blocks_kernel[(blocks, b * h)](
+        x, mean_arg, codes.view(torch.uint8), scales, s, h, blocks, *x.stride(),
+        HAS_MEAN=mean is not None, D=d, BLOCK=block, EXACT_GRID=dispatch.interpreting(),
+        num_warps=launch.quantize_num_warps)
+    return codes, scales
+
+
+def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                         launch: AttentionFP8Launch = LAUNCH, smooth_k: bool = True) -> torch.Tensor:
+    """The kernels, for a call `refusal` accepts (ValueError otherwise: callers go through attention_fp8)."""
+    reason = refusal(q, k, v)
+    if reason is not None:
+        raise ValueError(f"{OP}: {reason}")
+    b, h, sq, d = q.shape
+    skv = k.shape[2]
+    if q.requires_grad:
+        q = q.detach()
+    k_codes, k_scales = quantize_blocks_triton(k, launch.block_n, key_mean(k) if smooth_k else None, launch)
+    v_codes, v_scales = quantize_blocks_triton(v, launch.block_n, None, launch)
+    out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
+    qk_const = float(sm_scale or default_scale(d)) * LOG2E
+    _attention_fp8_kernel[(cdiv(sq, launch.block_m), b * h)](
+        q, k_codes.view(torch.uint8), k_scales, v_codes.view(torch.uint8), v_scales, out,
+        sq, skv, h, k_scales.shape[2], qk_const, *q.stride(),
+        D=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, EXACT_GRID=dispatch.interpreting(),
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ahead-of-time compilation for a GPU this machine need not have (the sm_89 / sm_90 build check)
+# ---------------------------------------------------------------------------------------------------------------
+
+def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: AttentionFP8Launch = LAUNCH) -> dict:
+    """Compile both kernels for CUDA compute capability `arch` (89, 90) without a GPU: {kernel name: the
+    compiled kernel's asm dict (ttir, ttgir, llir, ptx, cubin)}. Needs a Triton with triton.compile, GPUTarget
+    and ASTSource, and TRITON_INTERPRET unset (interpreted kernels do not compile)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    ints = {name: "i32" for name in ("S", "H", "blocks", "Sq", "Skv", "kv_blocks")}
+    strides = {f"stride_{s}": "i32" for s in ("b", "h", "s", "d", "qb", "qh", "qs", "qd")}
+    kernels = {
+        "quantize_blocks": (_quantize_blocks_kernel,
+                            {"x_ptr": f"*{dtype}", "mean_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32"},
+                            {"HAS_MEAN": True, "D": head_dim, "BLOCK": launch.block_n, "EXACT_GRID": False},
+                            launch.quantize_num_warps),
+        "attention_fp8": (_attention_fp8_kernel,
+                          {"q_ptr": f"*{dtype}", "k_codes_ptr": "*u8", "k_scales_ptr": "*fp32",
+                           "v_codes_ptr": "*u8", "v_scales_ptr": "*fp32", "out_ptr": f"*{dtype}",
+                           "qk_const": "fp32"},
+                          {"D": head_dim, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
+                           "EXACT_GRID": False},
+                          launch.num_warps),
+    }
+    compiled = {}
+    for name, (kernel, pointers, constexprs, num_warps) in kernels.items():
+        signature = {}
+        for arg in kernel.arg_names:
+            signature[arg] = "constexpr" if arg in constexprs else pointers.get(arg) or ints.get(arg) or strides[arg]
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        options = {"num_warps": num_warps, "num_stages": launch.num_stages}
+        compiled[name] = triton.compile(source, target=target, options=options).asm
+    return compiled

@@ -1,0 +1,190 @@
+"""FP8 attention forward (issue 28's `fp8` mode): the kernel against its eager FP8 reference and against fp32 SDPA,
+the block quantiser's round trip, the refusals, and the sm_89 / sm_90 builds.
+
+On CPU the kernels run under TRITON_INTERPRET=1 (conftest) at tiny shapes with 32-row tiles, so S = 48 leaves a
+partial tile. There the kernels round to e4m3's grid before the interpreter's fp8 cast (the module docstring says
+why), so codes are byte-exact and the kernel matches its reference to one rounding of the output dtype. The
+compile test builds both kernels for sm_89 and sm_90 on this machine (no GPU) and reads the PTX.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fused_dit.ops import attention_fp8 as af
+from fused_dit.testing import byte_mismatch
+
+OVERLAYS = Path(af.__file__).resolve().parents[2]
+SMALL = af.AttentionFP8Launch(block_m=32, block_n=32, num_warps=4, num_stages=1, quantize_num_warps=4)
+# output dtype -> the largest relative difference of two roundings of one fp32 value (one ulp: 2^-(mantissa bits))
+ONE_ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
+interpreter_only = pytest.mark.skipif(torch.cuda.is_available(),
+                                      reason="CPU tensors through the Triton interpreter (the GPU gates are separate)")
+
+
+def inputs(seed: int, sq: int, skv: int, dtype: torch.dtype, d: int = 64, qk_std: float = 0.5):
+    """q, k, v [1, 2, S, d]; k has a per-channel offset (what the smoothing removes), q and k a spread that keeps
+    sm_scale * sum |q||k| near 1, where the e4m3 bound is informative."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 2, sq, d, generator=g) * qk_std
+    k = (torch.randn(1, 2, skv, d, generator=g) + torch.randn(1, 2, 1, d, generator=g)) * qk_std
+    v = torch.randn(1, 2, skv, d, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+SHAPES = [(16, 16), (48, 48), (48, 16)]      # (Sq, Skv): one partial tile; one and a half tiles; cross-attention
+
+
+@interpreter_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sq,skv", SHAPES)
+def test_kernel_matches_its_fp8_reference(seed, sq, skv, dtype):
+    q, k, v = inputs(seed, sq, skv, dtype)
+    out = af.attention_fp8_triton(q, k, v, launch=SMALL)
+    ref = af.attention_fp8_reference(q, k, v, launch=SMALL)
+    assert out.dtype == dtype and out.shape == q.shape and out.is_contiguous()
+    # the same codes and the same fp32 steps: the two fp32 results differ by accumulation order only, so their
+    # roundings to the output dtype are at most one ulp apart
+    diff = (out.float() - ref.float()).abs()
+    assert bool((diff <= ONE_ULP[dtype] * ref.float().abs() + 2.0 ** -24).all()), diff.max()
+
+
+@interpreter_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sq,skv", SHAPES)
+def test_kernel_within_the_e4m3_bound_of_fp32_sdpa(seed, sq, skv, dtype):
+    """|kernel - fp32 SDPA| <= error_bound (e4m3's 2^-4 unit roundoff carried through the logits, the softmax and
+    P V; derivation in af.error_bound) + half an ulp of the output dtype for the final rounding."""
+    q, k, v = inputs(seed, sq, skv, dtype)
+    exact = af.attention_exact_reference(q, k, v).double()
+    bound = af.error_bound(q, k, v, launch=SMALL) + ONE_ULP[dtype] / 2 * exact.abs()
+    for out in (af.attention_fp8_triton(q, k, v, launch=SMALL), af.attention_fp8_reference(q, k, v, launch=SMALL)):
+        assert bool(((out.double() - exact).abs() <= bound).all())
+
+
+@interpreter_only
+def test_strided_inputs_take_the_kernel(seed):
+    """Flux hands q, k, v as non-contiguous views of a packed qkv."""
+    q, k, v = inputs(seed, 48, 48, torch.bfloat16)
+    packed = torch.stack([q, k, v], dim=3).transpose(1, 2).contiguous()       # [B, S, H, 3, D]
+    qs, ks, vs = (packed[:, :, :, i].transpose(1, 2) for i in range(3))
+    assert not qs.is_contiguous()
+    assert torch.equal(af.attention_fp8_triton(qs, ks, vs, launch=SMALL),
+                       af.attention_fp8_triton(q, k, v, launch=SMALL))
+
+
+@interpreter_only
+@pytest.mark.parametrize("smooth", [False, True])
+def test_quantize_round_trip(seed, smooth):
+    x = inputs(seed, 48, 48, torch.bfloat16)[1]
+    mean = af.key_mean(x) if smooth else None
+    codes, scales = af.quantize_blocks_triton(x, 32, mean)
+    ref_codes, ref_scales = af.quantize_blocks_reference(x, 32, mean)
+    assert torch.equal(scales, ref_scales) and scales.shape == (1, 2, 2)
+    assert byte_mismatch(codes, ref_codes) == (0, 0.0)
+    # dequantised: within e4m3's rounding of each value (u |x| + half the subnormal spacing, in code units)
+    target = x.float() - mean if smooth else x.float()
+    rows = torch.arange(48) // 32
+    tolerance = af.E4M3_UNIT_ROUNDOFF * target.abs() + af.E4M3_HALF_SUBNORMAL_SPACING * scales[:, :, rows, None]
+    assert bool(((af.dequantize_blocks(codes, scales, 32) - target).abs() <= tolerance).all())
+
+
+@interpreter_only
+def test_quantiser_rounds_ties_to_even():
+    """Midpoints between neighbouring e4m3 codes (block absmax 448, so the scale is 1): the kernel's rounding to
+    the grid must pick the even code as torch's cast does, across normals and subnormals."""
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(af.FP8_DTYPE).float()       # every non-negative code
+    ties = (grid[:-1] + grid[1:]) / 2
+    values = torch.cat([ties, -ties, torch.tensor([448.0])])
+    x = torch.zeros(1, 1, 32, 64)
+    x.view(-1)[:values.numel()] = values
+    codes, scales = af.quantize_blocks_triton(x, 32)
+    assert scales.item() == 1.0
+    assert byte_mismatch(codes, x.to(af.FP8_DTYPE)) == (0, 0.0)
+
+
+def test_refusals(monkeypatch):
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    assert "head dim 96" in af.refusal(*(torch.zeros(1, 2, 16, 96, dtype=torch.bfloat16),) * 3)
+    assert "bf16 or fp16" in af.refusal(q.float(), q.float(), q.float())
+    assert "bf16 or fp16" in af.refusal(q, q, q.half())
+    assert "k and v" in af.refusal(q, q, torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16))
+    assert "[B, H, S, D]" in af.refusal(q[0], q[0], q[0])
+    assert "below sm_89" in af.capability_refusal((8, 6))
+    assert af.capability_refusal((8, 9)) is None and af.capability_refusal((9, 0)) is None
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "sm_89+ CUDA" in af.refusal(q, q, q)
+    with pytest.raises(ValueError, match="sm_89"):
+        af.attention_fp8_triton(q, q, q)
+
+
+def test_refused_calls_return_exact_attention(caplog, seed):
+    """A refusal is said once and the call returns SDPA in q's dtype: never an exception inside a prompt."""
+    q, k, v = inputs(seed, 16, 16, torch.bfloat16, d=96)
+    with caplog.at_level("INFO"):
+        out = af.attention_fp8(q, k, v)
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert "head dim 96" in caplog.text
+
+
+COMPILE = """
+import json, re, sys
+sys.path.insert(0, sys.argv[1])
+try:
+    from triton.backends.compiler import GPUTarget  # noqa: F401
+    from triton.compiler import ASTSource  # noqa: F401
+    import triton
+    triton.compile
+except (ImportError, AttributeError) as exc:
+    print(json.dumps({"skip": f"this Triton cannot compile for another target ({exc})"}))
+    raise SystemExit(0)
+from fused_dit.ops import attention_fp8 as af
+found = {}
+for arch in (89, 90):
+    for name, asm in af.compile_for(arch).items():
+        found[f"{arch}/{name}"] = {
+            "instructions": sorted(set(re.findall(r"(mma\\.sync\\.aligned\\.[\\w.]+|wgmma\\.mma_async\\.[\\w.]+|"
+                                                   r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32)", asm["ptx"]))),
+            "target": re.search(r"\\.target\\s+(\\S+)", asm["ptx"]).group(1),
+            "cubin_bytes": len(asm["cubin"])}
+print(json.dumps(found))
+"""
+
+
+def test_kernels_build_for_sm89_and_sm90_without_a_gpu():
+    """Triton compiles for a GPU it does not have (GPUTarget + ASTSource, ptxas included); the PTX must use the FP8
+    tensor cores: mma.sync ... e4m3 on sm_89, wgmma ... e4m3 on sm_90, and the hardware e4m3 conversion."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    run = subprocess.run([sys.executable, "-c", COMPILE, str(OVERLAYS)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    if "skip" in found:
+        pytest.skip(found["skip"])
+    for arch, target in (("89", "sm_89"), ("90", "sm_90a")):
+        attention, quantiser = found[f"{arch}/attention_fp8"], found[f"{arch}/quantize_blocks"]
+        assert attention["target"] == target and attention["cubin_bytes"] > 0 and quantiser["cubin_bytes"] > 0
+        assert "cvt.rn.satfinite.e4m3x2.f32" in attention["instructions"]
+        assert "cvt.rn.satfinite.e4m3x2.f32" in quantiser["instructions"]
+        mma = [i for i in attention["instructions"] if "e4m3.e4m3" in i]
+        assert mma, attention["instructions"]
+        if arch == "89":
+            assert all(i.startswith("mma.sync") for i in mma)
+        else:
+            # both products (Q K^T: n = BLOCK_N, P V: n = D) on Hopper's warpgroup MMA
+            assert {i.split(".")[4] for i in mma if i.startswith("wgmma")} >= {"m64n64k32", "m64n128k32"}, mma
+
+
+@interpreter_only
+def test_torch_compile_sees_one_custom_op(seed):
+    q, k, v = inputs(seed, 48, 48, torch.bfloat16)
+    compiled = torch.compile(lambda q, k, v: af.attention_fp8(q, k, v, launch=af.LAUNCH), fullgraph=True,
+                             backend="eager")
+    assert torch.equal(compiled(q, k, v), af.attention_fp8(q, k, v))
