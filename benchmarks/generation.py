@@ -30,6 +30,8 @@ Configs (the MODEL a workflow hands to KSampler):
                      weights kept between calls instead of quantised per call)
     overlay_all_compile  overlay_all, then TorchCompileModel (the attention family steps aside while Dynamo
                      traces: the compiled graph keeps the release's SDPA order)
+    node_defaults    the node as a user drops it in: every input at its INPUT_TYPES default (what runs then is the
+                     registry's choice for this release: its overlay_log says which families ran)
     comfy_sage       what `--use-sage-attention` selects: ComfyUI's attention_sage bound as optimized_attention in
                      every loaded comfy module for the run (the flag binds it so at import); needs sageattention
 A family the node does not offer is recorded in the run (families_absent); a config none of whose families

@@ -13,7 +13,9 @@ import time
 
 CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
            "overlay_fp8_alongside", "overlay_compile_allops", "overlay_attention", "overlay_all", "overlay_all_fp8",
-           "overlay_all_fp8_alongside", "comfy_sage", "overlay_all_compile")
+           "overlay_all_fp8_alongside", "comfy_sage", "overlay_all_compile", "node_defaults")
+# the node as a user drops it in: every input at the default its INPUT_TYPES declares (what ComfyUI then sends)
+NODE_DEFAULTS = "node_defaults"
 COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops", "overlay_all_compile")
 # configs that only exist on ComfyUI's fp8 weights
 FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
@@ -54,6 +56,8 @@ def node_inputs(config: str, offered: tuple, input_types: dict | None = None) ->
     """(the node's inputs for this config, the families it wanted that the node does not offer). Every offered
     family is set explicitly (on where wanted, off otherwise), so a family the node adds later with default on
     does not slip into an older config. ConfigSkipped when none of the wanted families is offered."""
+    if config == NODE_DEFAULTS:
+        return default_inputs(input_types or {}), []
     wanted = OVERLAY_FAMILIES[config]
     inputs = {name: name in wanted for name in offered}
     absent = [name for name in wanted if name not in offered]
@@ -65,6 +69,17 @@ def node_inputs(config: str, offered: tuple, input_types: dict | None = None) ->
     return inputs, absent
 
 
+def default_inputs(input_types: dict) -> dict:
+    """The node's inputs at their declared defaults (a widget without one left out, as ComfyUI would use the
+    function's own default), the MODEL aside."""
+    inputs = {}
+    for section in ("required", "optional"):
+        for name, spec in (input_types.get(section) or {}).items():
+            if name != "model" and isinstance(spec, tuple) and len(spec) > 1 and "default" in spec[1]:
+                inputs[name] = spec[1]["default"]
+    return inputs
+
+
 def build_config(config: str, base):
     """The MODEL this config hands to KSampler, built with the nodes' own calls; and what was set."""
     if config in ("stock", "comfy_fp8", "comfy_fp8_fast"):
@@ -73,7 +88,7 @@ def build_config(config: str, base):
         return base, bind_sage_attention()
     details = {}
     patched = base
-    if config.startswith("overlay"):
+    if config.startswith("overlay") or config == NODE_DEFAULTS:
         from comfyui_fused_dit import FusedDiTOps
         node = FusedDiTOps()
         input_types = FusedDiTOps.INPUT_TYPES()

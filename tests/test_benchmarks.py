@@ -286,3 +286,19 @@ def test_the_comfyui_sweep_runs_the_cli_on_every_export_and_writes_its_json(tmp_
     assert all(row["byte_identical"] and row["outcome"] == "ok" for row in report["trees"])
     assert report["environment"]["command"].startswith("python -m benchmarks validate comfyui-sweep")
     assert str(tmp_path) not in out.read_text()
+
+
+def test_node_defaults_hands_the_node_every_input_at_its_declared_default():
+    sys.path.insert(0, str(REPO / "overlays"))
+    try:
+        import comfyui_fused_dit as node_pack
+        from benchmarks import generation_configs
+        input_types = node_pack.FusedDiTOps.INPUT_TYPES()
+        offered = generation_configs.node_families(input_types)
+        inputs, absent = generation_configs.node_inputs("node_defaults", offered, input_types)
+    finally:
+        sys.path.remove(str(REPO / "overlays"))
+    declared = {**input_types["required"], **input_types["optional"]}
+    assert absent == [] and set(inputs) == set(declared) - {"model"}
+    assert all(inputs[name] == declared[name][1]["default"] for name in inputs)
+    assert "node_defaults" in generation.CONFIGS and generation.parse_run_spec("node_defaults").name == "node_defaults"

@@ -123,7 +123,7 @@ class FusedDiTOps:
                                                        "tooltip": families.FP8_WEIGHT_TOOLTIP})}}
 
     def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False,
-              fp8_weights=families.NO_EXTRA_MEMORY, attention=False):
+              fp8_weights=families.NO_EXTRA_MEMORY, attention=families.FAMILIES["attention"].node_default):
         registry = _registry()
         asked = {"norm_rope": norm_rope, "adaln": adaln, "gate": gate, "fp8_linear": fp8_linear,
                  "attention": attention}

@@ -15,6 +15,8 @@ override), and what it needs is
 - `vram_modes`: the ModelPatchers it serves (LEGACY: ComfyUI loads the weights; DYNAMIC: ComfyUI's DynamicVRAM);
 - `capture_safe`: whether ComfyUI's model compiler may capture a block running it in a CUDA graph (no measurement,
   host sync or allocation that differs from one call to the next).
+- `gains_after`: for the attention override, the SDPA backends which, first in the release's own order, leave it
+  a gain (`faster` and `no_gain` cite where that was measured); on another order it stays stock, toggle on or off.
 Stock, ComfyUI's own code, is always there. The 0.3.64 block forwards are kept as the legacy entries they are
 (`legacy`): written after that release's blocks, they run where its code does and nowhere else.
 
@@ -60,6 +62,9 @@ class Needs:
     vram_modes: tuple[str, ...]
     capture_safe: bool
     capture_note: str                    # why it is, or is not, safe to capture in a CUDA graph
+    # the SDPA backends which, first in the release's order (comfy.ops.SDPA_BACKEND_PRIORITY), leave it a gain;
+    # () where the release's SDPA order does not matter to it
+    gains_after: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class Implementation:
     module: str                          # where it is implemented, under fused_dit/
     needs: Needs
     legacy: bool = False
+    faster: Evidence | None = None       # where it was measured faster than stock (needs.gains_after)
+    no_gain: Evidence | None = None      # where it was measured no faster (the other SDPA orders)
 
 
 @dataclass(frozen=True)
@@ -95,10 +102,15 @@ LINEAR_FP8_SEAM = Implementation(
     Needs("linear_fp8_seam", FP8_MIN_CAPABILITY, FP8_ACTIVATION_DTYPES, VRAM_MODES, True,
           "activation scales stay on the GPU (no host sync); a weight's codes are made on its first call, so the "
           "calls after it allocate alike"))
+FLASH_FIRST = ("FLASH_ATTENTION",)      # the SDPA order of ComfyUI 0.29+ on Linux (cuDNN first before it)
 FASTEST_SDPA = Implementation(
     "fastest_sdpa", OVERRIDE, "integration/attention.py",
     Needs(None, None, (), VRAM_MODES, False,
-          "measures each new shape on its first call (CUDA events and a host read of the output's scale)"))
+          "measures each new shape on its first call (CUDA events and a host read of the output's scale)",
+          gains_after=FLASH_FIRST),
+    faster=Evidence("generation-0.33.0.json",
+                    "runs[model=flux-dev|wan2.1-t2v-14b, config=stock|overlay_attention|node_defaults]"),
+    no_gain=Evidence("generation-0.3.64.json", "runs[model=flux-dev|wan2.1-t2v-14b, config=stock|overlay_attention]"))
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("norm_rope", "fused QK RMSNorm + RoPE", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD, ROPE_SEAM)),
@@ -106,7 +118,8 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("gate", "fused gated residual add", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD)),
     Family("fp8_linear", "FP8 GEMMs for the blocks' Linear layers (sm_89+; lossy)", False, (LINEAR_FP8_SEAM,)),
     Family("attention", "run ComfyUI's own attention with the fastest exact SDPA backend for each shape (measured "
-                        "once per shape on the GPU; off: stock)", False, (FASTEST_SDPA,)),
+                        "once per shape on the GPU), where the release's SDPA order puts FLASH first (0.29+ on "
+                        "Linux); stock on an order that puts cuDNN first, and when off", True, (FASTEST_SDPA,)),
 )}
 NODE_TOGGLES = ("norm_rope", "adaln", "gate", "fp8_linear")      # required inputs; attention is optional
 

@@ -4,8 +4,10 @@ it stays stock), said once per line on ComfyUI's console.
 The families and what their implementations need are data (families.py); the picking walks a family's
 implementations in order and keeps the first whose needs hold: the ComfyUI code it was verified on (checked block by
 block through integration/eras.py, by `recognition` and the install plan), the load device's compute capability,
-the VRAM mode, capture-safety where ComfyUI's model compiler captures blocks in CUDA graphs. The FP8 family also gets
-its weight mechanism here (families.FP8_WEIGHTS). Every line goes through the pack's once-only log (state.say_once).
+the VRAM mode, capture-safety where ComfyUI's model compiler captures blocks in CUDA graphs, and for the attention
+override the release's SDPA backend order (it runs where the order's first backend leaves it a gain: `order_refusal`).
+The FP8 family also gets its weight mechanism here (families.FP8_WEIGHTS). Every line goes through the pack's
+once-only log (state.say_once).
 
 Per op call, dispatch.py still chooses Triton or eager for the tensors it is given; the installer
 (integration/__init__.py) puts the chosen families in around each model call (`enable`, `disable`).
@@ -114,6 +116,29 @@ def capture_refusal(implementation: Implementation, request: Request) -> str | N
     return None
 
 
+def order_refusal(implementation: Implementation, order: list[str] | None) -> str | None:
+    """Why `implementation` gains nothing on the release's SDPA backend order `order` (names, first first), or None
+    where it does (needs.gains_after: its first backend; no such need: any order)."""
+    gains_after = implementation.needs.gains_after
+    if not gains_after:
+        return None
+    if not order:
+        return "this ComfyUI orders no SDPA backends here (comfy.ops.SDPA_BACKEND_PRIORITY: no CUDA, or a release " \
+               "before it), so there is nothing to reorder"
+    if order[0] in gains_after:
+        return None
+    cited = f"; {implementation.no_gain.cite()}" if implementation.no_gain else ""
+    return (f"the release's SDPA order puts {order[0]} first, where {implementation.name} was measured no faster "
+            f"than that order{cited}")
+
+
+def _runs_on_order(implementation: Implementation, order: list[str] | None) -> str:
+    """The attention line where the override runs: what it does, and on which order it was measured faster."""
+    why = [f"the release's SDPA order puts {order[0]} first"] if order else []
+    why += [implementation.faster.cite()] if implementation.faster else []
+    return f"{attention.RUNS} ({'; '.join(why)})" if why else attention.RUNS
+
+
 def choose(patcher, request: Request) -> Selection:
     """The implementation of each family asked for on `patcher`'s diffusion model, or why it stays stock; each line
     said once (logger `fused_dit`, shown on ComfyUI's console)."""
@@ -146,9 +171,11 @@ def choose(patcher, request: Request) -> Selection:
         lines.append(line)
     use_attention = False
     if "attention" in asked:
-        why = capture_refusal(FASTEST_SDPA, request) or attention.stays_stock(patcher.model_options)
+        order = attention.release_order()
+        why = (capture_refusal(FASTEST_SDPA, request) or attention.stays_stock(patcher.model_options)
+               or order_refusal(FASTEST_SDPA, order))
         use_attention = why is None
-        lines.append(f"attention: {attention.RUNS if use_attention else f'stock: {why}'}")
+        lines.append(f"attention: {_runs_on_order(FASTEST_SDPA, order) if use_attention else f'stock: {why}'}")
     for line in lines:
         state.say_once(NODE_LINE, line)
     return Selection(ops, wrap, use_attention, mechanism, tuple(lines))

@@ -76,3 +76,22 @@ def _accept_the_fixture_era() -> None:
 FIXTURE_ERA = "tests/overlays/blocks.py"
 ERA_2026 = "tests/overlays/era_blocks.py"
 _accept_the_fixture_era()
+
+
+
+def _sdpa_order(monkeypatch, backends: tuple[str, ...]) -> None:
+    """A loaded ComfyUI whose comfy.ops orders the SDPA backends `backends` (the attention family reads it)."""
+    from types import SimpleNamespace
+    monkeypatch.setitem(sys.modules, "comfy.ops", SimpleNamespace(SDPA_BACKEND_PRIORITY=list(backends)))
+
+
+@pytest.fixture
+def flash_first(monkeypatch) -> None:
+    """A release whose SDPA order puts FLASH first (0.29+ on Linux), where the attention family runs."""
+    _sdpa_order(monkeypatch, ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"))
+
+
+@pytest.fixture
+def cudnn_first(monkeypatch) -> None:
+    """A release whose SDPA order puts cuDNN first (0.3.64 to 0.28), where the attention family stays stock."""
+    _sdpa_order(monkeypatch, ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"))

@@ -96,9 +96,9 @@ def test_other_attention_functions_and_devices_pass_through_untouched():
     assert torch.equal(sage(attention_sage, q, k, v, 2), attention_sage(q, k, v, 2)) and sage.choices == {}
 
 
-def test_the_node_installs_it_only_when_asked_and_never_over_another_nodes_override():
+def test_the_node_installs_it_only_when_on_and_never_over_another_nodes_override(flash_first):
     model, _ = blocks.make_flux_stack()
-    (plain,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
+    (plain,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=False)
     assert "optimized_attention_override" not in plain.model_options["transformer_options"]
     (fast,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
     assert isinstance(fast.model_options["transformer_options"]["optimized_attention_override"],

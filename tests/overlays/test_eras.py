@@ -111,15 +111,17 @@ def test_the_0_3_64_shaped_fixtures_run_their_verified_variant():
     assert "linear_fp8_seam (verified on ComfyUI tests/overlays/blocks.py)" in lines["fp8_linear"]
 
 
-def test_the_node_says_once_per_family_what_runs_and_what_stays_stock(caplog):
+def test_the_node_says_once_per_family_what_runs_and_what_stays_stock(caplog, cudnn_first):
     model, _ = era_blocks.make_flux()
     state.forget_said()
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         for _ in range(2):
             node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops:")]
-    assert len(lines) == 3     # norm_rope, adaln, gate (fp8_linear is off by default), each said once
-    assert all("stock (code differs from every release" in line for line in lines)
+    # norm_rope, adaln, gate and attention (fp8_linear is off by default), each said once
+    assert len(lines) == 4
+    assert all("stock (code differs from every release" in line for line in lines[:3])
+    assert lines[3].startswith("Fused DiT Ops: attention: stock: the release's SDPA order puts CUDNN_ATTENTION first")
 
 
 def test_the_node_keeps_other_nodes_model_wrappers():

@@ -82,7 +82,7 @@ def test_node_restores_forwards_when_the_model_call_raises():
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-def test_node_leaves_a_model_it_does_not_know_stock_and_says_why_once(caplog):
+def test_node_leaves_a_model_it_does_not_know_stock_and_says_why_once(caplog, flash_first):
     """Never an exception inside a user's prompt: a model without Flux or Wan blocks (Qwen-Image, SD3, ...) keeps
     stock forwards in every block family, the node says why once, and the attention family (ComfyUI's attention
     seam, model-agnostic) still applies."""

@@ -128,7 +128,7 @@ def test_the_fp8_weight_mechanism_follows_policy_vram_mode_and_device(monkeypatc
     assert any(line.startswith("fp8_weights: ") for line in selection.lines)
 
 
-def test_where_blocks_are_captured_in_cuda_graphs_only_capture_safe_implementations_run():
+def test_where_blocks_are_captured_in_cuda_graphs_only_capture_safe_implementations_run(flash_first):
     model, _ = blocks.make_flux_stack()
     asked = ("norm_rope", "adaln", "gate", "attention")
     free = registry.choose(_Patcher(model), registry.Request(asked))
@@ -138,7 +138,53 @@ def test_where_blocks_are_captured_in_cuda_graphs_only_capture_safe_implementati
     assert "attention: stock: fastest_sdpa is not capture-safe (measures each new shape" in captured.lines[-1]
 
 
-def test_another_nodes_attention_override_keeps_its_choice():
+def test_the_nodes_defaults_run_attention_where_the_release_puts_flash_first(flash_first):
+    model, _ = blocks.make_flux_stack()
+    selection = registry.choose(_Patcher(model), registry.Request(_node_default_families()))
+    assert selection.attention and selection.fp8_weights is None and "fp8_linear" not in selection.ops
+    [line] = [line for line in selection.lines if line.startswith("attention: ")]
+    assert line.startswith(f"attention: {registry.attention.RUNS} (the release's SDPA order puts FLASH_ATTENTION first")
+    assert families.FASTEST_SDPA.faster.cite() in line
+    (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model))     # the node as dropped in
+    assert "optimized_attention_override" in patched.model_options["transformer_options"]
+
+
+def test_the_nodes_defaults_leave_attention_stock_where_the_release_puts_cudnn_first(cudnn_first, caplog):
+    model, _ = blocks.make_flux_stack()
+    state.forget_said()
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        selection = registry.choose(_Patcher(model), registry.Request(_node_default_families()))
+        registry.choose(_Patcher(model), registry.Request(_node_default_families()))
+    assert not selection.attention
+    [line] = [line for line in selection.lines if line.startswith("attention: ")]
+    assert line.startswith("attention: stock: the release's SDPA order puts CUDNN_ATTENTION first")
+    assert families.FASTEST_SDPA.no_gain.cite() in line
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops: attention")]
+    assert said == [f"Fused DiT Ops: {line}"]
+    (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
+    assert "optimized_attention_override" not in patched.model_options["transformer_options"]
+
+
+def test_attention_stays_stock_where_the_release_orders_no_sdpa_backends(monkeypatch):
+    monkeypatch.delitem(sys.modules, "comfy.ops", raising=False)
+    model, _ = blocks.make_flux_stack()
+    selection = registry.choose(_Patcher(model), registry.Request(("attention",)))
+    assert not selection.attention and "orders no SDPA backends" in selection.lines[-1]
+
+
+def test_the_exact_families_are_on_by_default_and_fp8_is_opt_in():
+    assert _node_default_families() == ("norm_rope", "adaln", "gate", "attention")
+    assert not families.FAMILIES["fp8_linear"].node_default
+
+
+def _node_default_families() -> tuple[str, ...]:
+    """The families the node asks for with every input at its default, as ComfyUI sends a dropped-in node's."""
+    inputs = node_pack.FusedDiTOps.INPUT_TYPES()
+    toggles = {**inputs["required"], **inputs["optional"]}
+    return tuple(name for name in families.FAMILIES if toggles[name][1]["default"])
+
+
+def test_another_nodes_attention_override_keeps_its_choice(flash_first):
     model, _ = blocks.make_flux_stack()
     patcher = _Patcher(model)
     patcher.model_options["transformer_options"]["optimized_attention_override"] = object()

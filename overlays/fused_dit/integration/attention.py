@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 
 import torch
 
@@ -128,6 +129,15 @@ class FastestSdpa:
             best = None                      # within noise of the release's order, or first there already
         log.info("fused_dit: attention %s -> %s first (%s)", key[0], best or "the release's order", timings)
         return best
+
+
+def release_order() -> list[str] | None:
+    """The names of the SDPA backends in the loaded release's order (comfy.ops.SDPA_BACKEND_PRIORITY, as the
+    override reorders it), or None where there is none: no ComfyUI loaded, no CUDA, or a release before the list."""
+    order = getattr(sys.modules.get("comfy.ops"), PRIORITY, None)
+    if not isinstance(order, list):
+        return None
+    return [getattr(backend, "name", str(backend)) for backend in order]
 
 
 OVERRIDE_KEY = "optimized_attention_override"
