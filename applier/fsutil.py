@@ -33,10 +33,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str | None:
-    """Hex sha256 of the file, None when it does not exist."""
-    data = read_bytes_or_none(path)
-    return None if data is None else sha256_bytes(data)
 
 
 def read_regular(path: Path, *, limit: int = MAX_READ_BYTES, follow_links: bool = True) -> bytes:
@@ -117,10 +113,6 @@ def _none_if_absent(read, path: Path) -> bytes | None:
         raise io_failure(exc, path, "read") from exc
 
 
-def read_bytes_or_none(path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | None:
-    """The bytes of a regular file (links followed: confinement checked where they lead), None when it does not
-    exist; IOFailure (exit 8) when it cannot be read, is special, or is too large."""
-    return _none_if_absent(lambda: read_regular(path, limit=limit), path)
 
 
 def read_inside_or_none(top: Path, path: Path, *, limit: int = MAX_READ_BYTES) -> bytes | None:
@@ -152,32 +144,8 @@ def check_no_links(top: Path, path: Path | None = None) -> None:
                                                          "there could lead a write outside the install)")
 
 
-def scan_no_links(top: Path) -> None:
-    """check_no_links for everything below top: every entry a real folder or a regular file, walked iteratively
-    without following links (an entry removed meanwhile is skipped); NotRegularFile past MAX_WALK_DEPTH folders deep
-    or MAX_WALK_ENTRIES entries (no recursion: a deep tree is a clear refusal, never a RecursionError)."""
-    check_no_links(top)
-    for folder, entries in bounded_walk(top):
-        for name, st in entries:
-            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                raise NotRegularFile(f"{folder / name} is {kind_of(st.st_mode)}: applier refuses to follow links "
-                                     f"or use special files inside {top}",
-                                     hint="nothing was changed; move it aside by hand (a link there could lead a "
-                                          "write outside the install)")
 
 
-def bounded_walk(top: Path, *, max_depth: int = MAX_WALK_DEPTH, max_entries: int = MAX_WALK_ENTRIES):
-    """(folder, [(name, lstat)]) for top and every real folder below it: HeldRoot.walk (breadth first, links never
-    entered, no recursion), a folder that vanishes meanwhile skipped; WalkLimit past max_depth or max_entries."""
-    try:
-        held = hold(top)
-    except OSError:
-        return
-    try:
-        for where, entries in held.walk("", max_depth=max_depth, max_entries=max_entries):
-            yield (Path(top) / where if where else Path(top)), entries
-    finally:
-        held.close()
 
 
 def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
@@ -208,25 +176,8 @@ def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
         held.close()
 
 
-def fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
-def remove_file(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    fsync_dir(Path(path).parent)
 
 
 def remove_stale_bytecode(path: Path) -> list[Path]:
@@ -262,12 +213,6 @@ def remove_stale_bytecode_at(held: HeldRoot, rel: str) -> list[str]:
     return removed
 
 
-def subfolders(top: Path) -> list[Path]:
-    """top and every folder below it, links not followed, walked iteratively and bounded (bounded_walk)."""
-    top = Path(top)
-    if not top.is_dir() or top.is_symlink():
-        return []
-    return [folder for folder, _ in bounded_walk(top)]
 
 
 def check_writable(path: Path) -> None:

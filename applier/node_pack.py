@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from applier.errors import ApplierError, RefusedError
-from applier.fsutil import read_inside_or_none
+from applier.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, read_inside_or_none
+from applier.heldroot import hold
 from applier.pack import pack_files, read_pack
 from applier.resources import OVERLAYS_DIR
 from applier.strenum import StrEnum
@@ -97,17 +98,22 @@ def export(dest: Path, pack_dir: Path = OVERLAYS_DIR, *, publisher: str | None =
     if dest.is_dir() and any(dest.iterdir()) and registry_name(dest / REGISTRY_FILE) != name.lower():
         raise RefusedError(f"{dest} holds other files and no earlier export of {name}",
                            hint="name a new or empty folder (or a clone of the pack's repository)")
+    dest.mkdir(parents=True, exist_ok=True)
+    held = hold(dest)       # every write below dest walks from it: a link in an earlier clone never leads out
     removed = []
-    package_dir = dest / meta["package"]
-    if package_dir.is_dir() and not package_dir.is_symlink():
-        for old in pack_files(package_dir):
-            if old.relative_to(dest).as_posix() not in files:
-                old.unlink()
-                removed.append(old.relative_to(dest).as_posix())
-    for rel, data in files.items():
-        path = dest / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    try:
+        for where, entries in held.walk(meta["package"], max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES):
+            if "__pycache__" in where.split("/"):
+                continue
+            for entry, st in entries:
+                rel = f"{where}/{entry}"
+                if stat.S_ISREG(st.st_mode) and not entry.endswith((".pyc", ".pyo")) and rel not in files:
+                    held.remove(rel, follow_last=False)
+                    removed.append(rel)
+        for rel, data in files.items():
+            held.write(rel, data, mode=0o644)
+    finally:
+        held.close()
     return {"folder": str(dest), "name": name, "version": meta["version"], "files": sorted(files),
             "removed": removed}
 

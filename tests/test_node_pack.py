@@ -172,3 +172,18 @@ def test_a_copied_node_without_its_package_is_said_to_fail_when_it_runs(tmp_path
     [found] = status["node_pack"]
     assert found["installed_by"] == "copied" and not found["carries_package"] and not found["finds_package"]
     assert "the node fails when it runs" in run_cli("status", "--target", str(comfy), check=True).stdout
+
+
+def test_export_into_an_earlier_clone_never_writes_through_a_link_out(tmp_path):
+    from applier.heldroot import LeadsOutside
+    dest = tmp_path / "clone"
+    export(dest)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.py").write_text("mine = 1\n")
+    shutil.rmtree(dest / "fused_dit")
+    (dest / "fused_dit").symlink_to(outside, target_is_directory=True)     # planted in the clone
+    with pytest.raises(LeadsOutside):
+        export(dest)
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.py"]
+    assert (outside / "keep.py").read_text() == "mine = 1\n"
