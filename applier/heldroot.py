@@ -382,7 +382,7 @@ class HeldRoot:
 
     # ------------------------------------------------------------------ writes
 
-    def write(self, rel, data: bytes, *, mode: int | None = None, keep_metadata: bool = True) -> None:
+    def write(self, rel, data: bytes, *, mode: int | None = None) -> None:
         """Give rel (links followed inside the root: the file a link points to gets the bytes) new bytes, atomically:
         a temp file in the same held folder, fsync, rename onto the name. A new inode, never the old one written in
         place (uv hardlinks site-packages files into its cache). The mode (setuid/setgid included), the owner when
@@ -795,7 +795,7 @@ class PathRoot(HeldRoot):
                     queue.append((folder / name, f"{where}/{name}" if where else name, depth + 1))
             yield where, entries
 
-    def write(self, rel, data: bytes, *, mode: int | None = None, keep_metadata: bool = True) -> None:
+    def write(self, rel, data: bytes, *, mode: int | None = None) -> None:
         path = self.checked(rel)
         if os.path.islink(path):        # the file a link inside the root points to gets the bytes
             path = Path(os.path.realpath(path))
