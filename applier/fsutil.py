@@ -1,5 +1,5 @@
-"""Bytes on disk: bounded reads of regular files only, writes that never leave a torn file (temp file in the same
-folder, fsync, os.replace), and the no-link discipline of applier's own folder (`check_no_links`).
+"""Bytes on disk: bounded reads of regular files only, reads kept inside a folder (through a held handle), atomic
+writes outside any install, stale bytecode removal.
 
 Every read looks before it opens: what is not a regular file (FIFO, device, socket: /dev/zero would be read until
 memory runs out, and opening some devices does something) is refused unopened; the open itself does not block (a
@@ -119,31 +119,6 @@ def read_inside_or_none(top: Path, path: Path, *, limit: int = MAX_READ_BYTES) -
     """read_inside, None when the file does not exist; IOFailure (exit 8) when it cannot be read, is special, is
     too large or is a link leading out of top."""
     return _none_if_absent(lambda: read_inside(top, path, limit=limit), path)
-
-
-def check_no_links(top: Path, path: Path | None = None) -> None:
-    """Refuse (NotRegularFile) unless `top` is a real folder and every component from top down to `path` (default:
-    top itself) is a real folder or, last, a regular file, or does not exist yet. Nothing is followed: each step
-    is an lstat, so a link planted inside applier's folder can never lead a write or a removal outside it."""
-    top = Path(top)
-    steps = [top]
-    if path is not None:
-        rel = Path(path).relative_to(top)
-        for part in rel.parts:
-            steps.append(steps[-1] / part)
-    for n, step in enumerate(steps):
-        try:
-            st = os.lstat(step)
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        last = n == len(steps) - 1
-        if stat.S_ISDIR(st.st_mode) or (last and n and stat.S_ISREG(st.st_mode)):
-            continue
-        raise NotRegularFile(f"{step} is {kind_of(st.st_mode)}: applier refuses to follow links or use special "
-                             f"files inside {top}", hint="nothing was changed; move it aside by hand (a link "
-                                                         "there could lead a write outside the install)")
-
-
 
 
 

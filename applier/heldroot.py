@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -867,7 +868,6 @@ class PathRoot(HeldRoot):
         os.rename(self.checked(src, follow_last=False), target)
 
     def remove_tree(self, rel) -> None:
-        import shutil
         path = self.checked(rel, follow_last=False)
         if os.path.islink(path) or path.is_file():
             path.unlink()

@@ -12,13 +12,13 @@ from applier.allowlist import store_for
 from applier.catalog import load_catalog
 from applier.confine import REPAIR_HINT, OverlayPrefixes, Place
 from applier.errors import DriftError, IOFailure, RefusedError, StateCorruptError
-from applier.fsutil import MAX_READ_BYTES, NotRegularFile, check_no_links, sha256_bytes
+from applier.fsutil import MAX_READ_BYTES, sha256_bytes
 from applier.journal import FileOp, place_sha
 from applier.lock import target_lock
 from applier.node_pack import find_copies
 from applier.pack import pack_files, pack_prefixes, read_pack
 from applier.resources import OVERLAYS_DIR
-from applier.state import SHA256, StateStore, read_json
+from applier.state import SHA256, StateStore, read_state_document
 from applier.target import Target
 
 def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path, bytes]]:
@@ -102,11 +102,9 @@ def overlay_store(target: Target, catalog: list | None, meta: dict | None = None
 def manifest_pack(state_dir: Path) -> dict | None:
     """{"package", "node"} as the installed manifest names them; None when absent, not plain names, or not reached
     without a link (the state folder's own check then refuses the command, before anything is read there)."""
-    path = Path(state_dir) / "overlays.json"
     try:
-        check_no_links(Path(state_dir), path)
-        data = read_json(path)
-    except (StateCorruptError, NotRegularFile):
+        data = read_state_document(Path(state_dir) / "overlays.json")
+    except StateCorruptError:
         return None
     if not isinstance(data, dict):
         return None

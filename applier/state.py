@@ -28,8 +28,7 @@ from pathlib import Path
 
 from applier.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
-from applier.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_no_links,
-                            io_failure, kind_of, read_regular)
+from applier.fsutil import MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, io_failure, kind_of
 from applier.heldroot import HeldRoot, hold
 
 STATE_FORMAT = 2
@@ -430,15 +429,8 @@ class StateStore:
 def read_interpreter(state_dir: Path) -> Path | None:
     """The interpreter recorded for the install whose state folder this is, validated like any recorded path (an
     absolute path named like a Python interpreter, read without following a link); None when none is recorded."""
-    state_dir = Path(state_dir)
-    path = state_dir / "python.json"
-    if not os.path.lexists(path):
-        return None
-    try:
-        check_no_links(state_dir, path)
-    except NotRegularFile as exc:
-        raise StateCorruptError(exc.message, hint=exc.hint) from exc
-    data = read_json(path)
+    path = Path(state_dir) / "python.json"
+    data = read_state_document(path)
     if data is None:
         return None
     need(isinstance(data, dict) and isinstance(data.get("python"), str), f"{path}: no 'python' string")
@@ -447,6 +439,29 @@ def read_interpreter(state_dir: Path) -> Path | None:
     need(INTERPRETER_NAME.fullmatch(Path(value).name) is not None,
          f"{path}: {Path(value).name!r} is not the name of a Python interpreter")
     return Path(value)
+
+
+def read_state_document(path: Path):
+    """A JSON document of a state folder read before any StateStore exists (read_json's rules), through a handle on
+    the install: `.applier` reached without following a link and held with links refused. None when the folder or
+    the file is absent; StateCorruptError for a link or a special file on the way."""
+    path = Path(path)
+    state_dir = path.parent
+    try:
+        held = hold(state_dir.parent).subroot(state_dir.name, links=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except NotRegularFile as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
+    try:
+        def reader():
+            try:
+                return held.read(path.name, limit=MAX_JSON_BYTES)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        return read_json(path, reader=reader)
+    finally:
+        held.close()
 
 
 INTERPRETER_NAME = re.compile(r"python[0-9.]*(\.exe)?|pythonw?(\.exe)?|pypy[0-9.]*")
@@ -474,12 +489,12 @@ def dump_json(data) -> bytes:
 MAX_JSON_BYTES = 16 * 1024 * 1024
 
 
-def read_json(path: Path, *, reader=None):
-    """The parsed JSON of path (read by reader() when given, None meaning absent), None when it does not exist;
+def read_json(path: Path, *, reader):
+    """The parsed JSON of path as reader() (a read through a held handle) returns it, None when it does not exist;
     StateCorruptError when it is not a regular file (a link, a FIFO, a device), too large, nested too deeply,
     unreadable or not JSON."""
     try:
-        raw = reader() if reader is not None else read_regular(path, limit=MAX_JSON_BYTES, follow_links=False)
+        raw = reader()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except IOFailure as exc:

@@ -532,17 +532,17 @@ def test_probes_write_no_bytecode_into_the_target(tmp_path):
 
 
 def test_the_manifest_is_not_read_through_a_linked_state_folder(plain, outside, monkeypatch):
-    from applier import state
+    from applier.heldroot import HeldRoot
     (outside / "overlays.json").write_text(json.dumps({"format": 2, "package": "evil", "node": "evil", "files": []}))
     (plain.root / ".applier").symlink_to(outside, target_is_directory=True)
     opened = []
-    real = state.read_regular
+    real = HeldRoot.read      # every read of the state folder goes through its held handle
 
-    def recording(path, **kw):
-        opened.append(Path(path))
-        return real(path, **kw)
+    def recording(self, rel, **kw):
+        opened.append(self.display(rel))
+        return real(self, rel, **kw)
 
-    monkeypatch.setattr(state, "read_regular", recording)
+    monkeypatch.setattr(HeldRoot, "read", recording)
     for command in (("overlay", "list"), ("overlay", "uninstall")):
         assert_clean(cli(*plain.args(*command)), allowed=(7,))
     assert not [p for p in opened if p.parent == plain.root / ".applier"], opened
