@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from . import dispatch, testing
+from . import dispatch, ops as ops_package, testing
 
 FP8_GEMM_MAX_RELATIVE_FROBENIUS = 0.05
 # gelu_quantize_fp8's documented parity: the kernel's tanh and torch's tanhf may round differently in the last bit,
@@ -86,7 +86,6 @@ class ParityCase:
             return result
         seed = testing.random_seed() if seed is None else seed
         result["seed"] = seed
-        from . import ops as ops_package
         # eager_because logs a shape/dtype fallback once per reason: clear it so this run's fallbacks show up
         ops_package._fallbacks_said.clear()
         started = time.monotonic()

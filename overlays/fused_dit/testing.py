@@ -13,6 +13,10 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from . import dispatch
+from .ops import fp8_linear as fl
 
 # Sign bit and bit width of each float dtype's storage word; the ulp metric orders the bit patterns.
 _FLOAT_BITS: dict[torch.dtype, tuple[torch.dtype, int]] = {
@@ -168,11 +172,6 @@ def fp8_emulated(calls: list[str]):
     FP8 path's GEMM is emulated from the same codes and scales (`ops.fp8_linear.linear_fp8`); each call is appended
     to `calls` ("linear", or "gelu_linear" for an FFN's second Linear). For CPU tests and checks of the FP8 module
     logic; nothing it computes stands for a real FP8 GEMM's bits."""
-    import torch.nn.functional as F
-
-    from . import dispatch
-    from .ops import fp8_linear as fl
-
     real = dispatch.choose, fl.linear_fp8_triton, fl.gelu_linear_fp8_triton
 
     def choose(op, *tensors, min_capability=None):
