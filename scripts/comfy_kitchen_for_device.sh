@@ -4,6 +4,7 @@
 # Usage: benchmarks/README.md ("Device scripts").
 #   scripts/comfy_kitchen_for_device.sh [VERSION]                        # .ck/ (carry [".ck"])
 #   scripts/comfy_kitchen_for_device.sh --kit VERSION AIMDO_VERSION TREE...   # .gen-device/ (carry [".gen-device"])
+#   scripts/comfy_kitchen_for_device.sh --kit-pinned TREE...     # .gen-device/, each TREE with its requirements' pins
 set -euo pipefail
 cd "$(dirname "$0")/.."
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
@@ -19,21 +20,46 @@ fetch_kitchen() {   # VERSION DEST: unpacked, HIP library removed
     rm -f "$2/comfy_kitchen/backends/hip/_C.abi3.so"
 }
 
-if [ "${1:-}" != "--kit" ]; then
+if [ "${1:-}" != "--kit" ] && [ "${1:-}" != "--kit-pinned" ]; then
     VERSION="${1:-0.2.40}"
     fetch_kitchen "$VERSION" .ck
     du -sh .ck
     exit 0
 fi
 
-shift
-VERSION="${1:?--kit VERSION AIMDO_VERSION TREE...}"; AIMDO="${2:?AIMDO_VERSION}"; shift 2
+pin_of() {   # TREE PACKAGE: the version TREE's requirements.txt pins, or nothing
+    sed -n "s/^$2==\([^ ;]*\).*/\1/p" "$1/requirements.txt" 2>/dev/null
+}
+
 kit=.gen-device
 rm -rf "$kit" && mkdir -p "$kit"
-fetch_kitchen "$VERSION" "$tmp/ck"
-(cd "$tmp/ck" && tar cf - . | xz -9 -T2 > "$OLDPWD/$kit/ck.tar.xz")
+if [ "$1" = "--kit-pinned" ]; then
+    # each TREE with the comfy-kitchen and comfy-aimdo its requirements.txt pins (none where it pins none):
+    # ck-VERSION.tar.xz, aimdo-VERSION/*.whl, and pins.txt ("tree ck aimdo", '-' for none) for the device script
+    shift
+    for tree in "$@"; do
+        ck="$(pin_of "$tree" comfy-kitchen)"; aimdo="$(pin_of "$tree" comfy-aimdo)"
+        echo "$(basename "$tree") ${ck:--} ${aimdo:--}" >> "$kit/pins.txt"
+        if [ -n "$ck" ] && [ ! -f "$kit/ck-$ck.tar.xz" ]; then
+            fetch_kitchen "$ck" "$tmp/ck-$ck"
+            (cd "$tmp/ck-$ck" && tar cf - . | xz -9 -T2 > "$OLDPWD/$kit/ck-$ck.tar.xz")
+        fi
+        if [ -n "$aimdo" ] && [ ! -d "$kit/aimdo-$aimdo" ]; then
+            pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+                "${platforms[@]}" "comfy-aimdo==$aimdo" -d "$kit/aimdo-$aimdo"
+        fi
+    done
+    cat "$kit/pins.txt"
+else
+    shift
+    VERSION="${1:?--kit VERSION AIMDO_VERSION TREE...}"; AIMDO="${2:?AIMDO_VERSION}"; shift 2
+    fetch_kitchen "$VERSION" "$tmp/ck"
+    (cd "$tmp/ck" && tar cf - . | xz -9 -T2 > "$OLDPWD/$kit/ck.tar.xz")
+    pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+        "comfy-aimdo==$AIMDO" -d "$kit"
+fi
 pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    "comfy-aimdo==$AIMDO" torchsde==0.2.6 trampoline==0.1.2 sageattention==1.0.6 unidiff==1.0.1 -d "$kit"
+    torchsde==0.2.6 trampoline==0.1.2 sageattention==1.0.6 unidiff==1.0.1 -d "$kit"
 mkdir -p "$tmp/trees"
 for tree in "$@"; do
     name="$(basename "$tree")"
