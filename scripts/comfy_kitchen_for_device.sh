@@ -59,7 +59,7 @@ else
         "comfy-aimdo==$AIMDO" -d "$kit"
 fi
 pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-    torchsde==0.2.6 trampoline==0.1.2 sageattention==1.0.6 unidiff==1.0.1 -d "$kit"
+    torchsde==0.2.6 trampoline==0.1.2 sageattention==1.0.6 unidiff==1.0.1 nvidia-cudnn-frontend==1.14.1 -d "$kit"
 mkdir -p "$tmp/trees"
 for tree in "$@"; do
     name="$(basename "$tree")"
