@@ -8,6 +8,7 @@ compile test builds both kernels for sm_89 and sm_90 on this machine (no GPU) an
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -80,11 +81,20 @@ def test_strided_inputs_take_the_kernel(seed):
 
 
 @interpreter_only
-@pytest.mark.parametrize("smooth", [False, True])
-def test_quantize_round_trip(seed, smooth):
+def test_both_v_layouts_give_the_same_bits(seed):
+    """V's codes stored [S, D] or transposed [D, S] (the K-major operand the FP8 tensor cores take): the same
+    codes, the same products, the same output."""
+    q, k, v = inputs(seed, 48, 40, torch.bfloat16)
+    rows = dataclasses.replace(SMALL, v_transposed=False)
+    assert torch.equal(af.attention_fp8_triton(q, k, v, launch=rows), af.attention_fp8_triton(q, k, v, launch=SMALL))
+
+
+@interpreter_only
+@pytest.mark.parametrize("smooth,transposed", [(False, False), (True, False), (False, True)])
+def test_quantize_round_trip(seed, smooth, transposed):
     x = inputs(seed, 48, 48, torch.bfloat16)[1]
     mean = af.key_mean(x) if smooth else None
-    codes, scales = af.quantize_blocks_triton(x, 32, mean)
+    codes, scales = af.quantize_blocks_triton(x, 32, mean, transposed=transposed)
     ref_codes, ref_scales = af.quantize_blocks_reference(x, 32, mean)
     assert torch.equal(scales, ref_scales) and scales.shape == (1, 2, 2)
     assert byte_mismatch(codes, ref_codes) == (0, 0.0)
@@ -178,13 +188,15 @@ def test_kernels_build_for_sm89_and_sm90_without_a_gpu():
         if arch == "89":
             assert all(i.startswith("mma.sync") for i in mma)
         else:
-            # both products (Q K^T: n = BLOCK_N, P V: n = D) on Hopper's warpgroup MMA
-            assert {i.split(".")[4] for i in mma if i.startswith("wgmma")} >= {"m64n64k32", "m64n128k32"}, mma
+            # both products (Q K^T: n = BLOCK_N, P V: n = D) on Hopper's warpgroup MMA, none on mma.sync
+            block_n = af.launch_for((9, 0)).block_n
+            assert all(i.startswith("wgmma") for i in mma), mma
+            assert {i.split(".")[4] for i in mma} >= {f"m64n{block_n}k32", "m64n128k32"}, mma
 
 
 @interpreter_only
 def test_torch_compile_sees_one_custom_op(seed):
     q, k, v = inputs(seed, 48, 48, torch.bfloat16)
-    compiled = torch.compile(lambda q, k, v: af.attention_fp8(q, k, v, launch=af.LAUNCH), fullgraph=True,
+    compiled = torch.compile(lambda q, k, v: af.attention_fp8(q, k, v), fullgraph=True,
                              backend="eager")
     assert torch.equal(compiled(q, k, v), af.attention_fp8(q, k, v))

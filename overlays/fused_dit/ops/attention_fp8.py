@@ -31,8 +31,8 @@ so there (only) the kernels round to e4m3's grid in fp32 arithmetic first (`e4m3
 after which the cast is exact; compiled kernels use the hardware conversion (cvt.rn.satfinite.e4m3x2.f32).
 
 `refusal(q, k, v)` says why the kernel cannot take a call (a reason string, None when it can); `attention_fp8`
-never raises for such a call: it says the reason once and returns exact attention. Not registered in the
-registry yet (families.py names no implementation of it).
+never raises for such a call: it says the reason once and returns exact attention. The attention family's `fp8`
+mode (integration/attention_fp8.py) runs it through ComfyUI's attention override.
 """
 from __future__ import annotations
 
@@ -69,17 +69,38 @@ MIN_CAPABILITY = (8, 9)
 
 @dataclass(frozen=True)
 class AttentionFP8Launch:
-    """Tile sizes of the FP8 attention kernel: BLOCK_M query rows per program (also Q's scale block), BLOCK_N key
-    rows per step (also K's and V's scale block). Not yet swept on a GPU: FlashAttention-2's usual tiles for
-    head dims 64/128; a GPU session sweeps them (and the pipelining stages) per architecture."""
+    """How the FP8 attention kernel is launched: BLOCK_M query rows per program (also Q's scale block), BLOCK_N key
+    rows per step (also K's and V's scale block), warps and pipelining stages, and V's layout. `v_transposed`
+    stores V's codes as [B, H, D, S] (K-major for the P V product: the FP8 tensor cores on sm_89 and sm_90 take
+    8-bit operands only with the reduction dimension contiguous, so V stored [S, D] costs a transpose per tile).
+    The per-architecture defaults (LAUNCHES) are starting points after Triton's fused-attention tutorial for FP8,
+    until a GPU sweep (`python -m benchmarks attention-kernels`) picks them."""
     block_m: int = 128
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 3
     quantize_num_warps: int = 4
+    v_transposed: bool = True
+
+    @property
+    def label(self) -> str:
+        return (f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} "
+                f"{'vT' if self.v_transposed else 'v'}")
 
 
 LAUNCH = AttentionFP8Launch()
+# compute capability -> the launch a call on that GPU gets (LAUNCH elsewhere: the interpreter, other GPUs)
+LAUNCHES = {(9, 0): AttentionFP8Launch(block_m=128, block_n=128, num_warps=8, num_stages=3),
+            (8, 9): AttentionFP8Launch(block_m=128, block_n=64, num_warps=4, num_stages=3)}
+
+
+def launch_for(capability: tuple[int, int] | None) -> AttentionFP8Launch:
+    """The default launch for a GPU of this compute capability (None: no GPU, the interpreter)."""
+    return LAUNCHES.get(tuple(capability), LAUNCH) if capability else LAUNCH
+
+
+def launch_for_device(device: torch.device) -> AttentionFP8Launch:
+    return launch_for(torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -158,8 +179,9 @@ def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, block: int) -> 
 
 
 def key_mean(k: torch.Tensor) -> torch.Tensor:
-    """K's smoothing mean, fp32 `[B, H, 1, D]` (one torch op: kernel and reference use the same values)."""
-    return k.float().mean(dim=2, keepdim=True)
+    """K's smoothing mean, fp32 `[B, H, 1, D]` (one torch op, no fp32 copy of k: kernel and reference use the same
+    values)."""
+    return k.mean(dim=2, keepdim=True, dtype=torch.float32)
 
 
 def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
@@ -245,17 +267,18 @@ def error_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: flo
 # ---------------------------------------------------------------------------------------------------------------
 
 def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
-                  launch: AttentionFP8Launch = LAUNCH) -> torch.Tensor:
-    """FP8 attention; where `refusal` gives a reason (or FUSED_DIT_BACKEND=eager), says it once and returns
-    torch SDPA in q's dtype instead. Under torch.compile: one custom op (`torch.ops.fused_dit.attention_fp8`)."""
+                  launch: AttentionFP8Launch | None = None) -> torch.Tensor:
+    """FP8 attention (launch None: the default for q's GPU, `launch_for`); where `refusal` gives a reason (or
+    FUSED_DIT_BACKEND=eager), says it once and returns torch SDPA in q's dtype instead. Under torch.compile: one
+    custom op (`torch.ops.fused_dit.attention_fp8`)."""
     scale = float(sm_scale or default_scale(q.shape[-1]))
-    if compiling() and launch is LAUNCH:
+    if compiling() and launch is None:
         return _ATTENTION_FP8(q, k, v, scale)
     reason = "FUSED_DIT_BACKEND=eager" if os.environ.get("FUSED_DIT_BACKEND") == "eager" else refusal(q, k, v)
     if reason is not None:
         eager_because(OP, reason)
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
-    return attention_fp8_triton(q, k, v, scale, launch)
+    return attention_fp8_triton(q, k, v, scale, launch or launch_for_device(q.device))
 
 
 def _attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
@@ -300,9 +323,10 @@ if triton is not None:
     def _quantize_blocks_kernel(x_ptr, mean_ptr, codes_ptr, scales_ptr, S, H, blocks,
                                 stride_b, stride_h, stride_s, stride_d,
                                 HAS_MEAN: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                                EXACT_GRID: tl.constexpr):
-        """One (block of BLOCK rows, batch x head): scale = max(absmax, floor) / 448, codes into a contiguous
-        [B, H, S, D] uint8 buffer, the scale into [B * H, blocks]."""
+                                TRANSPOSED: tl.constexpr, EXACT_GRID: tl.constexpr):
+        """One (block of BLOCK rows, batch x head): scale = max(absmax, floor) / 448, codes into a uint8 buffer of
+        blocks * BLOCK rows per (batch, head), [B, H, S_pad, D] or TRANSPOSED [B, H, D, S_pad] (rows past S get code
+        0, so the attention kernel loads whole tiles unmasked), the scale into [B * H, blocks]."""
         block = tl.program_id(0)
         bh = tl.program_id(1)
         rows = block * BLOCK + tl.arange(0, BLOCK)
@@ -315,7 +339,11 @@ if triton is not None:
             x = tl.where(valid, x - tl.load(mean_ptr + bh * D + cols)[None, :], 0.0)
         scale = tl.div_rn(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12), 448.0)
         codes = to_e4m3(tl.div_rn(x, scale), EXACT_GRID).to(tl.uint8, bitcast=True)
-        tl.store(codes_ptr + bh * S * D + rows[:, None] * D + cols[None, :], codes, mask=valid)
+        s_pad = blocks * BLOCK
+        if TRANSPOSED:
+            tl.store(codes_ptr + bh * s_pad * D + cols[:, None] * s_pad + rows[None, :], tl.trans(codes))
+        else:
+            tl.store(codes_ptr + bh * s_pad * D + rows[:, None] * D + cols[None, :], codes)
         tl.store(scales_ptr + bh * blocks + block, scale)
 
     @triton.jit
@@ -323,7 +351,7 @@ if triton is not None:
                               Sq, Skv, H, kv_blocks, qk_const,
                               stride_qb, stride_qh, stride_qs, stride_qd,
                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              EXACT_GRID: tl.constexpr):
+                              V_TRANSPOSED: tl.constexpr, MASK_KV: tl.constexpr, EXACT_GRID: tl.constexpr):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -335,50 +363,74 @@ if triton is not None:
         # Q's block scale: this program's rows are the block
         q_scale = tl.div_rn(tl.maximum(tl.max(tl.max(tl.abs(q), axis=1), axis=0), 1e-12), 448.0)
         q_codes = to_e4m3(tl.div_rn(q, q_scale), EXACT_GRID)
+        q_const = q_scale * qk_const
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-        kv_base = bh * Skv * D
+        s_pad = kv_blocks * BLOCK_N
+        kv_base = bh.to(tl.int64) * s_pad * D      # the codes buffers are padded to whole tiles: no load masks
+        n_offsets = tl.arange(0, BLOCK_N)
         for j in range(0, kv_blocks):
-            kv_rows = j * BLOCK_N + tl.arange(0, BLOCK_N)
-            kv_ok = kv_rows < Skv
-            offsets = kv_base + kv_rows[:, None] * D + cols[None, :]
-            k_codes = tl.load(k_codes_ptr + offsets, mask=kv_ok[:, None], other=0).to(tl.float8e4nv,
-                                                                                       bitcast=True)
+            kv_rows = j * BLOCK_N + n_offsets
+            k_codes = tl.load(k_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]).to(tl.float8e4nv,
+                                                                                                bitcast=True)
             s = tl.dot(q_codes, tl.trans(k_codes))
-            s = s * ((q_scale * tl.load(k_scales_ptr + bh * kv_blocks + j)) * qk_const)
-            s = tl.where(kv_ok[None, :], s, float("-inf"))
+            s = s * (q_const * tl.load(k_scales_ptr + bh * kv_blocks + j))
+            if MASK_KV:
+                s = tl.where((kv_rows < Skv)[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v_codes = tl.load(v_codes_ptr + offsets, mask=kv_ok[:, None], other=0).to(tl.float8e4nv,
-                                                                                       bitcast=True)
-            pv = tl.dot(to_e4m3(p * 448.0, EXACT_GRID), v_codes)
+            if V_TRANSPOSED:
+                v_t = tl.load(v_codes_ptr + kv_base + cols[:, None] * s_pad + kv_rows[None, :])
+                v_codes = tl.trans(v_t.to(tl.float8e4nv, bitcast=True))
+            else:
+                v_codes = tl.load(v_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]).to(tl.float8e4nv,
+                                                                                                    bitcast=True)
+            # p is in [0, 1]: its codes need no clamp
+            if EXACT_GRID:
+                p_codes = e4m3_grid(p * 448.0).to(tl.float8e4nv)
+            else:
+                p_codes = (p * 448.0).to(tl.float8e4nv)
+            pv = tl.dot(p_codes, v_codes)
             acc = acc * alpha[:, None] + pv * tl.div_rn(tl.load(v_scales_ptr + bh * kv_blocks + j), 448.0)
             m_i = m_new
         out = acc / l_i[:, None]
-        tl.store(out_ptr + bh * Sq * D + rows[:, None] * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])
+        tl.store(out_ptr + bh.to(tl.int64) * Sq * D + rows[:, None] * D + cols[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def quantize_blocks_triton(x: torch.Tensor, block: int, mean: torch.Tensor | None = None,
-                           launch: AttentionFP8Launch = LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_blocks_reference through the quantiser kernel: (codes float8_e4m3fn contiguous [B, H, S, D],
-    scales fp32 [B, H, blocks])."""
+def _quantize_padded(x: torch.Tensor, block: int, mean: torch.Tensor | None, transposed: bool,
+                     launch: AttentionFP8Launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The quantiser kernel: (uint8 codes, [B, H, S_pad, D] or transposed [B, H, D, S_pad] with S_pad = whole
+    blocks and zero codes past S, fp32 scales [B, H, blocks])."""
     b, h, s, d = x.shape
     if x.requires_grad:     # the interpreter hands tensors to numpy, which refuses ones that require grad
         x = x.detach()
     blocks = cdiv(s, block)
-    codes = torch.empty((b, h, s, d), dtype=FP8_DTYPE, device=x.device)
+    shape = (b, h, d, blocks * block) if transposed else (b, h, blocks * block, d)
+    codes = torch.empty(shape, dtype=torch.uint8, device=x.device)
     scales = torch.empty((b, h, blocks), dtype=torch.float32, device=x.device)
     mean_arg = mean.contiguous() if mean is not None else scales
     _quantize_blocks_kernel[(blocks, b * h)](
-        x, mean_arg, codes.view(torch.uint8), scales, s, h, blocks, *x.stride(),
-        HAS_MEAN=mean is not None, D=d, BLOCK=block, EXACT_GRID=dispatch.interpreting(),
+        x, mean_arg, codes, scales, s, h, blocks, *x.stride(),
+        HAS_MEAN=mean is not None, D=d, BLOCK=block, TRANSPOSED=transposed, EXACT_GRID=dispatch.interpreting(),
         num_warps=launch.quantize_num_warps)
     return codes, scales
+
+
+def quantize_blocks_triton(x: torch.Tensor, block: int, mean: torch.Tensor | None = None,
+                           launch: AttentionFP8Launch = LAUNCH, transposed: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_blocks_reference through the quantiser kernel: (codes float8_e4m3fn [B, H, S, D], a view of the
+    padded buffer, transposed in memory where asked; scales fp32 [B, H, blocks])."""
+    s = x.shape[2]
+    codes, scales = _quantize_padded(x, block, mean, transposed, launch)
+    codes = codes.view(FP8_DTYPE)
+    view = codes.transpose(-1, -2) if transposed else codes
+    return view[:, :, :s], scales
 
 
 def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
@@ -391,14 +443,15 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
     skv = k.shape[2]
     if q.requires_grad:
         q = q.detach()
-    k_codes, k_scales = quantize_blocks_triton(k, launch.block_n, key_mean(k) if smooth_k else None, launch)
-    v_codes, v_scales = quantize_blocks_triton(v, launch.block_n, None, launch)
+    k_codes, k_scales = _quantize_padded(k, launch.block_n, key_mean(k) if smooth_k else None, False, launch)
+    v_codes, v_scales = _quantize_padded(v, launch.block_n, None, launch.v_transposed, launch)
     out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     qk_const = float(sm_scale or default_scale(d)) * LOG2E
     _attention_fp8_kernel[(cdiv(sq, launch.block_m), b * h)](
-        q, k_codes.view(torch.uint8), k_scales, v_codes.view(torch.uint8), v_scales, out,
+        q, k_codes, k_scales, v_codes, v_scales, out,
         sq, skv, h, k_scales.shape[2], qk_const, *q.stride(),
-        D=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, EXACT_GRID=dispatch.interpreting(),
+        D=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, V_TRANSPOSED=launch.v_transposed,
+        MASK_KV=skv % launch.block_n != 0, EXACT_GRID=dispatch.interpreting(),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out
 
@@ -407,27 +460,35 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
 # ahead-of-time compilation for a GPU this machine need not have (the sm_89 / sm_90 build check)
 # ---------------------------------------------------------------------------------------------------------------
 
-def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: AttentionFP8Launch = LAUNCH) -> dict:
-    """Compile both kernels for CUDA compute capability `arch` (89, 90) without a GPU: {kernel name: the
-    compiled kernel's asm dict (ttir, ttgir, llir, ptx, cubin)}. Needs a Triton with triton.compile, GPUTarget
-    and ASTSource, and TRITON_INTERPRET unset (interpreted kernels do not compile)."""
+def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: AttentionFP8Launch | None = None,
+                mask_kv: bool = False) -> dict:
+    """Compile both kernels for CUDA compute capability `arch` (89, 90) without a GPU, with the launch a call on
+    that GPU gets (launch None) or `launch`: {kernel name: the compiled kernel's asm dict (ttir, ttgir, llir, ptx,
+    cubin)}. Needs a Triton with triton.compile, GPUTarget and ASTSource, and TRITON_INTERPRET unset (interpreted
+    kernels do not compile)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    launch = launch or launch_for(divmod(arch, 10))
     target = GPUTarget("cuda", arch, 32)
     ints = {name: "i32" for name in ("S", "H", "blocks", "Sq", "Skv", "kv_blocks")}
     strides = {f"stride_{s}": "i32" for s in ("b", "h", "s", "d", "qb", "qh", "qs", "qd")}
+    quantizer_pointers = {"x_ptr": f"*{dtype}", "mean_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32"}
     kernels = {
-        "quantize_blocks": (_quantize_blocks_kernel,
-                            {"x_ptr": f"*{dtype}", "mean_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32"},
-                            {"HAS_MEAN": True, "D": head_dim, "BLOCK": launch.block_n, "EXACT_GRID": False},
+        "quantize_blocks": (_quantize_blocks_kernel, quantizer_pointers,      # K's: smoothed, [S, D]
+                            {"HAS_MEAN": True, "D": head_dim, "BLOCK": launch.block_n, "TRANSPOSED": False,
+                             "EXACT_GRID": False},
                             launch.quantize_num_warps),
+        "quantize_v": (_quantize_blocks_kernel, quantizer_pointers,
+                       {"HAS_MEAN": False, "D": head_dim, "BLOCK": launch.block_n,
+                        "TRANSPOSED": launch.v_transposed, "EXACT_GRID": False},
+                       launch.quantize_num_warps),
         "attention_fp8": (_attention_fp8_kernel,
                           {"q_ptr": f"*{dtype}", "k_codes_ptr": "*u8", "k_scales_ptr": "*fp32",
                            "v_codes_ptr": "*u8", "v_scales_ptr": "*fp32", "out_ptr": f"*{dtype}",
                            "qk_const": "fp32"},
                           {"D": head_dim, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
-                           "EXACT_GRID": False},
+                           "V_TRANSPOSED": launch.v_transposed, "MASK_KV": mask_kv, "EXACT_GRID": False},
                           launch.num_warps),
     }
     compiled = {}
