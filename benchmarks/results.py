@@ -231,6 +231,12 @@ KINDS: dict[str, Kind] = {
         "apply / status / revert on ComfyUI commits spread over a mirror's history plus every release tag, with "
         "byte identity after revert: every commit where a patch refuses, and why",
         "python -m benchmarks validate comfyui-sweep --mirror MIRROR -n N --work DIR", "", CPU),
+    "compiler-*.json": Kind(
+        "the node's configs under ComfyUI's model compiler on one release (in the name), as its main.py starts it: "
+        "compiler off, the release's own, and a harness that wraps each block in comfy-aimdo's malloc graph and "
+        "torch.cuda.graph as comfy/model_prefetch.py does; errors, graph breaks, captures, output against "
+        "compiler off, speed against stock",
+        "python -m benchmarks compiler --comfyui TREE --out benchmarks/results/compiler-RELEASE.json", "", H200),
     "generation-*.json": Kind(
         "whole generations through one ComfyUI release's own loader and sampler, started as its main.py starts "
         "(the release in the name; seeded random weights): speed, memory, VRAM mode, SDPA backend and which code "
