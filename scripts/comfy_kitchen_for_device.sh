@@ -14,9 +14,9 @@ trap 'rm -rf "$tmp"' EXIT
 
 fetch_kitchen() {   # VERSION DEST: unpacked, HIP library removed
     pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-        "comfy-kitchen==$1" -d "$tmp/ck-wheel"
+        "comfy-kitchen==$1" -d "$tmp/ck-wheel-$1"
     rm -rf "$2" && mkdir -p "$2"
-    python3 -m zipfile -e "$tmp"/ck-wheel/comfy_kitchen-*.whl "$2"
+    python3 -m zipfile -e "$tmp"/ck-wheel-"$1"/comfy_kitchen-*.whl "$2"
     rm -f "$2/comfy_kitchen/backends/hip/_C.abi3.so"
 }
 
