@@ -90,7 +90,7 @@ def apply(model, selection):
         patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(
             selection.ops, keep_resident_codes=selection.keep_resident_codes))
     if selection.attention:
-        registry.install_attention(patched.model_options)
+        registry.install_attention(patched.model_options, selection)
     if selection.fp8_weights == families.CODES_IN_PLACE:
         replaced = registry.put_codes_in_place(patched)
         log.info("fused_dit: %d Linears hold FP8 codes in place of their weights (%.1f GiB less)",
@@ -120,14 +120,19 @@ class FusedDiTOps:
         return {"required": {"model": ("MODEL",), **{name: _toggle(name) for name in families.NODE_TOGGLES}},
                 "optional": {"attention": _toggle("attention"),
                              "fp8_weights": (weights, {"default": families.NO_EXTRA_MEMORY,
-                                                       "tooltip": families.FP8_WEIGHT_TOOLTIP})}}
+                                                       "tooltip": families.FP8_WEIGHT_TOOLTIP}),
+                             "attention_mode": (list(families.ATTENTION_MODES),
+                                                {"default": families.EXACT,
+                                                 "tooltip": families.ATTENTION_MODE_TOOLTIP})}}
 
     def patch(self, model, norm_rope=True, adaln=True, gate=True, fp8_linear=False,
-              fp8_weights=families.NO_EXTRA_MEMORY, attention=families.FAMILIES["attention"].node_default):
+              fp8_weights=families.NO_EXTRA_MEMORY, attention=families.FAMILIES["attention"].node_default,
+              attention_mode=families.EXACT):
         registry = _registry()
         asked = {"norm_rope": norm_rope, "adaln": adaln, "gate": gate, "fp8_linear": fp8_linear,
                  "attention": attention}
-        request = registry.Request(tuple(name for name, on in asked.items() if on), fp8_weights)
+        request = registry.Request(tuple(name for name, on in asked.items() if on), fp8_weights,
+                                   attention_mode=attention_mode)
         return (apply(model, registry.choose(model, request)),)
 
 

@@ -112,6 +112,12 @@ FASTEST_SDPA = Implementation(
                     "runs[model=flux-dev|wan2.1-t2v-14b, config=stock|overlay_attention|node_defaults]"),
     no_gain=Evidence("generation-0.3.64.json", "runs[model=flux-dev|wan2.1-t2v-14b, config=stock|overlay_attention]"))
 
+FP8_ATTENTION = Implementation(
+    "fp8_attention", OVERRIDE, "integration/attention_fp8.py",
+    Needs(None, FP8_MIN_CAPABILITY, FP8_ACTIVATION_DTYPES, VRAM_MODES, True,
+          "scales derived on the GPU (no host sync), allocations alike on every call of a shape; which calls it "
+          "takes is read from shapes, dtypes, devices and the GPU's capability alone"))
+
 FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("norm_rope", "fused QK RMSNorm + RoPE", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD, ROPE_SEAM)),
     Family("adaln", "fused LayerNorm + shift/scale modulation", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD)),
@@ -119,8 +125,18 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("fp8_linear", "FP8 GEMMs for the blocks' Linear layers (sm_89+; lossy)", False, (LINEAR_FP8_SEAM,)),
     Family("attention", "run ComfyUI's own attention with the fastest exact SDPA backend for each shape (measured "
                         "once per shape on the GPU), where the release's SDPA order puts FLASH first (0.29+ on "
-                        "Linux); stock on an order that puts cuDNN first, and when off", True, (FASTEST_SDPA,)),
+                        "Linux); stock on an order that puts cuDNN first, and when off", True,
+           (FASTEST_SDPA, FP8_ATTENTION)),
 )}
+# the attention family's modes: `exact` runs FASTEST_SDPA (where the release's order leaves it a gain), `fp8` runs
+# FP8_ATTENTION, opt-in (lossy), with the exact mode for the calls its kernel refuses
+EXACT, FP8 = "exact", "fp8"
+ATTENTION_MODES = (EXACT, FP8)
+ATTENTION_MODE_IMPLEMENTATIONS = {EXACT: FASTEST_SDPA, FP8: FP8_ATTENTION}
+ATTENTION_MODE_TOOLTIP = (
+    "with attention on: 'exact' runs the fastest exact SDPA backend per shape; 'fp8' (sm_89+, lossy) runs attention "
+    "with FP8 (e4m3) operands and fp32 accumulation, and the exact mode wherever it cannot (a mask, another head "
+    "dim or dtype, an older GPU), saying why once")
 NODE_TOGGLES = ("norm_rope", "adaln", "gate", "fp8_linear")      # required inputs; attention is optional
 
 

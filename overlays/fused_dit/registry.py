@@ -20,11 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from . import dispatch, state
-from .families import (CACHED_CODES, CODES_BESIDE_WEIGHTS, CODES_IN_PLACE, DYNAMIC, FAMILIES, FASTEST_SDPA,
-                       FP8_WEIGHTS, GENERIC_FP8_EVIDENCE, LEGACY, LINEAR_FP8_SEAM, NO_EXTRA_MEMORY, PER_CALL_CODES,
-                       PER_CALL_EVIDENCE, RESIDENT_CODES, Implementation, Needs, fp8_weight_policy)
-from .integration import (GENERIC_MIN_BLOCKS, OP_FAMILIES, UnsupportedModelError, attention, fp8_codes, fp8_weights,
-                          fp8_linear_modules, generic_blocks, is_active, recognition, supported_blocks)
+from .families import (ATTENTION_MODES, CACHED_CODES, CODES_BESIDE_WEIGHTS, CODES_IN_PLACE, DYNAMIC, EXACT, FAMILIES,
+                       FASTEST_SDPA, FP8, FP8_ATTENTION, FP8_WEIGHTS, GENERIC_FP8_EVIDENCE, LEGACY, LINEAR_FP8_SEAM,
+                       NO_EXTRA_MEMORY, PER_CALL_CODES, PER_CALL_EVIDENCE, RESIDENT_CODES, Implementation, Needs,
+                       fp8_weight_policy)
+from .integration import (GENERIC_MIN_BLOCKS, OP_FAMILIES, UnsupportedModelError, attention, attention_fp8,
+                          fp8_codes, fp8_weights, fp8_linear_modules, generic_blocks, is_active, recognition,
+                          supported_blocks)
 from .integration import disable as _disable
 from .integration import enable as _enable
 from .ops.fp8_linear import OP as FP8_OP
@@ -59,9 +61,13 @@ def drop_fp8_weights(model: torch.nn.Module) -> None:
     _disable(model, drop_fp8_weights=True)
 
 
-def install_attention(model_options: dict) -> str:
-    """Put the attention family's override into a cloned ModelPatcher's options (choose said whether it runs)."""
-    return attention.install(model_options)
+def install_attention(model_options: dict, selection: "Selection | None" = None) -> str:
+    """Put the attention family's override for `selection`'s mode (None: exact) into a cloned ModelPatcher's
+    options (choose said whether it runs)."""
+    if selection is None or selection.attention_mode != FP8:
+        return attention.install(model_options)
+    exact = attention.FastestSdpa() if selection.attention_exact_fallback else None
+    return attention.install(model_options, attention_fp8.Fp8Attention(exact))
 
 
 def put_codes_in_place(patcher) -> fp8_codes.Replacement:
@@ -75,6 +81,7 @@ class Request:
     families: tuple[str, ...]
     fp8_weights: str = NO_EXTRA_MEMORY           # a policy, or its earlier spelling
     graphs_captured: bool = False                # ComfyUI's model compiler captures each block in a CUDA graph
+    attention_mode: str = EXACT                  # families.ATTENTION_MODES
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class Selection:
     attention: bool                              # put the attention override into the clone's options
     fp8_weights: str | None                      # the weight mechanism (families.FP8_WEIGHTS); None: FP8 off
     lines: tuple[str, ...]                       # what runs per family, or why it stays stock
+    attention_mode: str = EXACT                  # the override put in where `attention` (families.ATTENTION_MODES)
+    attention_exact_fallback: bool = False       # fp8: the exact mode takes the calls FP8 refuses (else ComfyUI's)
 
     @property
     def keep_resident_codes(self) -> bool:
@@ -169,16 +178,31 @@ def choose(patcher, request: Request) -> Selection:
     if "fp8_linear" in ops:
         mechanism, line = _fp8_weights(patcher, policy)
         lines.append(line)
-    use_attention = False
+    use_attention, mode, exact_fallback = False, EXACT, False
     if "attention" in asked:
-        order = attention.release_order()
-        why = (capture_refusal(FASTEST_SDPA, request) or attention.stays_stock(patcher.model_options)
-               or order_refusal(FASTEST_SDPA, order))
-        use_attention = why is None
-        lines.append(f"attention: {_runs_on_order(FASTEST_SDPA, order) if use_attention else f'stock: {why}'}")
+        use_attention, mode, exact_fallback, line = _attention(patcher, request)
+        lines.append(line)
     for line in lines:
         state.say_once(NODE_LINE, line)
-    return Selection(ops, wrap, use_attention, mechanism, tuple(lines))
+    return Selection(ops, wrap, use_attention, mechanism, tuple(lines), mode, exact_fallback)
+
+
+def _attention(patcher, request: Request) -> tuple[bool, str, bool, str]:
+    """(whether an override goes in, its mode, whether fp8's refused calls take the exact mode, the line)."""
+    if request.attention_mode not in ATTENTION_MODES:
+        raise ValueError(f"attention_mode={request.attention_mode!r}; expected one of {', '.join(ATTENTION_MODES)}")
+    order = attention.release_order()
+    another = attention.stays_stock(patcher.model_options)
+    exact_refused = capture_refusal(FASTEST_SDPA, request) or another or order_refusal(FASTEST_SDPA, order)
+    exact_line = _runs_on_order(FASTEST_SDPA, order) if exact_refused is None else f"stock: {exact_refused}"
+    if request.attention_mode == FP8:
+        fp8_refused = (another or capture_refusal(FP8_ATTENTION, request)
+                       or runs_on(getattr(patcher, "load_device", None), FP8_ATTENTION.needs))
+        if fp8_refused is None:
+            behind = "the exact mode" if exact_refused is None else "ComfyUI's own attention"
+            return True, FP8, exact_refused is None, f"attention: {attention_fp8.RUNS} (refused calls: {behind})"
+        exact_line = f"fp8 -> exact ({fp8_refused}): {exact_line}"
+    return exact_refused is None, EXACT, False, f"attention: {exact_line}"
 
 
 def _on_unknown_model(model, ops: tuple[str, ...], unknown: UnsupportedModelError) -> tuple[tuple, list[str]]:
