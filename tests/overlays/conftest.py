@@ -95,3 +95,24 @@ def flash_first(monkeypatch) -> None:
 def cudnn_first(monkeypatch) -> None:
     """A release whose SDPA order puts cuDNN first (0.3.64 to 0.28), where the attention family stays stock."""
     _sdpa_order(monkeypatch, ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"))
+
+
+@pytest.fixture(scope="session")
+def _fp8_every_shape_table(tmp_path_factory) -> Path:
+    import json
+    path = tmp_path_factory.mktemp("fp8-shapes") / "every-shape.json"
+    band = [{"max_k": 1 << 20, "rows": 0}]
+    path.write_text(json.dumps({"measured": True, "evidence": {"file": "none", "key": "none"},
+                                "min_rows": {"per_call": band, "cached": band}}))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def fp8_at_every_shape(_fp8_every_shape_table):
+    """The tests' models are tiny: with the shipped shape table every FP8 Linear would decline for its few rows
+    (fused_dit.integration.fp8_shapes). Each test starts with a table where FP8 runs at every shape; the tests of
+    the rule install their own."""
+    from fused_dit.integration import fp8_shapes
+    fp8_shapes.use_table(_fp8_every_shape_table)
+    yield
+    fp8_shapes.use_table(_fp8_every_shape_table)

@@ -32,9 +32,10 @@ def host_only_fp8():
     from fused_dit.ops import fp8_linear as fl
     from fused_dit.ops import gelu_quantize_fp8 as gq
     from fused_dit.ops import quantize_fp8 as q
+    from fused_dit.ops import quantize_fp8_rows as qr
 
     calls = HostCalls()
-    real = dispatch.choose, q.run_kernel, gq.run_kernel, fl._scaled_mm
+    real = dispatch.choose, q.run_kernel, gq.run_kernel, qr.run_kernel, fl._scaled_mm
 
     def choose(op, *tensors, min_capability=None):
         if op == fl.OP:
@@ -49,11 +50,12 @@ def host_only_fp8():
         calls.launches["_scaled_mm"] += 1
         return torch.empty((a_codes.shape[0], w_codes_t.shape[1]), dtype=out_dtype, device=a_codes.device)
 
-    dispatch.choose, q.run_kernel, gq.run_kernel, fl._scaled_mm = choose, launch, launch, scaled_mm
+    dispatch.choose, q.run_kernel, gq.run_kernel, qr.run_kernel, fl._scaled_mm = (choose, launch, launch, launch,
+                                                                                  scaled_mm)
     try:
         yield calls
     finally:
-        dispatch.choose, q.run_kernel, gq.run_kernel, fl._scaled_mm = real
+        dispatch.choose, q.run_kernel, gq.run_kernel, qr.run_kernel, fl._scaled_mm = real
 
 
 class _OpCounter(TorchDispatchMode):

@@ -23,7 +23,7 @@ from comfy_fakes import FakeModelPatcher
 from fp8_host_harness import host_only_fp8
 from fused_dit import launch, state
 from fused_dit.integration import eras
-from fused_dit.ops import gelu_quantize_fp8, quantize_fp8
+from fused_dit.ops import gelu_quantize_fp8, quantize_fp8, quantize_fp8_rows
 from test_fp8_codes import LifecyclePatcher
 
 OVERLAYS = Path(__file__).resolve().parents[2] / "overlays"
@@ -109,7 +109,8 @@ def test_an_fp8_kernel_is_five_modules_from_the_node(setting, comfy_2026_linears
         patcher = LifecyclePatcher(model)
     chains: list = []
     with host_only_fp8():
-        for ops_module in (quantize_fp8, gelu_quantize_fp8):     # the harness's stand-ins for launch.launch
+        # the harness's stand-ins for launch.launch
+        for ops_module in (quantize_fp8, gelu_quantize_fp8, quantize_fp8_rows):
             ops_module.run_kernel = recording(ops_module.run_kernel, chains)
         (patched,) = node_pack.FusedDiTOps().patch(patcher, norm_rope=False, adaln=False, gate=False,
                                                    fp8_linear=True)

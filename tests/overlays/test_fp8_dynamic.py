@@ -197,9 +197,12 @@ def _kept(model) -> int:
 
 
 def _counting_quantiser(monkeypatch):
+    """Every weight quantisation of the FP8 path, kept (per tensor or row-wise) or for one call (per_call_weight:
+    its codes are made in the activation's launch)."""
     quantised = []
-    real = fl.quantize_weight_fp8
-    monkeypatch.setattr(fl, "quantize_weight_fp8", lambda w: quantised.append(w) or real(w))
+    for name in ("quantize_weight_fp8", "quantize_weight_fp8_rows", "per_call_weight"):
+        real = getattr(fl, name)
+        monkeypatch.setattr(fl, name, lambda w, real=real: quantised.append(w) or real(w))
     return quantised
 
 

@@ -46,7 +46,7 @@ from ..ops import fp8_linear as op
 from ..ops.fp8_linear import OP, SUPPORTED_ACTIVATION_DTYPES
 from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
 from ..state import STATE
-from . import fp8_weights
+from . import fp8_shapes, fp8_weights
 
 _CACHE_ATTR = "_fused_dit_fp8_weight"
 _PLAN_ATTR = "_fused_dit_fp8_plan"
@@ -271,6 +271,9 @@ class Fp8Plan:
     # declined for the weight in place, but ComfyUI's cast gives one the FP8 GEMM takes (fp8_weights): x -> output
     cast_forward: object = None
     bias_version: object = None        # _version_of the bias `bias` copies (None: not a copy)
+    # the fp8_shapes mechanism whose table decides per call whether FP8 runs (None: it always does): codes cached
+    # beside a bf16 weight the stock forward can use; weights held only as codes never decline by shape
+    shape_mechanism: str | None = None
 
 
 # Per module class: whether `module.weight` / `module.bias` can be read straight from module._parameters. True
@@ -359,7 +362,10 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
         return plan
     reason = decline_reason(module, x)
     if reason is None:
-        plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x), bias_version=bias_version)
+        cached_beside = (weight.dtype != FP8_DTYPE and _STORED_ATTR not in attrs
+                         and not getattr(module, DYNAMIC_INPUT_ATTR, False))
+        plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x), bias_version=bias_version,
+                       shape_mechanism=fp8_shapes.CACHED if cached_beside else None)
     else:
         cast_call = fp8_weights.cast_call_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None
         plan = Fp8Plan(key, reason, None, None,
@@ -372,12 +378,34 @@ def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) 
     """Forward for a Linear module: the FP8 path when it may run, else `stock_forward(x)`."""
     if library.compiling():
         return _traced_linear_forward(module, x, stock_forward)
-    plan = fp8_plan_of(module, x)
+    return _run_plan(module, fp8_plan_of(module, x), x, stock_forward)
+
+
+def _run_plan(module: torch.nn.Module, plan: Fp8Plan, x: torch.Tensor, stock_forward) -> torch.Tensor:
+    """One call by the module's plan: the FP8 GEMM (on the weight in place or through ComfyUI's cast), or the stock
+    forward where the plan declines or FP8 cannot beat bf16 for this call's rows (fp8_shapes)."""
     if plan.decline_reason is not None:
         if plan.cast_forward is not None:
+            mechanism = fp8_shapes.CACHED if fp8_weights.keeping_resident_codes() else fp8_shapes.PER_CALL
+            reason = shape_decline(mechanism, x)
+            if reason is not None:
+                return _declined(module, reason, stock_forward, x)
             return plan.cast_forward(x)
         return _declined(module, plan.decline_reason, stock_forward, x)
+    if plan.shape_mechanism is not None:
+        reason = shape_decline(plan.shape_mechanism, x)
+        if reason is not None:
+            return _declined(module, reason, stock_forward, x)
     return op.linear_fp8_triton(x, plan.weight, plan.bias)
+
+
+def shape_decline(mechanism: str, x: torch.Tensor) -> str | None:
+    """fp8_shapes' verdict for this call: rows = x.numel() // K."""
+    k = x.shape[-1]
+    needed, _ = fp8_shapes.rows_needed(mechanism, k)
+    if needed is not None and needed <= (x.numel() // k if k else 0):
+        return None
+    return fp8_shapes.decline_reason(mechanism, x.numel() // k if k else 0, k)
 
 
 def cast_forward(module: torch.nn.Module, seam: fp8_weights.CastSeam, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
@@ -393,9 +421,12 @@ def cast_forward(module: torch.nn.Module, seam: fp8_weights.CastSeam, kwargs: di
             weight_fp8 = fp8_weights.fp8_weight(codes, scale)
         else:
             # the weight as ComfyUI made it for this call (LoRA and weight functions applied): codes for this call
-            # only, or kept with aimdo's resident weight where asked
-            weight_fp8 = (fp8_weights.resident_codes(module, weight)
-                          or fp8_weights.fp8_weight(*op.quantize_weight_fp8(weight)))
+            # only (row-wise, made in the activation's launch, for bf16), or kept with aimdo's resident weight where
+            # asked
+            weight_fp8 = fp8_weights.resident_codes(module, weight, x.dtype)
+            if weight_fp8 is None:
+                weight_fp8 = (op.per_call_weight(weight) if op.rowwise_fits(x.dtype)
+                              else fp8_weights.fp8_weight(*op.quantize_weight_fp8(weight)))
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
         return op.linear_fp8_triton(x, weight_fp8, bias)
@@ -425,19 +456,11 @@ def ffn_forward_fp8(ffn: torch.nn.Sequential, x: torch.Tensor, stock_forward) ->
     if library.compiling():
         return _traced_ffn_forward(ffn, x, stock_forward)
     fc_in, _, fc_out = ffn[0], ffn[1], ffn[2]
-    plan_in = fp8_plan_of(fc_in, x)
-    if plan_in.cast_forward is not None:
-        hidden = plan_in.cast_forward(x)
-    elif plan_in.decline_reason is not None:
-        hidden = _declined(fc_in, plan_in.decline_reason, stock_forward_of(fc_in), x)
-    else:
-        hidden = op.linear_fp8_triton(x, plan_in.weight, plan_in.bias)
+    hidden = _run_plan(fc_in, fp8_plan_of(fc_in, x), x, stock_forward_of(fc_in))
     plan_out = fp8_plan_of(fc_out, hidden)
-    if plan_out.cast_forward is not None:
-        return plan_out.cast_forward(F.gelu(hidden, approximate="tanh"))
-    if plan_out.decline_reason is not None:
-        return _declined(fc_out, plan_out.decline_reason, stock_forward_of(fc_out),
-                         F.gelu(hidden, approximate="tanh"))
+    if (plan_out.decline_reason is not None
+            or (plan_out.shape_mechanism is not None and shape_decline(plan_out.shape_mechanism, hidden))):
+        return _run_plan(fc_out, plan_out, F.gelu(hidden, approximate="tanh"), stock_forward_of(fc_out))
     return op.gelu_linear_fp8_triton(hidden, plan_out.weight, plan_out.bias)
 
 

@@ -195,13 +195,20 @@ def keep_resident_codes(keep: bool = True):
         _KEEP_RESIDENT_CODES.reset(token)
 
 
+def keeping_resident_codes() -> bool:
+    """Whether the calls now keep the codes of resident weights (codes_beside_weights under DynamicVRAM)."""
+    return _KEEP_RESIDENT_CODES.get()
+
+
 def fp8_weight(codes: torch.Tensor, scale: torch.Tensor) -> op.Fp8Weight:
     return op.Fp8Weight(codes=codes, scale=scale, static_input=False, input_scale=None, source_key=())
 
 
-def resident_codes(module: torch.nn.Module, weight: torch.Tensor) -> op.Fp8Weight | None:
+def resident_codes(module: torch.nn.Module, weight: torch.Tensor,
+                   dtype: torch.dtype = torch.bfloat16) -> op.Fp8Weight | None:
     """The FP8 weight (codes, scale and the GEMM's operands derived from them) kept for the resident weight the
-    cast handed back, quantised on the first call; None where nothing may be kept (not asked, not aimdo's resident
+    cast handed back, quantised on the first call (row-wise for activations of `dtype` where that fits, as the
+    per-call codes are: the same bits either way); None where nothing may be kept (not asked, not aimdo's resident
     tensor, LoRA or weight functions on the module), and then codes kept before are dropped."""
     attrs = module.__dict__
     if not _KEEP_RESIDENT_CODES.get():
@@ -211,11 +218,12 @@ def resident_codes(module: torch.nn.Module, weight: torch.Tensor) -> op.Fp8Weigh
             or getattr(module, "bias_function", None)):
         attrs.pop(RESIDENT_CODES_ATTR, None)
         return None
+    rowwise = op.rowwise_fits(dtype)
     key = (id(weight), weight.data_ptr(), weight.dtype, tuple(weight.shape), weight.device,
-           id(attrs.get("_v_signature")))
+           id(attrs.get("_v_signature")), rowwise)
     kept = attrs.get(RESIDENT_CODES_ATTR)
     if kept is not None and kept[0] == key:
         return kept[1]
-    kept = fp8_weight(*op.quantize_weight_fp8(weight))
+    kept = fp8_weight(*(op.quantize_weight_fp8_rows(weight) if rowwise else op.quantize_weight_fp8(weight)))
     attrs[RESIDENT_CODES_ATTR] = (key, kept)
     return kept

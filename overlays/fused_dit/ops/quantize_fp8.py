@@ -288,6 +288,15 @@ if triton is not None:
         store_partial_absmax(stats_ptr, running_max)
 
     @triton.jit
+    def store_scaled_codes(out_ptr, offs, mask, x, scale, fmax, OUT_FP8: tl.constexpr):
+        """clamp(x / scale) as e4m3 bits (or the fp32 value the cast would take, OUT_FP8 off) at out_ptr + offs."""
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -fmax), fmax)
+        if OUT_FP8:
+            tl.store(out_ptr + offs, q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+        else:
+            tl.store(out_ptr + offs, q, mask=mask)
+
+    @triton.jit
     def _quantize_dynamic_kernel(x_ptr, out_ptr, stats_ptr, n, iterations, floor, fmax,
                                  OUT_FP8: tl.constexpr, BLOCK: tl.constexpr, MAX_PARTIALS: tl.constexpr,
                                  HINTS: tl.constexpr):
@@ -298,11 +307,7 @@ if triton is not None:
             # x is read for the last time here: with HINTS its lines leave L2 first
             x = tl.load(x_ptr + offs, mask=mask, other=0.0,
                         eviction_policy="evict_first" if HINTS else "").to(tl.float32)
-            q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -fmax), fmax)
-            if OUT_FP8:
-                tl.store(out_ptr + offs, q.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
-            else:
-                tl.store(out_ptr + offs, q, mask=mask)
+            store_scaled_codes(out_ptr, offs, mask, x, scale, fmax, OUT_FP8)
 
     @triton.jit
     def _quantize_comfy_kernel(x_ptr, out_ptr, reciprocal_ptr, n, iterations, fmax,
