@@ -18,6 +18,7 @@ COMMANDS = {
     "comfy-server": ("comfy_server", "the node through a real ComfyUI server: install, start, prompts over HTTP"),
     "canvas-pipeline": ("canvas_pipeline", "a 32K canvas through a real server's nodes, after applier apply and stock"),
     "compiler": ("compiler", "the node's configs under ComfyUI's model compiler (malloc graphs, CUDA graphs), on/off"),
+    "assemble": ("assemble", "the newest reachable ComfyUI: a real tree plus code-index files, each checked"),
     "checkpoint": ("models", "write the random-weight checkpoint a UNETLoader reads, for one release"),
     "validate": {
         "overlay-eras": ("eras", "overlay variants on real ComfyUI trees; --record fills variants.json"),

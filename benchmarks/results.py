@@ -170,10 +170,15 @@ KINDS: dict[str, Kind] = {
         "python3 scripts/validate_real_blocks.py --comfyui .realcomfy/ComfyUI --device cuda --dtype bfloat16 "
         "--out DIR/real-blocks-h200.json", "h200-2026-11-30-run34/real-blocks-h200.json"),
     "overlay-eras.json": Kind(
-        "the overlay's variants on real ComfyUI trees (0.3.64, 0.8.0, 0.24.1, 0.33.0): `applier overlay check` per "
+        "the overlay's variants on real ComfyUI trees (0.3.64, 0.8.0, 0.24.1, 0.33.0) and the assembled 0.38.1: "
+        "`applier overlay check` per "
         "model and op family, the node's run-time recognition, exactness and attn1_patch on each tree's own blocks "
         "(CPU, fp32), and the RoPE seam against comfy-kitchen 0.2.31 on the H200 (bits, ulp, ms)",
         "", "", CPU),
+    "assembled-tree-0.38.1.json": Kind(
+        "the provenance of the assembled newest tree: every file of the real 0.33.0 tree plus the files a code index "
+        "holds of Comfy-Org/ComfyUI up to 0.38.1, each with its source, commit and path (the index's with sha256)",
+        "python -m benchmarks assemble --base TREE --files DIR --record SOURCES --base-commit HASH", "", CPU),
     "real-blocks-cpu.json": Kind(
         "the same real blocks on the CPU in fp32 under the Triton interpreter: recognised, within 3e-7 of stock, "
         "`disable()` restores stock",
