@@ -19,6 +19,7 @@ COMMANDS = {
     "canvas-pipeline": ("canvas_pipeline", "a 32K canvas through a real server's nodes, after applier apply and stock"),
     "compiler": ("compiler", "the node's configs under ComfyUI's model compiler (malloc graphs, CUDA graphs), on/off"),
     "assemble": ("assemble", "the newest reachable ComfyUI: a real tree plus code-index files, each checked"),
+    "fp8-linear-shapes": ("fp8_linear_shapes", "FP8 Linear vs bf16 per shape; --write-table: the pack's per-call rule"),
     "checkpoint": ("models", "write the random-weight checkpoint a UNETLoader reads, for one release"),
     "validate": {
         "overlay-eras": ("eras", "overlay variants on real ComfyUI trees; --record fills variants.json"),

@@ -205,6 +205,10 @@ KINDS: dict[str, Kind] = {
     "fp8-eras.json": Kind(
         "the FP8 seam on real ComfyUI trees (0.3.64 to 0.33.0): ComfyUI's cast found, LoRA weight functions kept, "
         "mixed-precision fp8 layers run on their own codes and scale (CPU, FP8 GEMM emulated)", "", "", CPU),
+    "fp8-linear-shapes-h200.json": Kind(
+        "FP8 Linear against bf16 F.linear per (M, K, N) of Flux-dev, Wan 14B and Qwen-Image: CUDA-event, host and wall "
+        "time per call of cached, per-call and row-wise FP8 paths, and the per-call rule's table derived from them",
+        "python -m benchmarks fp8-linear-shapes --out benchmarks/results/fp8-linear-shapes-h200.json", ""),
     "fp8-host-calls.json": Kind(
         "aten ops, launches and host microseconds per FP8 Linear call, and FP8 plans rebuilt per step through the "
         "node, before and after issue 21.3 (CPU, the GPU work stubbed)", "", "", CPU),
