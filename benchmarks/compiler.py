@@ -20,6 +20,8 @@ the blocks of the models it does reach (Qwen-Image 2.1, MiniMax, LTX-AV), throug
 
     off           --disable-comfy-compiler: no malloc graph, no capture
     release       the release as its main.py leaves it (compiler on where the tree has it); nothing added
+    release_assert  release with --assert-graph-breaks: a break the malloc graph reports raises ("aimdo memory
+                  compile error"), recorded as the run's error
     malloc_graph  a malloc graph around the block loop, iterate("block") before each block, iterate(None) + end
                   after the last (the release's own model_prefetch functions where the tree has them, else the
                   same comfy_aimdo.malloc_graph calls made here)
@@ -36,6 +38,8 @@ What the harness does not cover is written into the results (`harness_limits`).
     python -m benchmarks compiler --comfyui DIR --tiny --out /tmp/compiler-tiny.json     # CPU smoke test
     python -m benchmarks compiler --comfyui TREE --models flux-dev --resolutions 1024x1024 \\
         --configs stock,node_defaults,overlay_all,overlay_all_fp8 --out benchmarks/results/compiler-RELEASE.json
+    python -m benchmarks compiler --comfyui TREE --models qwen-image-2.1 --modes off,release,release_assert \\
+        --out /tmp/compiler-qwen21.json     # a model whose own block loop the release compiles
 """
 from __future__ import annotations
 
@@ -60,7 +64,9 @@ from .models import (MODELS, Loader, ModelUnavailable, add_model_arguments, chec
                      synchronize)
 from .models import import_paths  # noqa: F401  (the checkout and overlays/: the entry point asks this module)
 
-MODES = ("off", "release", "malloc_graph", "cuda_graph")
+MODES = ("off", "release", "release_assert", "malloc_graph", "cuda_graph")
+# the release's own compiler, nothing added (release_assert: with --assert-graph-breaks, a break raises)
+RELEASE_MODES = ("release", "release_assert")
 HARNESS_MODES = ("malloc_graph", "cuda_graph")
 # the node with every family on, FP8 attention included where the node offers it (attention_mode "fp8")
 ALL_FP8_ATTENTION = "overlay_all_fp8_attention_fp8"
@@ -70,7 +76,8 @@ DEFAULT_CONFIGS = "stock,node_defaults,overlay_all,overlay_all_fp8,overlay_all_f
 # the block lists a model's forward walks, and the patches_replace key each block is called through
 BLOCK_LISTS = {"flux": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
                "wan": (("blocks", "double_block"),),
-               "qwen_image": (("transformer_blocks", "double_block"),)}
+               "qwen_image": (("transformer_blocks", "double_block"),),
+               "qwen_image21": (("transformer_blocks", "single_block"),)}
 HARNESS_LIMITS = [
     "blocks are wrapped through ComfyUI's patches_replace['dit'] hook, so what the forward allocates between "
     "blocks falls in the frame of the block before it, as it does in the model files the release compiles",
@@ -400,7 +407,7 @@ def install(patcher, keys, compiler: BlockCompiler):
 # ------------------------------------------------------------------------------------------------ the runs
 def mode_unavailable(mode: str, device: str, aimdo_ready: bool) -> str | None:
     """Why a mode cannot run here (None: it can)."""
-    if mode in HARNESS_MODES or mode == "release":
+    if mode in HARNESS_MODES or mode in RELEASE_MODES:
         if device != "cuda":
             return "needs CUDA (comfy-aimdo's malloc graph and torch.cuda.graph)"
         if not aimdo_ready:
@@ -414,7 +421,7 @@ def compiler_flags(args, mode: str, assert_graph_breaks: bool):
     names = ("disable_comfy_compiler", "disable_cuda_graphs", "assert_graph_breaks")
     saved = {name: getattr(args, name) for name in names if hasattr(args, name)}
     wanted = {"disable_comfy_compiler": mode == "off", "disable_cuda_graphs": mode == "off",
-              "assert_graph_breaks": assert_graph_breaks}
+              "assert_graph_breaks": assert_graph_breaks or mode == "release_assert"}
     for name in saved:
         setattr(args, name, wanted[name])
     try:
@@ -503,7 +510,7 @@ class Session(Loader):
             base = self.load(spec, _Run(config))
             patched, details = build(config, base)
             record.update(details)
-            if mode == "release" and release_has_malloc_graphs(self.prefetch):
+            if mode in RELEASE_MODES and release_has_malloc_graphs(self.prefetch):
                 # nothing added: only the release's own counters, read when its malloc graph is cleaned up
                 calls = ReleaseCalls(self.prefetch, torch.device(self.device, torch.cuda.current_device()))
             if mode in HARNESS_MODES:

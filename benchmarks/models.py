@@ -1,6 +1,6 @@
 """How a model is built and loaded: seeded random weights of a release's own model class, loaded as UNETLoader loads.
 
-Flux-dev (12B), Wan 2.1 T2V 14B and Qwen-Image (20B) at full size (or shrunk to what ComfyUI's model detection still
+Flux-dev (12B), Wan 2.1 T2V 14B, Qwen-Image (20B) and Qwen-Image 2.1 (7B; trees that have it) at full size (or shrunk to what ComfyUI's model detection still
 recognises, --tiny), built with the release's own diffusion model class, in the key format of the released
 checkpoint files, written as safetensors (`checkpoint`) or handed over as a state dict, and loaded by
 comfy.sd.load_diffusion_model(_state_dict) inside torch.inference_mode() as ComfyUI's executor does; with the inputs
@@ -13,8 +13,10 @@ comfy.sd.VAE.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import importlib
 import json
 import math
 import os
@@ -66,6 +68,19 @@ QWEN_IMAGE = dict(image_model="qwen_image", patch_size=2, in_channels=64, out_ch
 # prompt; the Qwen-Image release's own example prompt (the coffee-shop sign of its README) gives 115 tokens there
 # (a one-line prompt such as "A cat holding a sign that says hello world" gives 14)
 QWEN_IMAGE_TEXT_TOKENS = 115
+# Qwen-Image 2.1 (Qwen/Qwen-Image-2.1; Comfy-Org's qwen_image_2.1_bf16.safetensors), in the newest Comfy-Org/ComfyUI
+# files public code search holds (0.38.x): comfy/ldm/qwen_image21/model.py's QwenImage21Transformer2DModel, a
+# single-stream DiT whose block loop is the one the release puts under its model compiler (make_prefetch_queue,
+# malloc_graph_begin, prefetch_queue_pop(..., malloc_scope="block"), malloc_graph_end). Its defaults are the
+# released model: 32 blocks of 32 heads x 128 (4096 wide), a SwiGLU MLP of ratio 3 with gate and up fused in one
+# GEMM, Qwen3-VL 8B's 4096-wide text, 64 latent channels at 1/16 of the image and no patchify
+# (latent_formats.QwenImage21); about 7.1B parameters, 14 GB in bf16. Model detection (the "Qwen Image 2.1" entry of
+# model_detection.py) reads every argument here from the weights (img_in, proj_out, the number of
+# transformer_blocks, attn.norm_q, txt_in.text_norm, img_mlp.gate_up); axes_dims_rope stays default (16, 56, 56),
+# which fixes the head at 128, so the tiny model keeps the head and loses heads, depth and text width.
+QWEN_IMAGE21 = dict(in_channels=64, out_channels=64, num_layers=32, attention_head_dim=128, num_attention_heads=32,
+                    context_in_dim=4096, mlp_ratio=3, fused_mlp=True)
+QWEN_IMAGE21_TINY = {**QWEN_IMAGE21, "num_layers": 2, "num_attention_heads": 2, "context_in_dim": 256}
 MODELS = {
     # ComfyUI's Flux detection fixes hidden 3072 / 24 heads, so the tiny Flux only loses depth
     "flux-dev": ModelSpec("flux-dev", "flux", FLUX_DEV, {**FLUX_DEV, "depth": 1, "depth_single_blocks": 1},
@@ -77,6 +92,10 @@ MODELS = {
     # Qwen-Image's detection reads in_channels and the depth only: the tiny Qwen-Image only loses depth
     "qwen-image": ModelSpec("qwen-image", "qwen_image", QWEN_IMAGE, {**QWEN_IMAGE, "num_layers": 1},
                             ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage"),
+    # the text context: Qwen-Image's token count for the same prompt (Qwen-Image 2.1's Qwen3-VL template was not
+    # run here); 1024x1024 is 64x64 latent tokens
+    "qwen-image-2.1": ModelSpec("qwen-image-2.1", "qwen_image21", QWEN_IMAGE21, QWEN_IMAGE21_TINY,
+                                ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage21"),
 }
 
 
@@ -89,18 +108,24 @@ class ModelUnavailable(Exception):
     """This ComfyUI release has no code for the model (its runs are recorded as skipped, with this reason)."""
 
 
+# the models a release may lack: family -> (package under comfy.ldm, class, name in the skip reason)
+OPTIONAL_MODELS = {"qwen_image": ("qwen_image", "QwenImageTransformer2DModel", "Qwen-Image"),
+                   "qwen_image21": ("qwen_image21", "QwenImage21Transformer2DModel", "Qwen-Image 2.1")}
+
+
 def diffusion_model_class(spec: ModelSpec):
     if spec.family == "flux":
         from comfy.ldm.flux.model import Flux
         return Flux
-    if spec.family == "qwen_image":
+    if spec.family in OPTIONAL_MODELS:
+        package, name, label = OPTIONAL_MODELS[spec.family]
+        module = f"comfy.ldm.{package}.model"
         try:
-            from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
+            return getattr(importlib.import_module(module), name)
         except ModuleNotFoundError as error:
-            if error.name not in ("comfy.ldm.qwen_image", "comfy.ldm.qwen_image.model"):
+            if error.name not in (module.rsplit(".", 1)[0], module):
                 raise
-            raise ModelUnavailable(f"this ComfyUI release has no Qwen-Image model (no {error.name})") from None
-        return QwenImageTransformer2DModel
+            raise ModelUnavailable(f"this ComfyUI release has no {label} model (no {error.name})") from None
     from comfy.ldm.wan.model import WanModel
     return WanModel
 
@@ -112,6 +137,93 @@ def constructor_arguments(spec: ModelSpec, tiny: bool) -> dict:
         from comfy.ldm.flux.model import FluxParams
         arguments = comfy_release.flux_arguments(arguments, {f.name for f in dataclasses.fields(FluxParams)})
     return arguments
+
+
+# ----------------------------------------------------------------- Qwen-Image 2.1 on a tree that predates it
+# The assembled newest tree carries comfy/ldm/qwen_image21/model.py, but its model_detection.py, supported_models.py,
+# model_base.py and latent_formats.py can be older than the Qwen-Image 2.1 entries (the newest of those files import
+# model packages the rest of the tree lacks). There the weights still go through the release's own loader
+# (comfy.sd.load_diffusion_model_state_dict: its dtype choice, DynamicVRAM, ModelPatcherDynamic, weight loading),
+# and only the step that names the model is bridged: for weights with Qwen-Image 2.1's keys that the tree's
+# detection does not name, model_config_from_unet returns a config of the project's own (below), built on the tree's
+# own supported_models.QwenImage and model_base.QwenImage around the release's QwenImage21Transformer2DModel. The
+# run's setup record says which route loaded it (`model_route`).
+QWEN_IMAGE21_KEYS = ("txt_in.text_norm.weight", "modulation.1.weight", "transformer_blocks.0.attn.norm_q.weight",
+                     "img_in.weight", "proj_out.weight")
+QWEN_IMAGE21_BRIDGE = {
+    "why": "the tree's model detection does not name Qwen-Image 2.1",
+    # what the bridge gives the model in place of the newest files' QwenImage21 entries
+    "unet_config": "the arguments the weights were built from (benchmarks/models.py), image_model qwen_image21",
+    "latent_format": "64 channels at 1/16, no scaling (the newest latent_formats.QwenImage21's shape; its per-channel "
+                     "mean and std are not applied: random weights, speed only)",
+    "sampling_settings": {"multiplier": 1.0, "shift": 0.69},
+    "memory_usage_factor": 6.0,
+    "model_base": "the tree's model_base.QwenImage with unet_model=QwenImage21Transformer2DModel; the prefix K/V "
+                  "cache switched per sampling run as the newest model_base.QwenImage21 switches it (on while a "
+                  "patcher with no hook patches runs the model)",
+    "not_covered": "model_base.QwenImage21.get_dynamic_vram__units (only the newest model_patcher asks for it) and "
+                   "extra_conds' image_slots (no reference images here)",
+}
+
+
+def qwen_image21_bridge(spec: "ModelSpec", tiny: bool):
+    """A context in which the tree's model_config_from_unet names Qwen-Image 2.1 weights its detection does not
+    know (no-op on a tree whose detection has the entry); yields a dict that says whether the bridge was used."""
+    import comfy.latent_formats
+    import comfy.model_base
+    import comfy.model_detection
+    import comfy.supported_models
+    from comfy.ldm.qwen_image21.model import QwenImage21Transformer2DModel
+
+    class Latent(comfy.latent_formats.LatentFormat):
+        latent_channels = 64
+        spacial_downscale_ratio = 16
+
+    class Model(comfy.model_base.QwenImage):
+        def __init__(self, model_config, model_type=comfy.model_base.ModelType.FLUX, device=None):
+            super().__init__(model_config, model_type, device=device, unet_model=QwenImage21Transformer2DModel)
+
+        @property
+        def current_patcher(self):
+            return self.__dict__.get("_bridge_patcher")
+
+        @current_patcher.setter
+        def current_patcher(self, patcher):
+            self.__dict__["_bridge_patcher"] = patcher
+            diffusion_model = self.__dict__.get("_modules", {}).get("diffusion_model")
+            if diffusion_model is not None:
+                diffusion_model.current_patcher = patcher
+                diffusion_model.reset_prefix_cache(patcher is not None and not patcher.hook_patches)
+
+    class Config(comfy.supported_models.QwenImage):
+        unet_config = {"image_model": "qwen_image21"}
+        sampling_settings = dict(QWEN_IMAGE21_BRIDGE["sampling_settings"])
+        memory_usage_factor = QWEN_IMAGE21_BRIDGE["memory_usage_factor"]
+        latent_format = Latent
+
+        def get_model(self, state_dict, prefix="", device=None):
+            return Model(self, device=device)
+
+    original = comfy.model_detection.model_config_from_unet
+    used = {"model_route": "the tree's model detection"}
+
+    def named(state_dict, unet_key_prefix, *args, **kwargs):
+        config = original(state_dict, unet_key_prefix, *args, **kwargs)
+        ours = all(unet_key_prefix + k in state_dict for k in QWEN_IMAGE21_KEYS)
+        if ours and (config is None or config.unet_config.get("image_model") != "qwen_image21"):
+            used.update(model_route="bridge (the tree's loader; the model named by benchmarks/models.py)",
+                        bridge=QWEN_IMAGE21_BRIDGE)
+            return Config({"image_model": "qwen_image21", **constructor_arguments(spec, tiny)})
+        return config
+
+    @contextlib.contextmanager
+    def bridged():
+        comfy.model_detection.model_config_from_unet = named
+        try:
+            yield used
+        finally:
+            comfy.model_detection.model_config_from_unet = original
+    return bridged()
 
 
 def checkpoint_shapes(spec: ModelSpec, tiny: bool) -> dict:
@@ -147,7 +259,8 @@ def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16"
         generator = torch.Generator(device=device).manual_seed(seed * 100003 + index)
         noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
         leaf = name.rsplit(".", 1)[-1]
-        if "modulation" in name:
+        if "modulation" in name and len(shape) != 2:
+            # Wan's modulation tables; Qwen-Image 2.1's shared modulation is a Linear and drawn as one
             noise *= 0.1
         elif len(shape) >= 2:
             noise /= math.sqrt(math.prod(shape[1:]))
@@ -249,6 +362,14 @@ def inputs_for(spec: ModelSpec, resolution: tuple, tiny: bool, seed: int):
         context = torch.randn(1, tokens, 4096, generator=generator)
         pooled = torch.randn(1, 768, generator=generator)
         positive = [[context, {"pooled_output": pooled, "guidance": 3.5}]]
+    elif spec.family == "qwen_image21":
+        # Qwen-Image 2.1's empty latent: 64 channels at 1/16, no frame axis (latent_formats.QwenImage21); Qwen3-VL
+        # 8B's hidden states as the context (QwenImage21 takes c_crossattn as Qwen-Image does)
+        height, width = resolution
+        latent = torch.zeros(1, 64, height // 16, width // 16)
+        context_width = (spec.tiny if tiny else spec.full)["context_in_dim"]
+        context = torch.randn(1, tokens, context_width, generator=generator)
+        positive = [[context, {}]]
     elif spec.family == "qwen_image":
         height, width = resolution
         # EmptySD3LatentImage's [1, 16, H/8, W/8] as KSampler hands it on (comfy.sample.fix_empty_latent_channels
@@ -415,7 +536,8 @@ class Loader:
             record.update({"checkpoint": path.name, "checkpoint_bytes": path.stat().st_size,
                            "write_s": round(wrote, 1), "loader": "comfy.sd.load_diffusion_model"})
             loaded = time.perf_counter()
-            self.patcher = comfy.sd.load_diffusion_model(str(path), model_options=self.model_options(weights))
+            with self.naming(spec) as route:
+                self.patcher = comfy.sd.load_diffusion_model(str(path), model_options=self.model_options(weights))
         else:
             if spec.key not in self.state_cache:
                 self.state_cache[spec.key] = random_state_dict(spec, self.options.tiny, self.options.seed,
@@ -424,13 +546,15 @@ class Loader:
                            "build_s": round(time.perf_counter() - started, 1)})
             loaded = time.perf_counter()
             # a shallow copy: ComfyUI pops the keys it loads out of the dict it is given
-            self.patcher = comfy.sd.load_diffusion_model_state_dict(dict(self.state_cache[spec.key]),
-                                                                    model_options=self.model_options(weights))
+            with self.naming(spec) as route:
+                self.patcher = comfy.sd.load_diffusion_model_state_dict(dict(self.state_cache[spec.key]),
+                                                                        model_options=self.model_options(weights))
         if self.patcher is None:
             raise RuntimeError(f"ComfyUI did not recognise the {spec.key} weights")
         detected = type(self.patcher.model).__name__
         if spec.model_class and detected != spec.model_class:
             raise RuntimeError(f"ComfyUI detected the {spec.key} weights as {detected}, not {spec.model_class}")
+        record.update(route)
         diffusion_model = self.patcher.model.diffusion_model
         record.update({"load_s": round(time.perf_counter() - loaded, 1),
                        "model_class": type(self.patcher.model).__name__,
@@ -444,6 +568,12 @@ class Loader:
               f"in {record['load_s']} s", flush=True)
         self.loaded = wanted
         return self.patcher
+
+    def naming(self, spec: ModelSpec):
+        """Where the model is named: the tree's detection, bridged for Qwen-Image 2.1 where it predates it."""
+        if spec.family == "qwen_image21":
+            return qwen_image21_bridge(spec, self.options.tiny)
+        return contextlib.nullcontext({})
 
     def unload(self):
         import comfy.model_management

@@ -130,6 +130,7 @@ def test_checkpoint_keys_are_spelt_as_the_released_files_spell_them():
         "double_blocks.0.img_attn.norm.query_norm.scale"
     assert key("txt_norm.weight", "qwen_image") == key("model.diffusion_model.txt_norm.weight", "qwen_image") == \
         "model.diffusion_model.txt_norm.weight"
+    assert key("img_in.weight", "qwen_image21") == "model.diffusion_model.img_in.weight"
     assert key("blocks.0.self_attn.norm_q.weight", "wan") == "blocks.0.self_attn.norm_q.weight"
     tag = comfy_release.key_format_tag
     assert tag(["a.weight", "b.scale"]) == tag(["b.scale", "a.weight"]) != tag(["a.weight", "b.weight"])
@@ -137,9 +138,17 @@ def test_checkpoint_keys_are_spelt_as_the_released_files_spell_them():
 
 # ------------------------------------------------------------------------------------------------ the models
 def test_a_tiny_model_only_loses_what_comfyuis_detection_does_not_fix():
-    assert list(models.MODELS) == ["flux-dev", "wan2.1-t2v-14b", "qwen-image"]
+    assert list(models.MODELS) == ["flux-dev", "wan2.1-t2v-14b", "qwen-image", "qwen-image-2.1"]
     for spec in models.MODELS.values():
         assert spec.model_class and spec.tiny_text_tokens < spec.text_tokens
+    # Qwen-Image 2.1's detection reads every argument from the weights; the head stays 128 (the default rope axes)
+    # and the latent's 64 channels stay
+    shrunk = ("num_layers", "num_attention_heads", "context_in_dim")
+    spec = models.MODELS["qwen-image-2.1"]
+    assert (spec.family, spec.model_class) == ("qwen_image21", "QwenImage21")
+    assert {k: v for k, v in spec.tiny.items() if k not in shrunk} == \
+        {k: v for k, v in spec.full.items() if k not in shrunk}
+    assert all(spec.tiny[k] < spec.full[k] for k in shrunk) and spec.tiny["num_layers"] > 1
     for key, depth in (("flux-dev", ("depth", "depth_single_blocks")), ("qwen-image", ("num_layers",))):
         spec = models.MODELS[key]
         assert {k: v for k, v in spec.tiny.items() if k not in depth} == \
@@ -220,6 +229,8 @@ def test_a_release_without_a_models_code_says_so(monkeypatch):
         monkeypatch.setitem(sys.modules, name, package)
     with pytest.raises(models.ModelUnavailable, match="no Qwen-Image model"):
         models.diffusion_model_class(models.MODELS["qwen-image"])
+    with pytest.raises(models.ModelUnavailable, match="no Qwen-Image 2.1 model"):
+        models.diffusion_model_class(models.MODELS["qwen-image-2.1"])
 
 
 # ------------------------------------------------------------------------ the committed results, read back

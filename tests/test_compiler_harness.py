@@ -238,7 +238,7 @@ def test_a_capture_failure_is_recorded_and_raised():
 
 def test_modes_that_need_cuda_are_skipped_on_the_cpu():
     assert compiler.mode_unavailable("off", "cpu", False) is None
-    for mode in ("release", "malloc_graph", "cuda_graph"):
+    for mode in ("release", "release_assert", "malloc_graph", "cuda_graph"):
         assert "CUDA" in compiler.mode_unavailable(mode, "cpu", False)
         assert "aimdo" in compiler.mode_unavailable(mode, "cuda", False)
         assert compiler.mode_unavailable(mode, "cuda", True) is None
@@ -252,6 +252,10 @@ def test_compiler_flags_set_what_the_cli_would_and_are_put_back():
         assert not args.disable_comfy_compiler and args.assert_graph_breaks
     assert args == types.SimpleNamespace(disable_comfy_compiler=False, disable_cuda_graphs=False,
                                          assert_graph_breaks=False)
+    with compiler.compiler_flags(args, "release_assert", False):   # the release's compiler, a break raises
+        assert not args.disable_comfy_compiler and not args.disable_cuda_graphs and args.assert_graph_breaks
+    with compiler.compiler_flags(args, "release", False):
+        assert not args.assert_graph_breaks
     older = types.SimpleNamespace()          # a release without the flags: nothing set
     with compiler.compiler_flags(older, "off", False):
         assert vars(older) == {}
@@ -281,6 +285,9 @@ def test_block_keys_follow_the_forward_order():
     model = types.SimpleNamespace(double_blocks=[1, 2], single_blocks=[3])
     assert compiler.block_keys(model, "flux") == [("double_block", 0), ("double_block", 1), ("single_block", 0)]
     assert compiler.block_keys(types.SimpleNamespace(blocks=[1]), "wan") == [("double_block", 0)]
+    # Qwen-Image 2.1 calls its blocks through patches_replace['dit'][("single_block", i)]
+    assert compiler.block_keys(types.SimpleNamespace(transformer_blocks=[1, 2]), "qwen_image21") == [
+        ("single_block", 0), ("single_block", 1)]
 
 
 def test_install_puts_one_replace_function_per_block_on_a_clone():
