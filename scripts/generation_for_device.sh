@@ -5,26 +5,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-site=/tmp/site; trees=/tmp/trees; work=/tmp/generation
-mkdir -p "$site" "$trees" "$work"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-    .gen-device/*.whl || exit 1
-tar xJf .gen-device/trees.tar.xz -C "$trees" || exit 1
-if [ -f .gen-device/ck.tar.xz ]; then tar xJf .gen-device/ck.tar.xz -C "$site" || exit 1; fi
-export PYTHONPATH=$site PYTHONUNBUFFERED=1
-era_path() {   # ERA: PYTHONPATH for that era: a kit made with --kit-pinned gives each tree its own pins
-    local line ck aimdo dir
-    line="$(grep "^$1 " .gen-device/pins.txt 2>/dev/null)" || { echo "$site"; return; }
-    read -r _ ck aimdo <<<"$line"
-    dir="/tmp/site-$1"
-    if [ ! -d "$dir" ]; then
-        mkdir -p "$dir"
-        [ "$ck" != - ] && tar xJf ".gen-device/ck-$ck.tar.xz" -C "$dir"
-        [ "$aimdo" != - ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --target "$dir" .gen-device/aimdo-"$aimdo"/*.whl
-    fi
-    echo "$dir:$site"
-}
+work=/tmp/generation; mkdir -p "$work"
+source scripts/device_kit.sh
 log="$out/gen.log"
 { nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
   df -h /tmp | tail -1; free -g | head -2; ls "$trees"; } 2>&1 | tee -a "$log"
