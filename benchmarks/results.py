@@ -251,6 +251,16 @@ KINDS: dict[str, Kind] = {
         "(the release in the name; seeded random weights): speed, memory, VRAM mode, SDPA backend and which code "
         "ran, stock against the overlays, ComfyUI's fp8 --fast, sage attention and torch.compile",
         "python -m benchmarks generation --comfyui TREE --out benchmarks/results/generation-RELEASE.json", ""),
+    "attention-kernels-h200.json": Kind(
+        "attention per DiT shape (Flux-dev 1024/2048/4096, Wan 2.1 14B 480x832x81) on the H200: TFLOPS of SDPA's "
+        "cuDNN, FLASH and EFFICIENT, the FP8 kernel's launch sweep and SageAttention 1.0.6 against the bf16 and FP8 "
+        "peaks; per call error against fp32 attention (relative Frobenius, cosine) on Gaussian and DiT-like inputs",
+        "python -m benchmarks attention-kernels --out benchmarks/results/attention-kernels-h200.json", "", H200),
+    "attention-fp8-compile.json": Kind(
+        "the FP8 attention kernels compiled ahead of time for sm_89 and sm_90 without a GPU, at every launch of the "
+        "sweep: target, FP8 MMA instructions, shared memory, cubin size",
+        "python -m benchmarks attention-kernels --compile-only --out benchmarks/results/attention-fp8-compile.json",
+        "", CPU),
     "step-profile-*.json": Kind(
         "one sampling step per config on one ComfyUI release (in the name), as its main.py starts it, by kernel "
         "category (GEMM, FP8 GEMM, attention, fused_dit, other) and idle gap (host work and launch gaps), and the "

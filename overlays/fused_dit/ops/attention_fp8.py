@@ -320,10 +320,18 @@ if triton is not None:
         return x.to(tl.float8e4nv)
 
     @triton.jit
+    def as_e4m3(codes, CODES_U8: tl.constexpr):
+        """Loaded codes as float8e4nv: the interpreter's buffers are uint8 (numpy has no fp8), a GPU's are fp8
+        already (a bitcast between the load and the dot would keep Triton from pipelining the load)."""
+        if CODES_U8:
+            codes = codes.to(tl.float8e4nv, bitcast=True)
+        return codes
+
+    @triton.jit
     def _quantize_blocks_kernel(x_ptr, mean_ptr, codes_ptr, scales_ptr, S, H, blocks,
                                 stride_b, stride_h, stride_s, stride_d,
                                 HAS_MEAN: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                                TRANSPOSED: tl.constexpr, EXACT_GRID: tl.constexpr):
+                                TRANSPOSED: tl.constexpr, EXACT_GRID: tl.constexpr, CODES_U8: tl.constexpr):
         """One (block of BLOCK rows, batch x head): scale = max(absmax, floor) / 448, codes into a uint8 buffer of
         blocks * BLOCK rows per (batch, head), [B, H, S_pad, D] or TRANSPOSED [B, H, D, S_pad] (rows past S get code
         0, so the attention kernel loads whole tiles unmasked), the scale into [B * H, blocks]."""
@@ -338,7 +346,9 @@ if triton is not None:
         if HAS_MEAN:
             x = tl.where(valid, x - tl.load(mean_ptr + bh * D + cols)[None, :], 0.0)
         scale = tl.div_rn(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12), 448.0)
-        codes = to_e4m3(tl.div_rn(x, scale), EXACT_GRID).to(tl.uint8, bitcast=True)
+        codes = to_e4m3(tl.div_rn(x, scale), EXACT_GRID)
+        if CODES_U8:
+            codes = codes.to(tl.uint8, bitcast=True)
         s_pad = blocks * BLOCK
         if TRANSPOSED:
             tl.store(codes_ptr + bh * s_pad * D + cols[:, None] * s_pad + rows[None, :], tl.trans(codes))
@@ -351,7 +361,8 @@ if triton is not None:
                               Sq, Skv, H, kv_blocks, qk_const,
                               stride_qb, stride_qh, stride_qs, stride_qd,
                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              V_TRANSPOSED: tl.constexpr, MASK_KV: tl.constexpr, EXACT_GRID: tl.constexpr):
+                              V_TRANSPOSED: tl.constexpr, MASK_KV: tl.constexpr, EXACT_GRID: tl.constexpr,
+                              CODES_U8: tl.constexpr):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -373,8 +384,7 @@ if triton is not None:
         n_offsets = tl.arange(0, BLOCK_N)
         for j in range(0, kv_blocks):
             kv_rows = j * BLOCK_N + n_offsets
-            k_codes = tl.load(k_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]).to(tl.float8e4nv,
-                                                                                                bitcast=True)
+            k_codes = as_e4m3(tl.load(k_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]), CODES_U8)
             s = tl.dot(q_codes, tl.trans(k_codes))
             s = s * (q_const * tl.load(k_scales_ptr + bh * kv_blocks + j))
             if MASK_KV:
@@ -384,11 +394,10 @@ if triton is not None:
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if V_TRANSPOSED:
-                v_t = tl.load(v_codes_ptr + kv_base + cols[:, None] * s_pad + kv_rows[None, :])
-                v_codes = tl.trans(v_t.to(tl.float8e4nv, bitcast=True))
+                v_codes = tl.trans(as_e4m3(tl.load(v_codes_ptr + kv_base + cols[:, None] * s_pad + kv_rows[None, :]),
+                                           CODES_U8))
             else:
-                v_codes = tl.load(v_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]).to(tl.float8e4nv,
-                                                                                                    bitcast=True)
+                v_codes = as_e4m3(tl.load(v_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]), CODES_U8)
             # p is in [0, 1]: its codes need no clamp
             if EXACT_GRID:
                 p_codes = e4m3_grid(p * 448.0).to(tl.float8e4nv)
@@ -404,19 +413,20 @@ if triton is not None:
 
 def _quantize_padded(x: torch.Tensor, block: int, mean: torch.Tensor | None, transposed: bool,
                      launch: AttentionFP8Launch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The quantiser kernel: (uint8 codes, [B, H, S_pad, D] or transposed [B, H, D, S_pad] with S_pad = whole
+    """The quantiser kernel: (codes, float8_e4m3fn or uint8 under the interpreter, [B, H, S_pad, D] or transposed [B, H, D, S_pad] with S_pad = whole
     blocks and zero codes past S, fp32 scales [B, H, blocks])."""
     b, h, s, d = x.shape
     if x.requires_grad:     # the interpreter hands tensors to numpy, which refuses ones that require grad
         x = x.detach()
     blocks = cdiv(s, block)
     shape = (b, h, d, blocks * block) if transposed else (b, h, blocks * block, d)
-    codes = torch.empty(shape, dtype=torch.uint8, device=x.device)
+    codes_u8 = dispatch.interpreting()
+    codes = torch.empty(shape, dtype=torch.uint8 if codes_u8 else FP8_DTYPE, device=x.device)
     scales = torch.empty((b, h, blocks), dtype=torch.float32, device=x.device)
     mean_arg = mean.contiguous() if mean is not None else scales
     _quantize_blocks_kernel[(blocks, b * h)](
         x, mean_arg, codes, scales, s, h, blocks, *x.stride(),
-        HAS_MEAN=mean is not None, D=d, BLOCK=block, TRANSPOSED=transposed, EXACT_GRID=dispatch.interpreting(),
+        HAS_MEAN=mean is not None, D=d, BLOCK=block, TRANSPOSED=transposed, EXACT_GRID=codes_u8, CODES_U8=codes_u8,
         num_warps=launch.quantize_num_warps)
     return codes, scales
 
@@ -428,7 +438,7 @@ def quantize_blocks_triton(x: torch.Tensor, block: int, mean: torch.Tensor | Non
     padded buffer, transposed in memory where asked; scales fp32 [B, H, blocks])."""
     s = x.shape[2]
     codes, scales = _quantize_padded(x, block, mean, transposed, launch)
-    codes = codes.view(FP8_DTYPE)
+    codes = codes.view(FP8_DTYPE)          # a no-op on a GPU's fp8 buffer
     view = codes.transpose(-1, -2) if transposed else codes
     return view[:, :, :s], scales
 
@@ -451,7 +461,7 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
         q, k_codes, k_scales, v_codes, v_scales, out,
         sq, skv, h, k_scales.shape[2], qk_const, *q.stride(),
         D=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, V_TRANSPOSED=launch.v_transposed,
-        MASK_KV=skv % launch.block_n != 0, EXACT_GRID=dispatch.interpreting(),
+        MASK_KV=skv % launch.block_n != 0, EXACT_GRID=dispatch.interpreting(), CODES_U8=dispatch.interpreting(),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out
 
@@ -462,10 +472,10 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
 
 def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: AttentionFP8Launch | None = None,
                 mask_kv: bool = False) -> dict:
-    """Compile both kernels for CUDA compute capability `arch` (89, 90) without a GPU, with the launch a call on
-    that GPU gets (launch None) or `launch`: {kernel name: the compiled kernel's asm dict (ttir, ttgir, llir, ptx,
-    cubin)}. Needs a Triton with triton.compile, GPUTarget and ASTSource, and TRITON_INTERPRET unset (interpreted
-    kernels do not compile)."""
+    """Compile the kernels (attention, K's and V's quantisers) for CUDA compute capability `arch` (89, 90) without a
+    GPU, with the launch a call on that GPU gets (launch None) or `launch`: {kernel name: the compiled kernel's asm
+    dict (ttir, ttgir, llir, ptx, cubin) and its `shared_bytes`}. Needs a Triton with triton.compile, GPUTarget and
+    ASTSource, and TRITON_INTERPRET unset (interpreted kernels do not compile)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -473,22 +483,23 @@ def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: Att
     target = GPUTarget("cuda", arch, 32)
     ints = {name: "i32" for name in ("S", "H", "blocks", "Sq", "Skv", "kv_blocks")}
     strides = {f"stride_{s}": "i32" for s in ("b", "h", "s", "d", "qb", "qh", "qs", "qd")}
-    quantizer_pointers = {"x_ptr": f"*{dtype}", "mean_ptr": "*fp32", "codes_ptr": "*u8", "scales_ptr": "*fp32"}
+    quantizer_pointers = {"x_ptr": f"*{dtype}", "mean_ptr": "*fp32", "codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32"}
     kernels = {
         "quantize_blocks": (_quantize_blocks_kernel, quantizer_pointers,      # K's: smoothed, [S, D]
                             {"HAS_MEAN": True, "D": head_dim, "BLOCK": launch.block_n, "TRANSPOSED": False,
-                             "EXACT_GRID": False},
+                             "EXACT_GRID": False, "CODES_U8": False},
                             launch.quantize_num_warps),
         "quantize_v": (_quantize_blocks_kernel, quantizer_pointers,
                        {"HAS_MEAN": False, "D": head_dim, "BLOCK": launch.block_n,
-                        "TRANSPOSED": launch.v_transposed, "EXACT_GRID": False},
+                        "TRANSPOSED": launch.v_transposed, "EXACT_GRID": False, "CODES_U8": False},
                        launch.quantize_num_warps),
         "attention_fp8": (_attention_fp8_kernel,
-                          {"q_ptr": f"*{dtype}", "k_codes_ptr": "*u8", "k_scales_ptr": "*fp32",
-                           "v_codes_ptr": "*u8", "v_scales_ptr": "*fp32", "out_ptr": f"*{dtype}",
+                          {"q_ptr": f"*{dtype}", "k_codes_ptr": "*fp8e4nv", "k_scales_ptr": "*fp32",
+                           "v_codes_ptr": "*fp8e4nv", "v_scales_ptr": "*fp32", "out_ptr": f"*{dtype}",
                            "qk_const": "fp32"},
                           {"D": head_dim, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
-                           "V_TRANSPOSED": launch.v_transposed, "MASK_KV": mask_kv, "EXACT_GRID": False},
+                           "V_TRANSPOSED": launch.v_transposed, "MASK_KV": mask_kv, "EXACT_GRID": False,
+                           "CODES_U8": False},
                           launch.num_warps),
     }
     compiled = {}
@@ -496,7 +507,12 @@ def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: Att
         signature = {}
         for arg in kernel.arg_names:
             signature[arg] = "constexpr" if arg in constexprs else pointers.get(arg) or ints.get(arg) or strides[arg]
-        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        # as a launch specialises them: pointers 16-byte aligned (torch's allocations), so the loads vectorise and
+        # pipeline as they do at run time
+        aligned = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]]
+                   for arg, kind in pointers.items() if kind.startswith("*")}
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
         options = {"num_warps": num_warps, "num_stages": launch.num_stages}
-        compiled[name] = triton.compile(source, target=target, options=options).asm
+        kernel_binary = triton.compile(source, target=target, options=options)
+        compiled[name] = {**kernel_binary.asm, "shared_bytes": getattr(kernel_binary.metadata, "shared", None)}
     return compiled

@@ -1,0 +1,332 @@
+"""attention-kernels: attention kernels per DiT shape on one GPU, exact and FP8, speed and error.
+
+Per shape (Flux-dev at 1024, 2048 and 4096, Wan 2.1 14B 480x832x81 self-attention): TFLOPS (4 B H Lq Lkv D / time)
+of torch's SDPA backends (cuDNN, FLASH, EFFICIENT, each forced through torch.nn.attention.sdpa_kernel), of the
+pack's FP8 kernel (fused_dit.ops.attention_fp8, quantisers included) at every launch of a small sweep (tiles,
+warps, stages, V's layout; the best recorded) and of SageAttention 1.0.6 where it is importable, as ComfyUI's
+`--use-sage-attention` calls it; as fractions of the H200's dense bf16 and FP8 peaks. And per call, against fp32
+attention on the same inputs (a fixed subset of query rows against all keys): relative Frobenius error and cosine
+similarity of the outputs of the FP8 kernel, sage and bf16 SDPA, on plain Gaussian inputs and on DiT-like ones (a
+few large-magnitude channels and a per-channel key offset, then RMSNorm with a learned-looking scale).
+
+    python -m benchmarks attention-kernels --out benchmarks/results/attention-kernels-h200.json --budget-s 210
+    python -m benchmarks attention-kernels --compile-only --out benchmarks/results/attention-fp8-compile.json
+    TRITON_INTERPRET=1 python -m benchmarks attention-kernels --smoke --out /tmp/smoke.json   # CPU, tiny shape
+
+The JSON is rewritten after every measurement, and each measurement records its error instead of stopping the
+run, so a run cut off by its time limit still leaves what it measured. Measurements run in order of importance
+(the exact backends ComfyUI picks, the FP8 kernel's default launch, sage, the errors; then the sweep; EFFICIENT
+last) and stop when --budget-s is spent, the rest recorded as skipped. `--compile-only` builds the FP8 kernels
+for sm_89 and sm_90 without a GPU (Triton's ahead-of-time compile) at every launch of the sweep.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+from . import results
+
+# NVIDIA's H200 SXM datasheet, dense (no sparsity): the benchmark's yardsticks, not the product's
+H200_BF16_DENSE_TFLOPS = 989.4
+H200_FP8_DENSE_TFLOPS = 1978.9
+# name -> (B, H, Lq, Lkv, D): Flux-dev's joint attention (image tokens + 512 text tokens), Wan's self-attention
+SHAPES = {
+    "flux-dev-1024": (1, 24, 4608, 4608, 128),
+    "flux-dev-2048": (1, 24, 16896, 16896, 128),
+    "flux-dev-4096": (1, 24, 65792, 65792, 128),
+    "wan2.1-14b-480x832x81": (1, 40, 32760, 32760, 128),
+}
+SMOKE_SHAPES = {"smoke": (1, 2, 80, 72, 64)}
+REFERENCE_ROWS = 1024          # query rows compared against fp32 attention (all keys)
+OUTLIER_CHANNELS = 4           # large-magnitude channels per head in DiT-like q and k
+OUTLIER_GAIN = 10.0
+SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def sweep_launches(smoke: bool = False) -> list:
+    """The FP8 kernel's launches to time: the device's default first, then tiles, warps, stages and V's layout
+    around it (after Triton's fused-attention tutorial for FP8 on Hopper)."""
+    from fused_dit.ops.attention_fp8 import AttentionFP8Launch as L
+    if smoke:
+        return [L(32, 32, 4, 1), L(32, 32, 4, 1, v_transposed=False)]
+    return [L(128, 128, 8, 3), L(128, 128, 8, 4), L(128, 64, 8, 3), L(128, 64, 4, 3), L(64, 128, 4, 3),
+            L(128, 128, 4, 3), L(128, 128, 8, 3, v_transposed=False)]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="the JSON to write (rewritten after each measurement)")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), metavar="SHAPE",
+                        help=f"shapes to run (default all: {', '.join(SHAPES)})")
+    parser.add_argument("--budget-s", type=float, default=210.0,
+                        help="stop starting measurements after this many seconds (the rest recorded as skipped)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median), after one warmup")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="build the FP8 kernels for sm_89 and sm_90 without a GPU, every launch of the sweep")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny shape on the CPU under TRITON_INTERPRET=1 (the code paths, no figures)")
+
+
+def import_paths(options) -> list[Path]:
+    return [results.REPO / "overlays"]
+
+
+def run(options, parser) -> int:
+    if options.compile_only:
+        return compile_only(options)
+    return Run(options).all()
+
+
+# ------------------------------------------------------------------------------------------------ compile check
+def compile_only(options) -> int:
+    """The sm_89 / sm_90 build of the FP8 kernels at every launch of the sweep: target, FP8 MMA instructions,
+    shared memory, cubin size, or the compiler's error."""
+    import re
+    os.environ.pop("TRITON_INTERPRET", None)
+    from fused_dit.ops import attention_fp8 as af
+    report = {"environment": results.environment("cpu"), "what": "the FP8 attention kernels compiled ahead of time "
+              "for sm_89 (Ada) and sm_90 (Hopper) without a GPU", "builds": []}
+    for arch in (89, 90):
+        default = af.launch_for(divmod(arch, 10))
+        for launch in [default] + [l for l in sweep_launches() if l != default]:
+            entry = {"arch": f"sm_{arch}", "launch": launch.label, "default": launch == default}
+            try:
+                for name, asm in af.compile_for(arch, launch=launch).items():
+                    entry[name] = {
+                        "target": re.search(r"\.target\s+(\S+)", asm["ptx"]).group(1),
+                        "fp8_mma": sorted(set(re.findall(r"(?:mma\.sync\.aligned|wgmma\.mma_async\.sync\.aligned)"
+                                                         r"\.[\w.]*e4m3\.e4m3", asm["ptx"]))),
+                        "shared_bytes": asm["shared_bytes"], "cubin_bytes": len(asm["cubin"])}
+            except Exception as error:           # a launch that does not fit this GPU is a finding, not a stop
+                entry["error"] = f"{type(error).__name__}: {error}"[:400]
+            report["builds"].append(entry)
+            results.write_json(report, options.out)
+    print(f"wrote {options.out}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ the GPU run
+class Run:
+    """One run: the report, the clock, and a writer after every measurement."""
+
+    def __init__(self, options):
+        self.options = options
+        self.started = time.monotonic()
+        self.smoke = options.smoke
+        if self.smoke:
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        import torch
+        self.torch = torch
+        self.device = "cpu" if self.smoke else "cuda"
+        self.shapes = SMOKE_SHAPES if self.smoke else {name: SHAPES[name] for name in options.shapes}
+        self.report = {"environment": results.environment(self.device),
+                       "peaks_tflops": {"bf16_dense": H200_BF16_DENSE_TFLOPS, "fp8_dense": H200_FP8_DENSE_TFLOPS},
+                       "budget_s": options.budget_s, "repeats": options.repeats, "reference_rows": REFERENCE_ROWS,
+                       "shapes": {name: {"b_h_lq_lkv_d": list(shape), "flops": flops(shape)}
+                                  for name, shape in self.shapes.items()}}
+        self.inputs: dict = {}
+
+    # plumbing
+    def write(self) -> None:
+        self.report["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        results.write_json(self.report, self.options.out)
+
+    def measure(self, shape_name: str, section: str, key: str, fn) -> None:
+        """report.shapes[shape][section][key] = fn(), or the error it raised, or skipped past the budget."""
+        slot = self.report["shapes"][shape_name].setdefault(section, {})
+        if time.monotonic() - self.started > self.options.budget_s:
+            slot[key] = {"skipped": f"past the time budget of {self.options.budget_s:g} s"}
+        else:
+            try:
+                slot[key] = fn()
+            except Exception as error:
+                slot[key] = {"error": f"{type(error).__name__}: {error}"[:400]}
+            finally:
+                if self.device == "cuda":
+                    self.torch.cuda.empty_cache()
+        self.write()
+
+    def time_ms(self, fn) -> float:
+        """Median milliseconds after one warmup: CUDA events on the GPU (the attention family's own timer), the
+        wall clock on the CPU."""
+        if self.device == "cuda":
+            from fused_dit.integration.attention import cuda_timer
+            return cuda_timer(fn, repeats=self.options.repeats)
+        fn()
+        started = time.perf_counter()
+        fn()
+        return (time.perf_counter() - started) * 1e3
+
+    def speed(self, shape_name: str, fn, fp8: bool = False) -> dict:
+        ms = self.time_ms(fn)
+        tflops = flops(self.shapes[shape_name]) / (ms * 1e-3) / 1e12
+        entry = {"ms": round(ms, 3), "tflops": round(tflops, 1),
+                 "fraction_of_bf16_peak": round(tflops / H200_BF16_DENSE_TFLOPS, 3)}
+        if fp8:
+            entry["fraction_of_fp8_peak"] = round(tflops / H200_FP8_DENSE_TFLOPS, 3)
+        if self.device == "cuda":
+            torch = self.torch
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            torch.cuda.synchronize()
+            entry["peak_mib_over_inputs"] = round((torch.cuda.max_memory_allocated() - base) / 2 ** 20, 1)
+        return entry
+
+    # inputs
+    def qkv(self, shape_name: str, kind: str):
+        key = (shape_name, kind)
+        if key not in self.inputs:
+            self.inputs = {k: v for k, v in self.inputs.items() if k[0] == shape_name}   # one shape held at a time
+            self.inputs[key] = make_inputs(self.torch, self.shapes[shape_name], kind, self.device)
+        return self.inputs[key]
+
+    def reference(self, shape_name: str, kind: str):
+        """(query row indices, fp32 attention of those rows against all keys) for these inputs."""
+        key = (shape_name, kind, "reference")
+        if key not in self.inputs:
+            q, k, v = self.qkv(shape_name, kind)
+            rows = self.torch.linspace(0, q.shape[2] - 1, min(REFERENCE_ROWS, q.shape[2]),
+                                       device=q.device).round().long().unique()
+            exact = self.torch.nn.functional.scaled_dot_product_attention(q[:, :, rows].float(), k.float(), v.float())
+            self.inputs[key] = (rows, exact)
+        return self.inputs[key]
+
+    def error(self, shape_name: str, kind: str, out) -> dict:
+        rows, exact = self.reference(shape_name, kind)
+        return error_against(self.torch, out[:, :, rows], exact)
+
+    # the callables measured
+    def sdpa(self, backend: str | None, q, k, v):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        attend = self.torch.nn.functional.scaled_dot_product_attention
+        if backend is None:
+            return lambda: attend(q, k, v)
+
+        def call():
+            with sdpa_kernel([getattr(SDPBackend, backend)]):
+                return attend(q, k, v)
+        return call
+
+    def fp8(self, launch, q, k, v):
+        from fused_dit.ops import attention_fp8 as af
+        return lambda: af.attention_fp8_triton(q, k, v, launch=launch)
+
+    def sage(self, q, k, v, smooth_k: bool = False):
+        from sageattention import sageattn     # ComfyUI's binding passes smooth_k=False
+        return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, smooth_k=smooth_k)
+
+    # the run
+    def all(self) -> int:
+        from fused_dit.ops import attention_fp8 as af
+        self.report["sageattention"] = sage_version()
+        default = af.launch_for_device(self.torch.device(self.device)) if not self.smoke else sweep_launches(True)[0]
+        self.report["fp8_default_launch"] = default.label
+        launches = [default] + [l for l in sweep_launches(self.smoke) if l != default]
+        exact_backends = SDPA_BACKENDS[:2] if not self.smoke else ()
+        for name in self.shapes:                          # first pass: what decides the mode
+            q, k, v = self.qkv(name, "dit_like")
+            for backend in exact_backends:
+                self.measure(name, "speed", f"sdpa_{backend}", lambda: self.speed(name, self.sdpa(backend, q, k, v)))
+            self.measure(name, "speed", "fp8_default", lambda: {"launch": default.label, **self.speed(
+                name, self.fp8(default, q, k, v), fp8=True)})
+            self.measure(name, "speed", "sage", lambda: self.speed(name, self.sage(q, k, v)))
+            self.measure(name, "speed", "fp8_quantize_kv", lambda: {"ms": round(self.time_ms(
+                lambda: quantize_kv(af, k, v, default)), 3)})
+            for kind in ("gaussian", "dit_like"):
+                qk = self.qkv(name, kind)
+                self.measure(name, f"error_{kind}", "fp8", lambda: self.error(name, kind, self.fp8(default, *qk)()))
+                self.measure(name, f"error_{kind}", "sage", lambda: self.error(name, kind, self.sage(*qk)()))
+                self.measure(name, f"error_{kind}", "sage_smooth_k",
+                             lambda: self.error(name, kind, self.sage(*qk, smooth_k=True)()))
+                self.measure(name, f"error_{kind}", "sdpa_bf16", lambda: self.error(name, kind, self.sdpa(None, *qk)()))
+        for name in self.shapes:                          # second pass: the FP8 sweep
+            q, k, v = self.qkv(name, "dit_like")
+            for launch in launches:
+                self.measure(name, "fp8_sweep", launch.label, lambda: self.sweep_point(name, launch, q, k, v))
+            self.report["shapes"][name]["fp8_best"] = best_of(self.report["shapes"][name]["fp8_sweep"])
+            self.write()
+        for name in self.shapes:                          # last: the slow exact backend
+            if self.smoke:
+                break
+            q, k, v = self.qkv(name, "dit_like")
+            self.measure(name, "speed", "sdpa_EFFICIENT_ATTENTION",
+                         lambda: self.speed(name, self.sdpa("EFFICIENT_ATTENTION", q, k, v)))
+        self.write()
+        print(f"wrote {self.options.out} ({self.report['elapsed_s']} s)")
+        return 0
+
+    def sweep_point(self, name, launch, q, k, v) -> dict:
+        call = self.fp8(launch, q, k, v)
+        entry = self.speed(name, call, fp8=True)
+        entry["error_dit_like"] = self.error(name, "dit_like", call())     # a fast launch must also be right
+        return entry
+
+
+# ------------------------------------------------------------------------------------------------ pure helpers
+def flops(shape) -> int:
+    b, h, lq, lkv, d = shape
+    return 4 * b * h * lq * lkv * d
+
+
+def make_inputs(torch, shape, kind: str, device: str, seed: int = 0):
+    """q, k, v `[B, H, L, D]` bf16. "gaussian": N(0, 1). "dit_like": as the QK-normed attention of DiTs shows it,
+    a few channels per head OUTLIER_GAIN times larger in q and k, a per-channel offset on k (what SageAttention's
+    smoothing removes), then RMSNorm over D with a learned-looking per-channel scale; v Gaussian."""
+    b, h, lq, lkv, d = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    v = torch.randn(b, h, lkv, d, generator=gen, device=device, dtype=torch.bfloat16)
+    if kind == "gaussian":
+        return (torch.randn(b, h, lq, d, generator=gen, device=device, dtype=torch.bfloat16),
+                torch.randn(b, h, lkv, d, generator=gen, device=device, dtype=torch.bfloat16), v)
+    gain = torch.ones(h, d, device=device)
+    for head in range(h):
+        gain[head, torch.randperm(d, generator=gen, device=device)[:OUTLIER_CHANNELS]] = OUTLIER_GAIN
+    offset = torch.randn(h, d, generator=gen, device=device)
+    out = []
+    for length, shift in ((lq, None), (lkv, offset)):
+        x = torch.randn(b, h, length, d, generator=gen, device=device, dtype=torch.bfloat16) * gain[:, None].bfloat16()
+        if shift is not None:
+            x += shift[:, None].bfloat16()
+        scale = (1 + 0.5 * torch.randn(h, 1, d, generator=gen, device=device)).bfloat16()
+        x = torch.nn.functional.rms_norm(x, (d,), eps=1e-6) * scale
+        out.append(x)
+    return out[0], out[1], v
+
+
+def error_against(torch, out, exact) -> dict:
+    """Relative Frobenius error and cosine similarity of `out` against the fp32 `exact` (same rows)."""
+    a, e = out.float().flatten(), exact.float().flatten()
+    diff = float((a - e).norm() / e.norm().clamp_min(1e-30))
+    cosine = float(torch.dot(a, e) / (a.norm() * e.norm()).clamp_min(1e-30))
+    return {"relative_frobenius": round(diff, 6) if math.isfinite(diff) else str(diff),
+            "cosine": round(cosine, 7) if math.isfinite(cosine) else str(cosine),
+            "max_abs": round(float((a - e).abs().max()), 5)}
+
+
+def quantize_kv(af, k, v, launch):
+    """The FP8 kernel's quantisation of K (smoothed) and V, as attention_fp8_triton runs it."""
+    af._quantize_padded(k, launch.block_n, af.key_mean(k), False, launch)
+    af._quantize_padded(v, launch.block_n, None, launch.v_transposed, launch)
+
+
+def best_of(sweep: dict) -> dict | None:
+    timed = {label: entry for label, entry in sweep.items() if "tflops" in entry}
+    if not timed:
+        return None
+    label = max(timed, key=lambda name: timed[name]["tflops"])
+    return {"launch": label, **timed[label]}
+
+
+def sage_version() -> str | None:
+    try:
+        import importlib.metadata
+        return importlib.metadata.version("sageattention")
+    except Exception:
+        try:
+            import sageattention
+            return getattr(sageattention, "__version__", "importable, version unknown")
+        except Exception as error:
+            return f"not importable: {type(error).__name__}: {error}"[:200]

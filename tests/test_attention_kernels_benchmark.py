@@ -1,0 +1,60 @@
+"""`python -m benchmarks attention-kernels`: its CPU smoke path (a tiny shape under TRITON_INTERPRET=1) writes every
+section a GPU run writes, records what it cannot run as an error instead of stopping, and records what the time
+budget leaves out as skipped; the committed compile check reads as the command writes it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import attention_kernels
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _smoke(tmp_path, *extra) -> dict:
+    out = tmp_path / "smoke.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "attention-kernels", "--smoke", "--out", str(out),
+                           *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_smoke_run_writes_every_section_and_records_what_it_cannot_run(tmp_path):
+    report = _smoke(tmp_path)
+    shape = report["shapes"]["smoke"]
+    assert shape["speed"]["fp8_default"]["launch"] == report["fp8_default_launch"]
+    for kind in ("gaussian", "dit_like"):
+        errors = shape[f"error_{kind}"]
+        assert set(errors) == {"fp8", "sage", "sage_smooth_k", "sdpa_bf16"}
+        assert {"relative_frobenius", "cosine", "max_abs"} <= set(errors["fp8"])
+        if report["sageattention"].startswith("not importable"):
+            assert "error" in errors["sage"]
+    assert report["fp8_default_launch"] in shape["fp8_sweep"] and len(shape["fp8_sweep"]) > 1
+    assert shape["fp8_best"]["launch"] in shape["fp8_sweep"]
+    assert report["peaks_tflops"] == {"bf16_dense": attention_kernels.H200_BF16_DENSE_TFLOPS,
+                                      "fp8_dense": attention_kernels.H200_FP8_DENSE_TFLOPS}
+
+
+def test_past_the_time_budget_measurements_are_recorded_as_skipped(tmp_path):
+    report = _smoke(tmp_path, "--budget-s", "0")
+    shape = report["shapes"]["smoke"]
+    assert all("skipped" in entry for entry in shape["speed"].values())
+    assert all("skipped" in entry for entry in shape["fp8_sweep"].values()) and shape["fp8_best"] is None
+
+
+def test_the_flop_count_and_the_best_launch():
+    assert attention_kernels.flops((1, 24, 4608, 4608, 128)) == 4 * 24 * 4608 * 4608 * 128
+    sweep = {"a": {"tflops": 1.0}, "b": {"error": "x"}, "c": {"tflops": 2.0}}
+    assert attention_kernels.best_of(sweep) == {"launch": "c", "tflops": 2.0}
+
+
+def test_the_committed_compile_check_builds_both_gpus_default_launch():
+    report = json.loads((REPO / "benchmarks" / "results" / "attention-fp8-compile.json").read_text())
+    defaults = {b["arch"]: b for b in report["builds"] if b["default"]}
+    assert set(defaults) == {"sm_89", "sm_90"}
+    for arch, build in defaults.items():
+        assert "error" not in build and build["attention_fp8"]["fp8_mma"], build
