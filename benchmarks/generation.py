@@ -28,6 +28,8 @@ Configs (the MODEL a workflow hands to KSampler):
     overlay_all_fp8  the same with fp8_linear on (fp8_weights "replace")
     overlay_all_fp8_alongside  the same with fp8_weights "alongside" (under DynamicVRAM: the codes of resident
                      weights kept between calls instead of quantised per call)
+    overlay_attention_fp8  the node with its attention family alone in its fp8 mode (attention_mode "fp8")
+    overlay_all_fp8_attn  overlay_all_fp8 with attention_mode "fp8": FP8 Linears and FP8 attention
     overlay_all_compile  overlay_all, then TorchCompileModel (the attention family steps aside while Dynamo
                      traces: the compiled graph keeps the release's SDPA order)
     node_defaults    the node as a user drops it in: every input at its INPUT_TYPES default (what runs then is the

@@ -13,7 +13,8 @@ import time
 
 CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
            "overlay_fp8_alongside", "overlay_compile_allops", "overlay_attention", "overlay_all", "overlay_all_fp8",
-           "overlay_all_fp8_alongside", "comfy_sage", "overlay_all_compile", "node_defaults")
+           "overlay_all_fp8_alongside", "comfy_sage", "overlay_all_compile", "node_defaults", "overlay_attention_fp8",
+           "overlay_all_fp8_attn")
 # the node as a user drops it in: every input at the default its INPUT_TYPES declares (what ComfyUI then sends)
 NODE_DEFAULTS = "node_defaults"
 COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops", "overlay_all_compile")
@@ -33,7 +34,11 @@ OVERLAY_FAMILIES = {
     "overlay_all_fp8": EXACT_FAMILIES + ("fp8_linear",),
     "overlay_all_fp8_alongside": EXACT_FAMILIES + ("fp8_linear",),
     "overlay_all_compile": EXACT_FAMILIES,
+    "overlay_attention_fp8": ("attention",),
+    "overlay_all_fp8_attn": EXACT_FAMILIES + ("fp8_linear",),
 }
+# configs that ask the attention family for its fp8 mode (the node's attention_mode input)
+FP8_ATTENTION_CONFIGS = ("overlay_attention_fp8", "overlay_all_fp8_attn")
 # what comfy_sage rebinds, and how to put it back (module, attribute, previous value)
 _UNDO: list = []
 
@@ -66,6 +71,10 @@ def node_inputs(config: str, offered: tuple, input_types: dict | None = None) ->
     optional = (input_types or {}).get("optional") or {}
     if inputs.get("fp8_linear") and "fp8_weights" in optional:
         inputs["fp8_weights"] = "alongside" if config.endswith("_alongside") else "replace"
+    if config in FP8_ATTENTION_CONFIGS:
+        if "attention_mode" not in optional:
+            raise ConfigSkipped("the node offers no attention_mode input (no fp8 attention)")
+        inputs["attention_mode"] = "fp8"
     return inputs, absent
 
 

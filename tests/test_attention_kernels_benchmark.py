@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import attention_kernels
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,3 +60,21 @@ def test_the_committed_compile_check_builds_both_gpus_default_launch():
     assert set(defaults) == {"sm_89", "sm_90"}
     for arch, build in defaults.items():
         assert "error" not in build and build["attention_fp8"]["fp8_mma"], build
+
+
+def test_the_fp8_attention_generation_configs_ask_the_node_for_its_fp8_mode():
+    from benchmarks import generation_configs as configs
+    toggles = {name: ("BOOLEAN", {"default": False}) for name in ("norm_rope", "adaln", "gate", "fp8_linear")}
+    node = {"required": {"model": ("MODEL",), **toggles},
+            "optional": {"attention": ("BOOLEAN", {"default": True}), "fp8_weights": (["replace"], {}),
+                         "attention_mode": (["exact", "fp8"], {"default": "exact"})}}
+    offered = configs.node_families(node)
+    alone, _ = configs.node_inputs("overlay_attention_fp8", offered, node)
+    assert alone == {"norm_rope": False, "adaln": False, "gate": False, "fp8_linear": False, "attention": True,
+                     "attention_mode": "fp8"}
+    everything, _ = configs.node_inputs("overlay_all_fp8_attn", offered, node)
+    assert everything == {**{name: True for name in offered}, "fp8_weights": "replace", "attention_mode": "fp8"}
+    assert "attention_mode" not in configs.node_inputs("overlay_all_fp8", offered, node)[0]
+    older = {**node, "optional": {k: v for k, v in node["optional"].items() if k != "attention_mode"}}
+    with pytest.raises(configs.ConfigSkipped, match="attention_mode"):
+        configs.node_inputs("overlay_attention_fp8", offered, older)
