@@ -71,7 +71,10 @@ def test_kernels_run_under_the_interpreter_and_match_both_references(overlay_pyt
     assert ran and all(case["backend"] == "triton" for case in ran)
     assert {case["op"] for case in ran} >= {"rms_rope_flux", "rms_rope_wan", "rms_norm_wan", "adaln", "gate_add_wan",
                                             "gate_add_flux"}
-    assert all("max_abs_diff" in case and case["gate_kind"] == "fp32" for case in ran)
+    assert all("max_abs_diff" in case for case in ran)
+    assert {case["gate_kind"] for case in ran if case["family"] != "attention_fp8"} == {"fp32"}
+    # the FP8 attention kernel runs on the interpreter too (it rounds to e4m3's grid itself there)
+    assert [case["gate_kind"] for case in ran if case["family"] == "attention_fp8"] == ["fp8_attention"]
     fp8 = [case for case in numbers["cases"] if case["family"] in ("quantize_fp8", "gelu_quantize_fp8", "fp8_linear")]
     assert fp8 and all(case["status"] == "skipped" and "interpreter" in case["reason"] for case in fp8)
     assert numbers["summary"] == {"passed": len(ran), "failed": 0, "skipped": len(fp8)}

@@ -12,7 +12,9 @@ an fp32 linear for the FP8 GEMM) and judges the output:
 - bf16/fp16 ("ulp"): <= 1 ulp on >= 99.9% of elements and <= 2 ulp max against tier 2;
 - fp32 ("fp32"): |diff| <= 1e-5 + 1e-5 |ref| against tier 2 and tier 1;
 - FP8 codes and scales ("bytes"): byte-exact against tier 2 (the fused GELU allows what its module documents);
-- FP8 GEMM ("relative"): relative Frobenius error <= 5% against the eager linear in the activation dtype.
+- FP8 GEMM ("relative"): relative Frobenius error <= 5% against the eager linear in the activation dtype;
+- FP8 attention ("fp8_attention"): the ulp gate against its eager FP8 reference (the same codes and tiles in fp32
+  torch ops), fp32 SDPA reported; it runs under the interpreter too.
 
 A case whose op ran its eager reference instead of the kernel reports `backend: "eager"` and status "ran_eager",
 never "passed": comparing eager with itself measures nothing. References are never re-implemented here.
@@ -27,6 +29,7 @@ from typing import Callable
 import torch
 
 from . import dispatch, ops as ops_package, testing
+from .ops import attention_fp8
 
 FP8_GEMM_MAX_RELATIVE_FROBENIUS = 0.05
 # gelu_quantize_fp8's documented parity: the kernel's tanh and torch's tanhf may round differently in the last bit,
@@ -45,6 +48,8 @@ GATE_TEXT = {
             "and vs fp64",
     "bytes": "byte-exact vs the eager reference",
     "relative": f"relative Frobenius error <= {FP8_GEMM_MAX_RELATIVE_FROBENIUS:.0%} vs the eager linear",
+    "fp8_attention": f"<= 1 ulp on >= {testing.BF16_WITHIN_ONE_ULP_FRACTION:.1%} and <= {testing.BF16_MAX_ULP} ulp "
+                     "max vs the kernel's eager FP8 reference (same tiles, same codes); fp32 SDPA reported",
 }
 
 
@@ -183,7 +188,8 @@ def _judge_relative(outputs: list[ComparedOutput], result: dict) -> list[str]:
     return failures
 
 
-_JUDGES = {"ulp": _judge_float, "fp32": _judge_float, "bytes": _judge_bytes, "relative": _judge_relative}
+_JUDGES = {"ulp": _judge_float, "fp32": _judge_float, "bytes": _judge_bytes, "relative": _judge_relative,
+           "fp8_attention": _judge_float}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -487,6 +493,36 @@ def _fp8_cases(device: str, small: bool) -> list[ParityCase]:
     return cases
 
 
+def _attention_fp8(B, H, S, D, dtype):
+    def body(gen):
+        q = _randn((B, H, S, D), dtype, gen, 0.5)
+        k = (_randn((B, H, S, D), torch.float32, gen) + _randn((B, H, 1, D), torch.float32, gen)).mul(0.5).to(dtype)
+        v = _randn((B, H, S, D), dtype, gen)
+        launch = attention_fp8.launch_for_device(q.device)
+        out = ComparedOutput("out", attention_fp8.attention_fp8(q, k, v),
+                             attention_fp8.attention_fp8_reference(q, k, v, launch=launch),
+                             attention_fp8.attention_exact_reference(q, k, v).to(dtype))
+        return [out], (q, k, v)
+    return body
+
+
+def _attention_fp8_cases(device: str, small: bool) -> list[ParityCase]:
+    """The FP8 attention kernel against its eager FP8 reference: on the interpreter too (it rounds to e4m3's grid
+    itself there, ops/attention_fp8.py), bf16 at a tiny shape; Flux-dev 1024's shape on an sm_89+ GPU."""
+    skip = None
+    if device.startswith("cuda") and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability(device)
+        skip = f"the FP8 attention kernel needs sm_89+, this GPU is sm_{major}{minor}"
+    B, H, S, D = (1, 2, 48, 64) if small else (1, 24, 4608, 128)
+    cases = []
+    for dtype in (torch.bfloat16,) if small else (torch.bfloat16, torch.float16):
+        cases.append(ParityCase(name=f"attention_fp8 B{B} H{H} S{S} D{D} {_short(dtype)}", op="attention_fp8",
+                                family="attention_fp8", dtype=_dtype_name(dtype), shape=f"B{B} H{H} S{S} D{D}",
+                                gate="fp8_attention", device=device, body=_attention_fp8(B, H, S, D, dtype),
+                                skip_reason=skip, params={"B": B, "H": H, "S": S, "D": D}))
+    return cases
+
+
 def parity_cases(device: str, small: bool, launches: dict | None = None) -> list[ParityCase]:
     """Every parity case of the pack on `device`.
 
@@ -499,7 +535,7 @@ def parity_cases(device: str, small: bool, launches: dict | None = None) -> list
     unknown = set(launches or ()) - set(LAUNCH_KINDS)
     if unknown:
         raise ValueError(f"no launch setting kind {sorted(unknown)}; known: {', '.join(LAUNCH_KINDS)}")
-    return _float_cases(device, small, launches or {}) + _fp8_cases(device, small)
+    return _float_cases(device, small, launches or {}) + _fp8_cases(device, small) + _attention_fp8_cases(device, small)
 
 
 # the kinds of launch setting parity_cases takes: (op module, the name of its default)
