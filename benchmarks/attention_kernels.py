@@ -46,13 +46,17 @@ SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 
 
 def sweep_launches(smoke: bool = False) -> list:
-    """The FP8 kernel's launches to time: the device's default first, then tiles, warps, stages and V's layout
-    around it (after Triton's fused-attention tutorial for FP8 on Hopper)."""
+    """The FP8 kernel's launches to time: tiles, warps and stages around the default (after Triton's
+    fused-attention tutorial for FP8 on Hopper), in the default formats (INT8 Q K^T, 16-bit P V), with e4m3 P V
+    (V's layout both ways) and all e4m3; each point records its error too."""
     from fused_dit.ops.attention_fp8 import AttentionFP8Launch as L
     if smoke:
-        return [L(32, 32, 4, 1), L(32, 32, 4, 1, v_transposed=False)]
-    return [L(128, 128, 8, 3), L(128, 128, 8, 4), L(128, 64, 8, 3), L(128, 64, 4, 3), L(64, 128, 4, 3),
-            L(128, 128, 4, 3), L(128, 128, 8, 3, v_transposed=False)]
+        return [L(32, 32, 4, 1), L(32, 32, 4, 1, pv_fp8=True), L(32, 32, 4, 1, qk_int8=False, pv_fp8=True)]
+    exact_pv = [L(128, 128, 8, 3), L(128, 128, 8, 4), L(128, 64, 8, 3), L(128, 64, 4, 3), L(64, 128, 4, 3),
+                L(128, 128, 4, 3)]
+    fp8_pv = [L(128, 128, 8, 3, pv_fp8=True), L(128, 128, 8, 4, pv_fp8=True), L(128, 64, 8, 3, pv_fp8=True),
+              L(128, 128, 8, 3, pv_fp8=True, v_transposed=False), L(128, 128, 8, 3, qk_int8=False, pv_fp8=True)]
+    return exact_pv + fp8_pv
 
 
 def add_arguments(parser) -> None:
@@ -80,8 +84,8 @@ def run(options, parser) -> int:
 
 # ------------------------------------------------------------------------------------------------ compile check
 def compile_only(options) -> int:
-    """The sm_89 / sm_90 build of the FP8 kernels at every launch of the sweep: target, FP8 MMA instructions,
-    shared memory, cubin size, or the compiler's error."""
+    """The sm_89 / sm_90 build of the FP8 kernels at every launch of the sweep: target, tensor-core (MMA)
+    instructions, shared memory, cubin size, or the compiler's error."""
     import re
     os.environ.pop("TRITON_INTERPRET", None)
     from fused_dit.ops import attention_fp8 as af
@@ -95,8 +99,8 @@ def compile_only(options) -> int:
                 for name, asm in af.compile_for(arch, launch=launch).items():
                     entry[name] = {
                         "target": re.search(r"\.target\s+(\S+)", asm["ptx"]).group(1),
-                        "fp8_mma": sorted(set(re.findall(r"(?:mma\.sync\.aligned|wgmma\.mma_async\.sync\.aligned)"
-                                                         r"\.[\w.]*e4m3\.e4m3", asm["ptx"]))),
+                        "mma": sorted(set(re.findall(r"(?:mma\.sync\.aligned|wgmma\.mma_async\.sync\.aligned)"
+                                                     r"\.[\w.]+", asm["ptx"]))),
                         "shared_bytes": asm["shared_bytes"], "cubin_bytes": len(asm["cubin"])}
             except Exception as error:           # a launch that does not fit this GPU is a finding, not a stop
                 entry["error"] = f"{type(error).__name__}: {error}"[:400]

@@ -59,7 +59,7 @@ def test_the_committed_compile_check_builds_both_gpus_default_launch():
     defaults = {b["arch"]: b for b in report["builds"] if b["default"]}
     assert set(defaults) == {"sm_89", "sm_90"}
     for arch, build in defaults.items():
-        assert "error" not in build and build["attention_fp8"]["fp8_mma"], build
+        assert "error" not in build and build["attention_fp8"]["mma"], build
 
 
 def test_the_fp8_attention_generation_configs_ask_the_node_for_its_fp8_mode():

@@ -135,8 +135,8 @@ ATTENTION_MODES = (EXACT, FP8)
 ATTENTION_MODE_IMPLEMENTATIONS = {EXACT: FASTEST_SDPA, FP8: FP8_ATTENTION}
 ATTENTION_MODE_TOOLTIP = (
     "with attention on: 'exact' runs the fastest exact SDPA backend per shape; 'fp8' (sm_89+, lossy) runs attention "
-    "with FP8 (e4m3) operands and fp32 accumulation, and the exact mode wherever it cannot (a mask, another head "
-    "dim or dtype, an older GPU), saying why once")
+    "with 8-bit Q K^T (INT8, as SageAttention) and fp32 accumulation, and the exact mode wherever it cannot (a "
+    "mask, another head dim or dtype, an older GPU), saying why once")
 NODE_TOGGLES = ("norm_rope", "adaln", "gate", "fp8_linear")      # required inputs; attention is optional
 
 

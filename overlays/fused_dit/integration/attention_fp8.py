@@ -1,5 +1,6 @@
-"""The attention family's `fp8` mode (issue 28): ComfyUI's attention call run by the pack's FP8 kernel
-(ops/attention_fp8.py), opt-in, through the same seam as the exact mode (`optimized_attention_override`).
+"""The attention family's `fp8` mode (issue 28): ComfyUI's attention call run by the pack's low-precision kernel
+(ops/attention_fp8.py: 8-bit Q K^T, its formats there), opt-in, through the same seam as the exact mode
+(`optimized_attention_override`).
 
 ComfyUI's `wrap_attn` calls the override as `override(func, q, k, v, heads, mask=None, attn_precision=None,
 skip_reshape=False, skip_output_reshape=False, **kwargs)`: q, k, v are `[B, S, heads * D]`, or `[B, heads, S, D]`
@@ -25,7 +26,8 @@ from .. import state
 from ..ops import attention_fp8 as kernel
 
 FALLBACK_LINE = "Fused DiT Ops: attention fp8 -> exact for %s"
-RUNS = "FP8 attention (e4m3 Q K^T and P V, fp32 accumulation, scales on the GPU); exact where a call is refused"
+RUNS = ("low-precision attention (INT8 Q K^T, P V in the model's dtype, fp32 accumulation, scales on the GPU); "
+        "exact where a call is refused")
 
 
 def call_refusal(q, k, v, heads, mask, skip_reshape: bool, kwargs: dict) -> str | None:

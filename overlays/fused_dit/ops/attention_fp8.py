@@ -1,34 +1,40 @@
-"""FP8 attention forward (issue 28's `fp8` mode, the project's own kernel): softmax(q k^T * sm_scale) v with FP8
-operands and fp32 accumulation, for sm_89 (Ada, RTX 4090) and sm_90 (Hopper), non-causal, no mask.
+"""Low-precision attention forward (issue 28's `fp8` mode, the project's own kernel): softmax(q k^T * sm_scale) v
+with 8-bit Q K^T, fp32 accumulation, for sm_89 (Ada, RTX 4090) and sm_90 (Hopper), non-causal, no mask.
 
 Layout: ComfyUI's attention layout, q `[B, H, Sq, D]`, k and v `[B, H, Skv, D]` (any strides; Sq may differ from
 Skv, as in Wan's cross-attention), D in {64, 128}, bf16 or fp16; the output is contiguous `[B, H, Sq, D]` in q's
 dtype.
 
-Format choice: FP8 e4m3 (float8_e4m3fn, max 448) for both products, Q K^T and P V, rather than SageAttention2's
-INT8 Q K^T. One format serves both GPUs through the same Triton `tl.dot` (mma.sync e4m3 on sm_89, wgmma on sm_90;
-FP8 and INT8 tensor-core rates are the same on both), e4m3's error is relative to each value (3 mantissa bits,
-unit roundoff 2^-4) where INT8's is absolute to the block's maximum, so the few large channels of DiT queries and
-keys cost the small ones less, and one rounding helper, one quantiser and one error bound cover all three operands.
+Formats (AttentionFP8Launch: `qk_int8`, `pv_fp8`). Q K^T in INT8 by default (SageAttention's choice), or e4m3;
+P V in the inputs' 16-bit dtype by default (as SageAttention 1), or e4m3. Why: the e4m3 unit roundoff (2^-4,
+relative to each value) enters every logit, and DiT queries and keys, with a few large channels after their
+RMSNorm, make logits large; INT8's error is half a code of the block's maximum (1/254 of it), which costs those
+logits far less. e4m3 P carries the same 2^-4 into every P V term, where the output of attention over many
+tokens is much smaller than its terms. So the default keeps the per call error at SageAttention 1's level; the
+e4m3 formats stay as launch options for the sweep (`python -m benchmarks attention-kernels` measures both, speed
+and error). Both GPUs run all of them through Triton's `tl.dot` (mma.sync on sm_89, wgmma on sm_90; INT8 and FP8
+at the same tensor-core rate, 16-bit P V at half of it).
 
 Quantisation (all scales fp32, derived on the GPU, no host sync):
-- Q: per (batch, head, block of BLOCK_M rows), inside the attention kernel: scale = max(absmax, 1e-12) / 448,
-  codes = e4m3(q / scale). The softmax scale and log2(e) are folded into the fp32 rescale of each Q K^T tile.
+- Q: per (batch, head, block of BLOCK_M rows), inside the attention kernel: scale = max(absmax, 1e-12) / 127
+  and codes = round(q / scale), half to even (e4m3: / 448, codes = e4m3(q / scale)). The softmax scale and
+  log2(e) are folded into the fp32 rescale of each Q K^T tile.
 - K: smoothed first (SageAttention's trick: k - mean over the tokens of (batch, head); softmax is invariant to a
   per-row shift q.mean, so this changes only the rounding), then per (batch, head, block of BLOCK_N rows).
-- V: per (batch, head, block of BLOCK_N rows), same quantiser (one pass over K and V before the attention kernel).
-- P (in [0, 1] after exp2(s - running max)): a fixed scale, codes = e4m3(p * 448); each P V tile is rescaled by
-  sv / 448. The row sums use the unquantised fp32 p.
+- V (pv_fp8): per (batch, head, block of BLOCK_N rows), e4m3, stored transposed where asked; else V as given.
+- P (in [0, 1] after exp2(s - running max)): rounded to V's dtype, or (pv_fp8) codes = e4m3(p * 448) with each
+  P V tile rescaled by sv / 448. The row sums use the unquantised fp32 p.
 
 Tiling (FlashAttention-2 style): one program per (BLOCK_M rows of Q, batch x head), walking K and V in tiles of
 BLOCK_N with an online softmax in base 2. The eager FP8 reference (`attention_fp8_reference`) runs the same
 tiles, the same quantisation and the same online softmax in fp32 torch ops; `attention_exact_reference` is fp32
-SDPA on the unquantised inputs; `error_bound` is the elementwise bound between the two that follows from e4m3's
-rounding (derivation in its docstring).
+SDPA on the unquantised inputs; `error_bound` is the elementwise bound between the two that follows from the
+formats' rounding (derivation in its docstring).
 
-Under TRITON_INTERPRET=1 the interpreter's fp32 -> e4m3 cast loses round-ups in a few percent of codes (FACTS),
-so there (only) the kernels round to e4m3's grid in fp32 arithmetic first (`e4m3_grid`, round to nearest even),
-after which the cast is exact; compiled kernels use the hardware conversion (cvt.rn.satfinite.e4m3x2.f32).
+Under TRITON_INTERPRET=1 the interpreter's fp32 -> e4m3 cast loses round-ups in a few percent of codes (FACTS) and
+its fp32 -> bf16/fp16 cast truncates, so there (only) the kernels round to the format's grid in fp32 arithmetic
+first (`round_to_grid`, to nearest even), after which the cast is exact; compiled kernels use the hardware
+conversions (cvt.rn.satfinite.e4m3x2.f32 and cvt.rn).
 
 `refusal(q, k, v)` says why the kernel cannot take a call (a reason string, None when it can); `attention_fp8`
 never raises for such a call: it says the reason once and returns exact attention. The attention family's `fp8`
@@ -61,6 +67,9 @@ E4M3_MAX = 448.0
 E4M3_UNIT_ROUNDOFF = 2.0 ** -4
 E4M3_HALF_SUBNORMAL_SPACING = 2.0 ** -10
 ABSMAX_FLOOR = 1e-12
+INT8_MAX = 127.0
+# P's rounding where P V runs in the inputs' 16-bit dtype: unit roundoff, and half the smallest spacing (p <= 1)
+P16_ROUNDING = {torch.bfloat16: (2.0 ** -8, 2.0 ** -134), torch.float16: (2.0 ** -11, 2.0 ** -25)}
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -81,11 +90,14 @@ class AttentionFP8Launch:
     num_stages: int = 3
     quantize_num_warps: int = 4
     v_transposed: bool = True
+    qk_int8: bool = True          # Q K^T with INT8 codes (SageAttention's choice); False: e4m3
+    pv_fp8: bool = False          # P V with e4m3 codes; False: P rounded to the inputs' dtype, V as given
 
     @property
     def label(self) -> str:
-        return (f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} "
-                f"{'vT' if self.v_transposed else 'v'}")
+        qk = "qk-i8" if self.qk_int8 else "qk-e4m3"
+        pv = f"pv-e4m3 {'vT' if self.v_transposed else 'v'}" if self.pv_fp8 else "pv-16"
+        return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} {qk} {pv}"
 
 
 LAUNCH = AttentionFP8Launch()
@@ -156,10 +168,11 @@ def e4m3_codes(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).float()
 
 
-def quantize_blocks_reference(x: torch.Tensor, block: int, mean: torch.Tensor | None = None
+def quantize_blocks_reference(x: torch.Tensor, block: int, mean: torch.Tensor | None = None, int8: bool = False
                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per (batch, head, block of `block` rows) e4m3 quantisation of `[B, H, S, D]` x (minus `mean`, fp32
-    `[B, H, 1, D]`, where given): (codes float8_e4m3fn `[B, H, S, D]`, scales fp32 `[B, H, ceil(S / block)]`)."""
+    """Per (batch, head, block of `block` rows) e4m3 (or int8: scale = absmax / 127, round half to even)
+    quantisation of `[B, H, S, D]` x (minus `mean`, fp32 `[B, H, 1, D]`, where given): (codes float8_e4m3fn or
+    int8 `[B, H, S, D]`, scales fp32 `[B, H, ceil(S / block)]`)."""
     b, h, s, d = x.shape
     xf = x.float()
     if mean is not None:
@@ -167,8 +180,10 @@ def quantize_blocks_reference(x: torch.Tensor, block: int, mean: torch.Tensor | 
     blocks = cdiv(s, block)
     padded = F.pad(xf, (0, 0, 0, blocks * block - s)).view(b, h, blocks, block, d)
     absmax = padded.abs().amax(dim=(3, 4)).clamp_min(ABSMAX_FLOOR)
-    scales = absmax / torch.full((), E4M3_MAX, dtype=torch.float32, device=x.device)
-    codes = (padded / scales[..., None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    top = INT8_MAX if int8 else E4M3_MAX
+    scales = absmax / torch.full((), top, dtype=torch.float32, device=x.device)
+    scaled = (padded / scales[..., None, None]).clamp(-top, top)
+    codes = scaled.round().to(torch.int8) if int8 else scaled.to(FP8_DTYPE)
     return codes.view(b, h, blocks * block, d)[:, :, :s], scales
 
 
@@ -191,9 +206,10 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
     skv = k.shape[2]
     bm, bn = launch.block_m, launch.block_n
     qk_const = torch.tensor((sm_scale or default_scale(d)) * LOG2E, dtype=torch.float32)
-    q_codes, q_scales = quantize_blocks_reference(q, bm)
-    k_codes, k_scales = quantize_blocks_reference(k, bn, key_mean(k) if smooth_k else None)
-    v_codes, v_scales = quantize_blocks_reference(v, bn)
+    q_codes, q_scales = quantize_blocks_reference(q, bm, int8=launch.qk_int8)
+    k_codes, k_scales = quantize_blocks_reference(k, bn, key_mean(k) if smooth_k else None, int8=launch.qk_int8)
+    if launch.pv_fp8:
+        v_codes, v_scales = quantize_blocks_reference(v, bn)
     q_codes = q_codes.float()
     q_row_scale = q_scales[:, :, torch.arange(sq, device=q.device) // bm, None]         # [B, H, Sq, 1]
     p_max = torch.full((), E4M3_MAX, dtype=torch.float32, device=q.device)
@@ -208,8 +224,11 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
         alpha = torch.exp2(m - m_new)
         p = torch.exp2(s - m_new[..., None])
         l = l * alpha + p.sum(dim=-1)
-        pv = e4m3_codes(p * p_max) @ v_codes[:, :, cols].float()
-        acc = acc * alpha[..., None] + pv * (v_scales[:, :, j, None, None] / p_max)
+        if launch.pv_fp8:
+            pv = (e4m3_codes(p * p_max) @ v_codes[:, :, cols].float()) * (v_scales[:, :, j, None, None] / p_max)
+        else:
+            pv = p.to(v.dtype).float() @ v[:, :, cols].float()
+        acc = acc * alpha[..., None] + pv
         m = m_new
     return (acc / l[..., None]).to(q.dtype)
 
@@ -222,43 +241,54 @@ def attention_exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def error_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                 launch: AttentionFP8Launch = LAUNCH, smooth_k: bool = True) -> torch.Tensor:
-    """Elementwise bound on |attention_fp8 - attention_exact_reference|, fp64 `[B, H, Sq, D]`, from e4m3's
-    rounding alone: u = 2^-4 relative, plus half the subnormal spacing (2^-10 code units) absolute.
+    """Elementwise bound on |attention_fp8 - attention_exact_reference|, fp64 `[B, H, Sq, D]`, from the rounding
+    of the quantised operands alone (e4m3: u = 2^-4 relative plus half the subnormal spacing, 2^-10 code units,
+    absolute; int8: half a code, s / 2, absolute; P in a 16-bit dtype: its unit roundoff).
 
-    Each quantised operand x (q, smoothed k, v; s its block scale) obeys |x^ - x| <= e_x = u|x| + 2^-10 s.
-    Logits: |s^_ij - s_ij| <= sm_scale * sum_d (e_q (|k| + e_k) + |q| e_k) <= delta_i (the max over j); the
-    smoothing shifts row i by a constant, which softmax ignores. Softmax weights w (exact) and w^ (of the
-    quantised logits): each ratio w^_j / w_j lies in [e^-2delta, e^2delta]. P's codes are p (1 + theta) + phi with
-    |theta| <= u and |phi| <= 2^-10 / 448 (p <= 1), over fp32 row sums l >= 1 (the row maximum adds 1). With
-    A_id = sum_j w_ij |v_jd| and Asv_i = sum_j w_ij sv_j:
-      |o^_id - o_id| <= (e^(2 delta_i) - 1) A_id + e^(2 delta_i) ((2u + u^2) A_id + (1 + u) 2^-10 Asv_i)
-                        + Skv * 2^-10 / 448 * max_j ((1 + u) |v_jd| + 2^-10 sv_j),
+    Each quantised operand x (q, smoothed k; v where P V is FP8; s its block scale) obeys |x^ - x| <= e_x
+    (e4m3: u|x| + 2^-10 s; int8: s / 2). Logits: |s^_ij - s_ij| <= sm_scale * sum_d (e_q (|k| + e_k) + |q| e_k)
+    <= delta_i (the max over j); the smoothing shifts row i by a constant, which softmax ignores. Softmax weights w
+    (exact) and w^ (of the quantised logits): each ratio w^_j / w_j lies in [e^-2delta, e^2delta]. P's codes are
+    p (1 + theta) + phi with |theta| <= u_p and |phi| <= eta_p (p <= 1; e4m3: u, 2^-10 / 448), over fp32 row sums
+    l >= 1 (the row maximum adds 1); V's are v (1 + theta_v) + phi_v with |theta_v| <= u_v, |phi_v| <= eta_v sv
+    (e4m3: u, 2^-10; V as given: 0, 0). With A_id = sum_j w_ij |v_jd| and Asv_i = sum_j w_ij sv_j:
+      |o^_id - o_id| <= (e^(2 delta_i) - 1) A_id + e^(2 delta_i) (((1 + u_p)(1 + u_v) - 1) A_id
+                        + (1 + u_p) eta_v Asv_i) + Skv * eta_p * max_j ((1 + u_v) |v_jd| + eta_v sv_j),
     plus fp32 arithmetic (delta scaled by 1 + 2^-10, and Skv * 2^-22 * max_j |v_jd|). Relative to the weighted
-    mean of |v|: about 2 delta + 2u, where delta grows with sm_scale * sum_d |q_d| |k_d|.
+    mean of |v|: about 2 delta + u_p + u_v, where delta grows with sm_scale * sum_d |q_d| |k_d|.
     """
     u, eta = E4M3_UNIT_ROUNDOFF, E4M3_HALF_SUBNORMAL_SPACING
     scale = sm_scale or default_scale(q.shape[-1])
     bm, bn = launch.block_m, launch.block_n
-    _, q_scales = quantize_blocks_reference(q, bm)
+    _, q_scales = quantize_blocks_reference(q, bm, int8=launch.qk_int8)
     k_mean = key_mean(k) if smooth_k else None
-    _, k_scales = quantize_blocks_reference(k, bn, k_mean)
-    _, v_scales = quantize_blocks_reference(v, bn)
+    _, k_scales = quantize_blocks_reference(k, bn, k_mean, int8=launch.qk_int8)
     qf, kf, vf = q.double(), k.double(), v.double()
     ks = kf - k_mean.double() if smooth_k else kf
     q_rows = torch.arange(q.shape[2], device=q.device) // bm
     kv_rows = torch.arange(k.shape[2], device=k.device) // bn
-    e_q = u * qf.abs() + eta * q_scales[:, :, q_rows, None].double()
-    e_k = u * ks.abs() + eta * k_scales[:, :, kv_rows, None].double()
+    if launch.qk_int8:
+        e_q = 0.5 * q_scales[:, :, q_rows, None].double().expand_as(qf)
+        e_k = 0.5 * k_scales[:, :, kv_rows, None].double().expand_as(ks)
+    else:
+        e_q = u * qf.abs() + eta * q_scales[:, :, q_rows, None].double()
+        e_k = u * ks.abs() + eta * k_scales[:, :, kv_rows, None].double()
     logit = e_q @ (ks.abs() + e_k).transpose(-1, -2) + qf.abs() @ e_k.transpose(-1, -2)
     # (1 + 2^-10) covers the fp32 arithmetic of the logits (a few roundings of 2^-24 each)
     delta = scale * (1 + 2.0 ** -10) * logit.amax(dim=-1, keepdim=True)          # [B, H, Sq, 1]
     w = torch.softmax(scale * (qf @ kf.transpose(-1, -2)), dim=-1)                 # [B, H, Sq, Skv]
-    sv = v_scales[:, :, kv_rows, None].double()                                    # [B, H, Skv, 1]
+    if launch.pv_fp8:
+        u_p, eta_p, u_v, eta_v = u, eta / E4M3_MAX, u, eta
+        sv = quantize_blocks_reference(v, bn)[1][:, :, kv_rows, None].double()      # [B, H, Skv, 1]
+    else:
+        (u_p, eta_p), u_v, eta_v = P16_ROUNDING[v.dtype], 0.0, 0.0
+        sv = torch.zeros_like(vf[..., :1])
     weighted_v, weighted_sv = w @ vf.abs(), w @ sv
     growth = torch.exp(2 * delta)
-    p_term = k.shape[2] * eta / E4M3_MAX * ((1 + u) * vf.abs() + eta * sv).amax(dim=2, keepdim=True)
+    p_term = k.shape[2] * eta_p * ((1 + u_v) * vf.abs() + eta_v * sv).amax(dim=2, keepdim=True)
     fp32_term = k.shape[2] * 2.0 ** -22 * vf.abs().amax(dim=2, keepdim=True)
-    return (torch.expm1(2 * delta) * weighted_v + growth * ((2 * u + u * u) * weighted_v + (1 + u) * eta * weighted_sv)
+    rounding = (1 + u_p) * (1 + u_v) - 1
+    return (torch.expm1(2 * delta) * weighted_v + growth * (rounding * weighted_v + (1 + u_p) * eta_v * weighted_sv)
             + p_term + fp32_term)
 
 
@@ -301,15 +331,21 @@ _ATTENTION_FP8 = register(OP, _attention_fp8_op, _attention_fp8_fake)
 
 if triton is not None:
     @triton.jit
-    def e4m3_grid(x):
-        """x (fp32, within +-448) rounded to nearest even on e4m3's grid, in fp32 arithmetic: the spacing is
-        2^(exponent - 3), at least 2^-9 (subnormals); adding and subtracting 1.5 * 2^23 spacings rounds to it.
-        A negative x that rounds to zero keeps its sign (-0, code 0x80), as the cast gives."""
+    def round_to_grid(x, MANTISSA: tl.constexpr, MIN_BIASED: tl.constexpr):
+        """x (fp32) rounded to nearest even on the grid of a format with MANTISSA bits whose smallest normal has
+        biased exponent MIN_BIASED (fp32's bias), in fp32 arithmetic: the spacing is 2^(exponent - MANTISSA), the
+        subnormals' below; adding and subtracting 1.5 * 2^23 spacings rounds to it. A negative x that rounds to
+        zero keeps its sign (-0), as a cast gives."""
         biased = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        spacing = ((tl.maximum(biased, 127 - 6) - 3) << 23).to(tl.float32, bitcast=True)
+        spacing = ((tl.maximum(biased, MIN_BIASED) - MANTISSA) << 23).to(tl.float32, bitcast=True)
         magic = spacing * 12582912.0
         rounded = (x + magic) - magic
         return tl.where(rounded == 0.0, x * 0.0, rounded)
+
+    @triton.jit
+    def e4m3_grid(x):
+        """x (fp32, within +-448) on e4m3's grid: 3 mantissa bits, spacing at least 2^-9 (subnormals)."""
+        return round_to_grid(x, 3, 127 - 6)
 
     @triton.jit
     def to_e4m3(x, EXACT_GRID: tl.constexpr):
@@ -328,13 +364,34 @@ if triton is not None:
         return codes
 
     @triton.jit
+    def round_half_even(x):
+        """x (fp32, |x| <= 2^22) rounded to the nearest integer, ties to even, in fp32 arithmetic (the
+        interpreter and every GPU alike): adding and subtracting 1.5 * 2^23 leaves no fraction bits."""
+        return (x + 12582912.0) - 12582912.0
+
+    @triton.jit
+    def quantize_tile(x, INT8: tl.constexpr, EXACT_GRID: tl.constexpr):
+        """(codes, scale) of an fp32 tile: scale = max(absmax, floor) / 448 and e4m3 codes, or INT8: / 127 and
+        int8 codes, round half to even."""
+        absmax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12)
+        if INT8:
+            scale = tl.div_rn(absmax, 127.0)
+            codes = round_half_even(tl.minimum(tl.maximum(tl.div_rn(x, scale), -127.0), 127.0)).to(tl.int8)
+        else:
+            scale = tl.div_rn(absmax, 448.0)
+            codes = to_e4m3(tl.div_rn(x, scale), EXACT_GRID)
+        return codes, scale
+
+    @triton.jit
     def _quantize_blocks_kernel(x_ptr, mean_ptr, codes_ptr, scales_ptr, S, H, blocks,
                                 stride_b, stride_h, stride_s, stride_d,
                                 HAS_MEAN: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                                TRANSPOSED: tl.constexpr, EXACT_GRID: tl.constexpr, CODES_U8: tl.constexpr):
-        """One (block of BLOCK rows, batch x head): scale = max(absmax, floor) / 448, codes into a uint8 buffer of
-        blocks * BLOCK rows per (batch, head), [B, H, S_pad, D] or TRANSPOSED [B, H, D, S_pad] (rows past S get code
-        0, so the attention kernel loads whole tiles unmasked), the scale into [B * H, blocks]."""
+                                TRANSPOSED: tl.constexpr, INT8: tl.constexpr, EXACT_GRID: tl.constexpr,
+                                CODES_U8: tl.constexpr):
+        """One (block of BLOCK rows, batch x head): codes (quantize_tile) into a buffer of blocks * BLOCK rows per
+        (batch, head), [B, H, S_pad, D] or TRANSPOSED [B, H, D, S_pad] (rows past S get code 0, so the attention
+        kernel loads whole tiles unmasked), the scale into [B * H, blocks]. CODES_U8: e4m3 codes stored as uint8
+        (the interpreter's buffers: numpy has no fp8)."""
         block = tl.program_id(0)
         bh = tl.program_id(1)
         rows = block * BLOCK + tl.arange(0, BLOCK)
@@ -345,9 +402,8 @@ if triton is not None:
         x = x.to(tl.float32)
         if HAS_MEAN:
             x = tl.where(valid, x - tl.load(mean_ptr + bh * D + cols)[None, :], 0.0)
-        scale = tl.div_rn(tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-12), 448.0)
-        codes = to_e4m3(tl.div_rn(x, scale), EXACT_GRID)
-        if CODES_U8:
+        codes, scale = quantize_tile(x, INT8, EXACT_GRID)
+        if CODES_U8 and not INT8:
             codes = codes.to(tl.uint8, bitcast=True)
         s_pad = blocks * BLOCK
         if TRANSPOSED:
@@ -357,12 +413,15 @@ if triton is not None:
         tl.store(scales_ptr + bh * blocks + block, scale)
 
     @triton.jit
-    def _attention_fp8_kernel(q_ptr, k_codes_ptr, k_scales_ptr, v_codes_ptr, v_scales_ptr, out_ptr,
+    def _attention_fp8_kernel(q_ptr, k_codes_ptr, k_scales_ptr, v_ptr, v_scales_ptr, out_ptr,
                               Sq, Skv, H, kv_blocks, qk_const,
                               stride_qb, stride_qh, stride_qs, stride_qd,
+                              stride_vb, stride_vh, stride_vs, stride_vd,
                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              V_TRANSPOSED: tl.constexpr, MASK_KV: tl.constexpr, EXACT_GRID: tl.constexpr,
-                              CODES_U8: tl.constexpr):
+                              QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, V_TRANSPOSED: tl.constexpr,
+                              MASK_KV: tl.constexpr, EXACT_GRID: tl.constexpr, CODES_U8: tl.constexpr):
+        """One (BLOCK_M rows of Q, batch x head). K's codes (int8 or e4m3) and, with PV_FP8, V's (e4m3) come
+        padded to whole tiles; without PV_FP8, v_ptr is V itself (strides given), P rounded to its dtype."""
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -372,8 +431,7 @@ if triton is not None:
         q = tl.load(q_base + rows[:, None] * stride_qs + cols[None, :] * stride_qd, mask=row_ok[:, None],
                     other=0.0).to(tl.float32)
         # Q's block scale: this program's rows are the block
-        q_scale = tl.div_rn(tl.maximum(tl.max(tl.max(tl.abs(q), axis=1), axis=0), 1e-12), 448.0)
-        q_codes = to_e4m3(tl.div_rn(q, q_scale), EXACT_GRID)
+        q_codes, q_scale = quantize_tile(q, QK_INT8, EXACT_GRID)
         q_const = q_scale * qk_const
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -381,11 +439,15 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
         s_pad = kv_blocks * BLOCK_N
         kv_base = bh.to(tl.int64) * s_pad * D      # the codes buffers are padded to whole tiles: no load masks
+        v_base = v_ptr + (bh // H).to(tl.int64) * stride_vb + (bh % H).to(tl.int64) * stride_vh
         n_offsets = tl.arange(0, BLOCK_N)
         for j in range(0, kv_blocks):
             kv_rows = j * BLOCK_N + n_offsets
-            k_codes = as_e4m3(tl.load(k_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]), CODES_U8)
-            s = tl.dot(q_codes, tl.trans(k_codes))
+            k_tile = tl.load(k_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :])
+            if QK_INT8:
+                s = tl.dot(q_codes, tl.trans(k_tile), out_dtype=tl.int32).to(tl.float32)
+            else:
+                s = tl.dot(q_codes, tl.trans(as_e4m3(k_tile, CODES_U8)))
             s = s * (q_const * tl.load(k_scales_ptr + bh * kv_blocks + j))
             if MASK_KV:
                 s = tl.where((kv_rows < Skv)[None, :], s, float("-inf"))
@@ -393,18 +455,36 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            if V_TRANSPOSED:
-                v_codes = tl.trans(as_e4m3(tl.load(v_codes_ptr + kv_base + cols[:, None] * s_pad + kv_rows[None, :]),
-                                           CODES_U8))
+            if PV_FP8:
+                if V_TRANSPOSED:
+                    v_codes = tl.trans(as_e4m3(tl.load(v_ptr + kv_base + cols[:, None] * s_pad + kv_rows[None, :]),
+                                               CODES_U8))
+                else:
+                    v_codes = as_e4m3(tl.load(v_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]), CODES_U8)
+                # p is in [0, 1]: its codes need no clamp
+                if EXACT_GRID:
+                    p_codes = e4m3_grid(p * 448.0).to(tl.float8e4nv)
+                else:
+                    p_codes = (p * 448.0).to(tl.float8e4nv)
+                pv = tl.dot(p_codes, v_codes) * tl.div_rn(tl.load(v_scales_ptr + bh * kv_blocks + j), 448.0)
             else:
-                v_codes = as_e4m3(tl.load(v_codes_ptr + kv_base + kv_rows[:, None] * D + cols[None, :]), CODES_U8)
-            # p is in [0, 1]: its codes need no clamp
-            if EXACT_GRID:
-                p_codes = e4m3_grid(p * 448.0).to(tl.float8e4nv)
-            else:
-                p_codes = (p * 448.0).to(tl.float8e4nv)
-            pv = tl.dot(p_codes, v_codes)
-            acc = acc * alpha[:, None] + pv * tl.div_rn(tl.load(v_scales_ptr + bh * kv_blocks + j), 448.0)
+                v_offsets = kv_rows[:, None] * stride_vs + cols[None, :] * stride_vd
+                if MASK_KV:
+                    v = tl.load(v_base + v_offsets, mask=(kv_rows < Skv)[:, None], other=0.0)
+                else:
+                    v = tl.load(v_base + v_offsets)
+                if CODES_U8:
+                    # the interpreter truncates fp32 -> 16-bit casts and multiplies 16-bit floats by their bits:
+                    # P rounded to v's grid in fp32 (bf16: 7 mantissa bits; fp16: 10, normals from 2^-14), the
+                    # products exact in fp32 as the tensor cores make them
+                    if v.dtype == tl.bfloat16:
+                        p16 = round_to_grid(p, 7, 8)
+                    else:
+                        p16 = round_to_grid(p, 10, 127 - 14)
+                    pv = tl.dot(p16, v.to(tl.float32))
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
         out = acc / l_i[:, None]
         tl.store(out_ptr + bh.to(tl.int64) * Sq * D + rows[:, None] * D + cols[None, :],
@@ -412,33 +492,34 @@ if triton is not None:
 
 
 def _quantize_padded(x: torch.Tensor, block: int, mean: torch.Tensor | None, transposed: bool,
-                     launch: AttentionFP8Launch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The quantiser kernel: (codes, float8_e4m3fn or uint8 under the interpreter, [B, H, S_pad, D] or transposed [B, H, D, S_pad] with S_pad = whole
-    blocks and zero codes past S, fp32 scales [B, H, blocks])."""
+                     launch: AttentionFP8Launch, int8: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The quantiser kernel: (codes, [B, H, S_pad, D] or transposed [B, H, D, S_pad] with S_pad = whole blocks and
+    zero codes past S: int8, or float8_e4m3fn (uint8 under the interpreter); fp32 scales [B, H, blocks])."""
     b, h, s, d = x.shape
     if x.requires_grad:     # the interpreter hands tensors to numpy, which refuses ones that require grad
         x = x.detach()
     blocks = cdiv(s, block)
     shape = (b, h, d, blocks * block) if transposed else (b, h, blocks * block, d)
     codes_u8 = dispatch.interpreting()
-    codes = torch.empty(shape, dtype=torch.uint8 if codes_u8 else FP8_DTYPE, device=x.device)
+    codes = torch.empty(shape, dtype=torch.int8 if int8 else torch.uint8 if codes_u8 else FP8_DTYPE, device=x.device)
     scales = torch.empty((b, h, blocks), dtype=torch.float32, device=x.device)
     mean_arg = mean.contiguous() if mean is not None else scales
     _quantize_blocks_kernel[(blocks, b * h)](
         x, mean_arg, codes, scales, s, h, blocks, *x.stride(),
-        HAS_MEAN=mean is not None, D=d, BLOCK=block, TRANSPOSED=transposed, EXACT_GRID=codes_u8, CODES_U8=codes_u8,
-        num_warps=launch.quantize_num_warps)
+        HAS_MEAN=mean is not None, D=d, BLOCK=block, TRANSPOSED=transposed, INT8=int8, EXACT_GRID=codes_u8,
+        CODES_U8=codes_u8, num_warps=launch.quantize_num_warps)
     return codes, scales
 
 
 def quantize_blocks_triton(x: torch.Tensor, block: int, mean: torch.Tensor | None = None,
-                           launch: AttentionFP8Launch = LAUNCH, transposed: bool = False
+                           launch: AttentionFP8Launch = LAUNCH, transposed: bool = False, int8: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_blocks_reference through the quantiser kernel: (codes float8_e4m3fn [B, H, S, D], a view of the
-    padded buffer, transposed in memory where asked; scales fp32 [B, H, blocks])."""
+    """quantize_blocks_reference through the quantiser kernel: (codes float8_e4m3fn or int8 [B, H, S, D], a view
+    of the padded buffer, transposed in memory where asked; scales fp32 [B, H, blocks])."""
     s = x.shape[2]
-    codes, scales = _quantize_padded(x, block, mean, transposed, launch)
-    codes = codes.view(FP8_DTYPE)          # a no-op on a GPU's fp8 buffer
+    codes, scales = _quantize_padded(x, block, mean, transposed, launch, int8)
+    if not int8:
+        codes = codes.view(FP8_DTYPE)          # a no-op on a GPU's fp8 buffer
     view = codes.transpose(-1, -2) if transposed else codes
     return view[:, :, :s], scales
 
@@ -452,17 +533,21 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
     b, h, sq, d = q.shape
     skv = k.shape[2]
     if q.requires_grad:
-        q = q.detach()
-    k_codes, k_scales = _quantize_padded(k, launch.block_n, key_mean(k) if smooth_k else None, False, launch)
-    v_codes, v_scales = _quantize_padded(v, launch.block_n, None, launch.v_transposed, launch)
+        q, v = q.detach(), v.detach()
+    k_codes, k_scales = _quantize_padded(k, launch.block_n, key_mean(k) if smooth_k else None, False, launch,
+                                         launch.qk_int8)
+    if launch.pv_fp8:
+        v_arg, v_scales = _quantize_padded(v, launch.block_n, None, launch.v_transposed, launch)
+    else:
+        v_arg, v_scales = v, k_scales           # V as given (its strides below); no scales read
     out = torch.empty((b, h, sq, d), dtype=q.dtype, device=q.device)
     qk_const = float(sm_scale or default_scale(d)) * LOG2E
     _attention_fp8_kernel[(cdiv(sq, launch.block_m), b * h)](
-        q, k_codes, k_scales, v_codes, v_scales, out,
-        sq, skv, h, k_scales.shape[2], qk_const, *q.stride(),
-        D=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, V_TRANSPOSED=launch.v_transposed,
-        MASK_KV=skv % launch.block_n != 0, EXACT_GRID=dispatch.interpreting(), CODES_U8=dispatch.interpreting(),
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        q, k_codes, k_scales, v_arg, v_scales, out,
+        sq, skv, h, k_scales.shape[2], qk_const, *q.stride(), *v.stride(),
+        D=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, QK_INT8=launch.qk_int8, PV_FP8=launch.pv_fp8,
+        V_TRANSPOSED=launch.v_transposed, MASK_KV=skv % launch.block_n != 0, EXACT_GRID=dispatch.interpreting(),
+        CODES_U8=dispatch.interpreting(), num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out
 
 
@@ -482,35 +567,45 @@ def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: Att
     launch = launch or launch_for(divmod(arch, 10))
     target = GPUTarget("cuda", arch, 32)
     ints = {name: "i32" for name in ("S", "H", "blocks", "Sq", "Skv", "kv_blocks")}
-    strides = {f"stride_{s}": "i32" for s in ("b", "h", "s", "d", "qb", "qh", "qs", "qd")}
+    strides = {f"stride_{s}": "i32" for s in ("b", "h", "s", "d", "qb", "qh", "qs", "qd", "vb", "vh", "vs", "vd")}
+    k_codes = "*i8" if launch.qk_int8 else "*fp8e4nv"
     quantizer_pointers = {"x_ptr": f"*{dtype}", "mean_ptr": "*fp32", "codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32"}
+    k_quantizer_pointers = {**quantizer_pointers, "codes_ptr": k_codes}
     kernels = {
-        "quantize_blocks": (_quantize_blocks_kernel, quantizer_pointers,      # K's: smoothed, [S, D]
+        "quantize_blocks": (_quantize_blocks_kernel, k_quantizer_pointers,      # K's: smoothed, [S, D]
                             {"HAS_MEAN": True, "D": head_dim, "BLOCK": launch.block_n, "TRANSPOSED": False,
-                             "EXACT_GRID": False, "CODES_U8": False},
+                             "INT8": launch.qk_int8, "EXACT_GRID": False, "CODES_U8": False},
                             launch.quantize_num_warps),
         "quantize_v": (_quantize_blocks_kernel, quantizer_pointers,
                        {"HAS_MEAN": False, "D": head_dim, "BLOCK": launch.block_n,
-                        "TRANSPOSED": launch.v_transposed, "EXACT_GRID": False, "CODES_U8": False},
+                        "TRANSPOSED": launch.v_transposed, "INT8": False, "EXACT_GRID": False,
+                        "CODES_U8": False},
                        launch.quantize_num_warps),
         "attention_fp8": (_attention_fp8_kernel,
-                          {"q_ptr": f"*{dtype}", "k_codes_ptr": "*fp8e4nv", "k_scales_ptr": "*fp32",
-                           "v_codes_ptr": "*fp8e4nv", "v_scales_ptr": "*fp32", "out_ptr": f"*{dtype}",
+                          {"q_ptr": f"*{dtype}", "k_codes_ptr": k_codes, "k_scales_ptr": "*fp32",
+                           "v_ptr": "*fp8e4nv" if launch.pv_fp8 else f"*{dtype}", "v_scales_ptr": "*fp32",
+                           "out_ptr": f"*{dtype}",
                            "qk_const": "fp32"},
                           {"D": head_dim, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
-                           "V_TRANSPOSED": launch.v_transposed, "MASK_KV": mask_kv, "EXACT_GRID": False,
-                           "CODES_U8": False},
+                           "QK_INT8": launch.qk_int8, "PV_FP8": launch.pv_fp8, "V_TRANSPOSED": launch.v_transposed,
+                           "MASK_KV": mask_kv, "EXACT_GRID": False, "CODES_U8": False},
                           launch.num_warps),
     }
+    if not launch.pv_fp8:
+        del kernels["quantize_v"]           # V goes to the kernel as given
     compiled = {}
     for name, (kernel, pointers, constexprs, num_warps) in kernels.items():
+        # as a launch specialises them: the last dim's strides 1 (a constant), the other strides and the pointers
+        # multiples of 16 (torch's allocations, ComfyUI's [B, S, heads * D] views), so the loads vectorise and
+        # pipeline as they do at run time
+        constexprs = {**constexprs, **{arg: 1 for arg in kernel.arg_names if arg.startswith("stride_")
+                                       and arg.endswith("d")}}
         signature = {}
         for arg in kernel.arg_names:
             signature[arg] = "constexpr" if arg in constexprs else pointers.get(arg) or ints.get(arg) or strides[arg]
-        # as a launch specialises them: pointers 16-byte aligned (torch's allocations), so the loads vectorise and
-        # pipeline as they do at run time
         aligned = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]]
-                   for arg, kind in pointers.items() if kind.startswith("*")}
+                   for arg in kernel.arg_names if signature[arg].startswith("*")
+                   or (arg.startswith("stride_") and arg not in constexprs)}
         source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
         options = {"num_warps": num_warps, "num_stages": launch.num_stages}
         kernel_binary = triton.compile(source, target=target, options=options)
