@@ -218,6 +218,13 @@ class Run:
         from fused_dit.ops import attention_fp8 as af
         return lambda: af.attention_fp8_triton(q, k, v, launch=launch)
 
+    def cudnn_fp8(self, q, k, v):
+        from fused_dit.ops import attention_cudnn_fp8 as ac
+        why = ac.refusal(q, k, v)
+        if why:
+            raise RuntimeError(why)
+        return lambda: ac.attention_cudnn_fp8(q, k, v)
+
     def sage(self, q, k, v, smooth_k: bool = False):
         from sageattention import sageattn     # ComfyUI's binding passes smooth_k=False
         return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, smooth_k=smooth_k)
@@ -237,12 +244,15 @@ class Run:
             self.measure(name, "speed", "fp8_default", lambda: {"launch": default.label, **self.speed(
                 name, self.fp8(default, q, k, v), fp8=True)})
             self.measure(name, "speed", "sage", lambda: self.speed(name, self.sage(q, k, v)))
+            self.measure(name, "speed", "cudnn_fp8", lambda: self.speed(name, self.cudnn_fp8(q, k, v), fp8=True))
             self.measure(name, "speed", "fp8_quantize_kv", lambda: {"ms": round(self.time_ms(
                 lambda: quantize_kv(af, k, v, default)), 3)})
             for kind in ("gaussian", "dit_like"):
                 qk = self.qkv(name, kind)
                 self.measure(name, f"error_{kind}", "fp8", lambda: self.error(name, kind, self.fp8(default, *qk)()))
                 self.measure(name, f"error_{kind}", "sage", lambda: self.error(name, kind, self.sage(*qk)()))
+                self.measure(name, f"error_{kind}", "cudnn_fp8",
+                             lambda: self.error(name, kind, self.cudnn_fp8(*qk)()))
                 self.measure(name, f"error_{kind}", "sage_smooth_k",
                              lambda: self.error(name, kind, self.sage(*qk, smooth_k=True)()))
                 self.measure(name, f"error_{kind}", "sdpa_bf16", lambda: self.error(name, kind, self.sdpa(None, *qk)()))

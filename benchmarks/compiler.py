@@ -56,7 +56,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import generation_configs, results
+from . import results
 from .comfy_release import STARTED, import_comfyui
 from .generation_configs import CONFIGS, ConfigSkipped, build_config, release_config
 from .models import (MODELS, Loader, ModelUnavailable, add_model_arguments, check_device, check_model_arguments,
@@ -69,10 +69,8 @@ MODES = ("off", "release", "release_assert", "malloc_graph", "cuda_graph")
 RELEASE_MODES = ("release", "release_assert")
 HARNESS_MODES = ("malloc_graph", "cuda_graph")
 # the node with every family on, FP8 attention included where the node offers it (attention_mode "fp8")
-ALL_FP8_ATTENTION = "overlay_all_fp8_attention_fp8"
-EXTRA_CONFIGS = (ALL_FP8_ATTENTION,)
 SCOPE = "block"
-DEFAULT_CONFIGS = "stock,node_defaults,overlay_all,overlay_all_fp8,overlay_all_fp8_alongside," + ALL_FP8_ATTENTION
+DEFAULT_CONFIGS = "stock,node_defaults,overlay_all,overlay_all_fp8,overlay_all_fp8_alongside,overlay_all_fp8_attn"
 # the block lists a model's forward walks, and the patches_replace key each block is called through
 BLOCK_LISTS = {"flux": (("double_blocks", "double_block"), ("single_blocks", "single_block")),
                "wan": (("blocks", "double_block"),),
@@ -455,24 +453,6 @@ class BeginCounter:
         return False
 
 
-def build(config: str, base):
-    """The MODEL a config hands to KSampler: generation's configs, and the node with every family on and FP8
-    attention where the node offers it."""
-    if config != ALL_FP8_ATTENTION:
-        return build_config(config, base)
-    from comfyui_fused_dit import FusedDiTOps
-    input_types = FusedDiTOps.INPUT_TYPES()
-    mode = (input_types.get("optional") or {}).get("attention_mode") or \
-        (input_types.get("required") or {}).get("attention_mode")
-    if not mode or not isinstance(mode[0], (list, tuple)) or "fp8" not in mode[0]:
-        raise ConfigSkipped("the node has no attention_mode input with 'fp8'")
-    inputs, absent = generation_configs.node_inputs("overlay_all_fp8",
-                                                    generation_configs.node_families(input_types), input_types)
-    inputs["attention_mode"] = "fp8"
-    (patched,) = FusedDiTOps().patch(base, **inputs)
-    return patched, {"node_inputs": inputs, "families_absent": absent}
-
-
 class Session(Loader):
     """One process's model, latents of the compiler-off runs and stock timings."""
 
@@ -508,7 +488,7 @@ class Session(Loader):
         try:
             diffusion_model_class(spec)
             base = self.load(spec, _Run(config))
-            patched, details = build(config, base)
+            patched, details = build_config(config, base)
             record.update(details)
             if mode in RELEASE_MODES and release_has_malloc_graphs(self.prefetch):
                 # nothing added: only the release's own counters, read when its malloc graph is cleaned up
@@ -667,7 +647,7 @@ def tree_compiler(prefetch) -> dict:
 def add_arguments(parser) -> None:
     add_model_arguments(parser, models="flux-dev", steps=3, warmup_steps=2)
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
-                        help="comma list of configs: " + ", ".join((*CONFIGS, *EXTRA_CONFIGS)))
+                        help="comma list of configs: " + ", ".join(CONFIGS))
     parser.add_argument("--modes", default=",".join(MODES), help="comma list of " + ", ".join(MODES))
     parser.add_argument("--assert-graph-breaks", action="store_true",
                         help="ComfyUI's flag: a malloc graph break is an error")
@@ -681,7 +661,7 @@ def add_arguments(parser) -> None:
 def run(options, parser) -> int:
     check_model_arguments(options, parser)
     options.configs = [c for c in options.configs.split(",") if c]
-    unknown = [c for c in options.configs if c not in CONFIGS + EXTRA_CONFIGS]
+    unknown = [c for c in options.configs if c not in CONFIGS]
     options.modes = [m for m in options.modes.split(",") if m]
     unknown += [m for m in options.modes if m not in MODES]
     if unknown:
