@@ -179,7 +179,10 @@ def qwen_image21_bridge(spec: "ModelSpec", tiny: bool):
         latent_channels = 64
         spacial_downscale_ratio = 16
 
-    class Model(comfy.model_base.QwenImage):
+    class QwenImage21(comfy.model_base.QwenImage):
+        """The bridge's stand-in for the newest model_base.QwenImage21 (named as it is, so a run checks one name
+        whichever route loaded the model; `model_route` and `model_base_class` in the setup record tell them
+        apart)."""
         def __init__(self, model_config, model_type=comfy.model_base.ModelType.FLUX, device=None):
             super().__init__(model_config, model_type, device=device, unet_model=QwenImage21Transformer2DModel)
 
@@ -202,7 +205,7 @@ def qwen_image21_bridge(spec: "ModelSpec", tiny: bool):
         latent_format = Latent
 
         def get_model(self, state_dict, prefix="", device=None):
-            return Model(self, device=device)
+            return QwenImage21(self, device=device)
 
     original = comfy.model_detection.model_config_from_unet
     used = {"model_route": "the tree's model detection"}
@@ -553,8 +556,10 @@ class Loader:
             raise RuntimeError(f"ComfyUI did not recognise the {spec.key} weights")
         detected = type(self.patcher.model).__name__
         if spec.model_class and detected != spec.model_class:
-            raise RuntimeError(f"ComfyUI detected the {spec.key} weights as {detected}, not {spec.model_class}")
+            raise RuntimeError(f"ComfyUI detected the {spec.key} weights as {detected}, not {spec.model_class} "
+                               f"(route: {route.get('model_route', 'model detection')})")
         record.update(route)
+        record["model_base_class"] = f"{type(self.patcher.model).__module__}.{type(self.patcher.model).__qualname__}"
         diffusion_model = self.patcher.model.diffusion_model
         record.update({"load_s": round(time.perf_counter() - loaded, 1),
                        "model_class": type(self.patcher.model).__name__,

@@ -233,6 +233,74 @@ def test_a_release_without_a_models_code_says_so(monkeypatch):
         models.diffusion_model_class(models.MODELS["qwen-image-2.1"])
 
 
+
+def fake_tree_for_the_qwen_image21_bridge(monkeypatch, detected):
+    """Just the comfy modules the bridge touches: a tree whose detection returns `detected` for any weights."""
+    import types
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__path__ = []
+        m.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, m)
+        return m
+
+    class QwenImage:  # the tree's model_base.QwenImage: keeps what it was built around
+        def __init__(self, model_config, model_type=None, device=None, unet_model=None):
+            self.model_config, self.unet_model = model_config, unet_model
+
+    class SupportedQwenImage:
+        def __init__(self, unet_config):
+            self.unet_config = unet_config
+
+    class QwenImage21Transformer2DModel:
+        pass
+
+    comfy = module("comfy")
+    comfy.latent_formats = module("comfy.latent_formats", LatentFormat=type("LatentFormat", (), {}))
+    comfy.model_base = module("comfy.model_base", QwenImage=QwenImage,
+                              ModelType=types.SimpleNamespace(FLUX="flux"))
+    comfy.model_detection = module("comfy.model_detection",
+                                   model_config_from_unet=lambda sd, prefix, *a, **k: detected)
+    comfy.supported_models = module("comfy.supported_models", QwenImage=SupportedQwenImage)
+    module("comfy.ldm")
+    module("comfy.ldm.qwen_image21")
+    module("comfy.ldm.qwen_image21.model", QwenImage21Transformer2DModel=QwenImage21Transformer2DModel)
+    return comfy, QwenImage, QwenImage21Transformer2DModel
+
+
+@pytest.mark.parametrize("detected", ["none", "generic"])
+def test_the_qwen_image21_bridge_names_the_model_whatever_an_older_detection_returns(monkeypatch, detected):
+    # an older tree's detection returns None, or a config of another model (the generic one the H200 run met)
+    import types
+    other = types.SimpleNamespace(unet_config={"image_model": "qwen_image"}) if detected == "generic" else None
+    comfy, QwenImage, transformer = fake_tree_for_the_qwen_image21_bridge(monkeypatch, other)
+    spec = models.MODELS["qwen-image-2.1"]
+    original = comfy.model_detection.model_config_from_unet
+    state_dict = {"model.diffusion_model." + k: None for k in models.QWEN_IMAGE21_KEYS}
+    with models.qwen_image21_bridge(spec, tiny=True) as route:
+        config = comfy.model_detection.model_config_from_unet(state_dict, "model.diffusion_model.")
+        # weights of another model pass through as the tree named them
+        assert comfy.model_detection.model_config_from_unet({}, "model.diffusion_model.") is other
+    assert comfy.model_detection.model_config_from_unet is original
+    assert route["model_route"].startswith("bridge") and route["bridge"] is models.QWEN_IMAGE21_BRIDGE
+    assert config.unet_config["image_model"] == "qwen_image21"
+    model = config.get_model(state_dict)
+    # the class check in _load compares names: the bridge's model is QwenImage21, built on the tree's QwenImage
+    assert type(model).__name__ == spec.model_class == "QwenImage21"
+    assert isinstance(model, QwenImage) and model.unet_model is transformer
+
+
+def test_the_qwen_image21_bridge_stays_out_where_the_tree_names_the_model(monkeypatch):
+    import types
+    newest = types.SimpleNamespace(unet_config={"image_model": "qwen_image21"})
+    comfy, *_ = fake_tree_for_the_qwen_image21_bridge(monkeypatch, newest)
+    state_dict = {"model.diffusion_model." + k: None for k in models.QWEN_IMAGE21_KEYS}
+    with models.qwen_image21_bridge(models.MODELS["qwen-image-2.1"], tiny=True) as route:
+        assert comfy.model_detection.model_config_from_unet(state_dict, "model.diffusion_model.") is newest
+    assert route == {"model_route": "the tree's model detection"}
+
+
 # ------------------------------------------------------------------------ the committed results, read back
 def generation_files():
     return sorted(RESULTS.glob("generation-*.json"))
