@@ -115,8 +115,10 @@ FASTEST_SDPA = Implementation(
 FP8_ATTENTION = Implementation(
     "fp8_attention", OVERRIDE, "integration/attention_fp8.py",
     Needs(None, FP8_MIN_CAPABILITY, FP8_ACTIVATION_DTYPES, VRAM_MODES, True,
-          "scales derived on the GPU (no host sync), allocations alike on every call of a shape; which calls it "
-          "takes is read from shapes, dtypes, devices and the GPU's capability alone"))
+          "scales derived on the GPU (no host sync), allocations alike on every call of a shape; a shape's first "
+          "(eager) call times the kernel against exact outside the compiler's recorded allocations, after which the "
+          "choice reads shapes, dtypes and devices alone"),
+    faster=Evidence("attention-kernels-h200.json", "shapes.*.speed"))
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("norm_rope", "fused QK RMSNorm + RoPE", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD, ROPE_SEAM)),
@@ -135,8 +137,9 @@ ATTENTION_MODES = (EXACT, FP8)
 ATTENTION_MODE_IMPLEMENTATIONS = {EXACT: FASTEST_SDPA, FP8: FP8_ATTENTION}
 ATTENTION_MODE_TOOLTIP = (
     "with attention on: 'exact' runs the fastest exact SDPA backend per shape; 'fp8' (sm_89+, lossy) runs attention "
-    "with 8-bit Q K^T (INT8, as SageAttention) and fp32 accumulation, and the exact mode wherever it cannot (a "
-    "mask, another head dim or dtype, an older GPU), saying why once")
+    "with 8-bit Q K^T (INT8, as SageAttention) and fp32 accumulation where that is faster than exact for the shape "
+    "(timed on its first call), and the exact mode elsewhere and wherever it cannot (a mask, another head dim or "
+    "dtype, an older GPU), saying why once")
 NODE_TOGGLES = ("norm_rope", "adaln", "gate", "fp8_linear")      # required inputs; attention is optional
 
 

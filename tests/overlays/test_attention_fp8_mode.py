@@ -184,3 +184,29 @@ def test_an_unknown_attention_mode_is_refused():
     model, _ = blocks.make_flux_stack()
     with pytest.raises(ValueError, match="attention_mode='int4'"):
         registry.choose(_Patcher(model), registry.Request(("attention",), attention_mode="int4"))
+
+
+@pytest.mark.parametrize("fastest", [attention_fp8.KERNEL, attention_fp8.EXACT])
+def test_fp8_mode_keeps_the_faster_of_the_kernel_and_exact_per_shape(monkeypatch, fastest):
+    """A shape's first call times the kernel and the exact mode (cuDNN's FP8 SDPA only where it takes the call)
+    and every call of that shape runs the faster: fp8 is never slower than exact."""
+    times = {attention_fp8.KERNEL: 2.0, attention_fp8.EXACT: 3.0} if fastest == attention_fp8.KERNEL else \
+        {attention_fp8.KERNEL: 3.0, attention_fp8.EXACT: 2.0}
+    ran = []
+
+    def exact_func(q, k, v, heads, **kwargs):
+        ran.append("exact")
+        return q
+    order = iter([attention_fp8.KERNEL, attention_fp8.EXACT] * 10)
+
+    def timer(fn):
+        fn()
+        return times[next(order)]
+    monkeypatch.setattr(attention_fp8.kernel, "attention_fp8", lambda q, k, v, scale=None: ran.append("kernel") or q)
+    override = attention_fp8.Fp8Attention(timer=timer, devices=("cpu",))
+    q = torch.randn(1, 8, 2 * 64, dtype=torch.bfloat16)
+    for _ in range(3):
+        ran.clear()
+        override(exact_func, q, q, q, 2)
+        assert ran[-1] == ("kernel" if fastest == attention_fp8.KERNEL else "exact")
+    assert list(override.choices.values()) == [fastest]

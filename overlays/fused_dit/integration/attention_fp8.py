@@ -12,9 +12,17 @@ ComfyUI's own function), and the reason is said once through the pack's once-onl
 attention, a model that asks for full precision (`low_precision_attention=False`, as ComfyUI's sage binding
 honours), a head dim, dtype, device or GPU the kernel does not cover (ops.attention_fp8.refusal).
 
-Capture-safe (ComfyUI's model compiler captures blocks in CUDA graphs): the choice reads only shapes, dtypes,
-devices and the GPU's capability; the kernel derives its scales on the GPU, syncs nothing with the host and
-allocates alike on every call of a shape. Under torch.compile (TorchCompileModel) an accepted call is traced as
+Faster than exact, or exact: the first call of each shape (an eager call) times the pack's kernel, cuDNN's FP8 SDPA
+(ops/attention_cudnn_fp8, where it takes the call) and the exact mode on that call's own inputs, and the shape keeps
+the fastest. cuDNN's candidate must also be as accurate as the kernel on those inputs (relative error against the
+exact output no more than `ERROR_SLACK` times the kernel's): the kernel holds SageAttention 1's error by design, and
+cuDNN's per-tensor e4m3 Q K^T did not on DiT-like inputs (attention-kernels-h200.json). Where exact attention is
+faster (cuDNN's bf16 SDPA on the H200), `fp8` runs exact: never slower than the exact mode, said once per shape.
+
+Capture-safe (ComfyUI's model compiler captures blocks in CUDA graphs): that measurement happens on a shape's first
+call, outside the compiler's recorded allocations (model_compiler); after it the choice reads only shapes, dtypes
+and devices; the kernel derives its scales on the GPU, syncs nothing with the host and allocates alike on every
+call of a shape. Under torch.compile (TorchCompileModel) an accepted call is traced as
 one custom op (`torch.ops.fused_dit.attention_fp8`, which falls back to SDPA itself where the GPU refuses); a
 refused one is ComfyUI's own call, traced as it is, with nothing said while tracing.
 """
@@ -23,11 +31,19 @@ from __future__ import annotations
 import torch
 
 from .. import state
+from ..ops import attention_cudnn_fp8 as cudnn_fp8
 from ..ops import attention_fp8 as kernel
+from . import model_compiler
+from .attention import cuda_timer
+
+CHOICE_LINE = "Fused DiT Ops: attention fp8 for %s: %s (%s)"
+KERNEL, CUDNN_FP8, EXACT = "fp8 kernel", "cuDNN FP8 SDPA", "exact"
+ERROR_SLACK = 1.05
 
 FALLBACK_LINE = "Fused DiT Ops: attention fp8 -> exact for %s"
-RUNS = ("low-precision attention (INT8 Q K^T, P V in the model's dtype, fp32 accumulation, scales on the GPU); "
-        "exact where a call is refused")
+RUNS = ("low-precision attention (INT8 Q K^T, P V in the model's dtype, fp32 accumulation, scales on the GPU) "
+        "where it is faster than exact for the shape (timed on its first call); exact elsewhere and where a call "
+        "is refused")
 
 
 def call_refusal(q, k, v, heads, mask, skip_reshape: bool, kwargs: dict) -> str | None:
@@ -58,27 +74,80 @@ def to_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 class Fp8Attention:
     """An `optimized_attention_override` running ComfyUI's attention calls in FP8 (see the module)."""
 
-    def __init__(self, exact=None):
+    def __init__(self, exact=None, timer=cuda_timer, devices=("cuda",)):
         self.exact = exact          # the exact mode's override for refused calls; None: ComfyUI's own function
+        self.timer = timer
+        self.devices = devices      # where a shape's first call measures (elsewhere the kernel runs: interpreter)
+        self.choices: dict[tuple, str] = {}      # shape key -> KERNEL | CUDNN_FP8 | EXACT
 
     def __call__(self, func, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
                  skip_output_reshape=False, **kwargs):
+        call = dict(mask=mask, attn_precision=attn_precision, skip_reshape=skip_reshape,
+                    skip_output_reshape=skip_output_reshape, **kwargs)
         why = call_refusal(q, k, v, heads, mask, skip_reshape, kwargs)
         if why is None:
             q4, k4, v4 = (q, k, v) if skip_reshape else (to_heads(t, heads) for t in (q, k, v))
             why = None if torch.compiler.is_compiling() else kernel.refusal(q4, k4, v4)
         if why is not None:
-            return self._exact(why, func, q, k, v, heads, mask=mask, attn_precision=attn_precision,
-                               skip_reshape=skip_reshape, skip_output_reshape=skip_output_reshape, **kwargs)
-        out = kernel.attention_fp8(q4, k4, v4, kwargs.get("scale"))         # [B, heads, Sq, D]
-        if skip_output_reshape:
-            return out
-        b, h, sq, d = out.shape
-        return out.transpose(1, 2).reshape(b, sq, h * d)
+            if not torch.compiler.is_compiling():
+                state.say_once(FALLBACK_LINE, why)
+            return self._exact(func, q, k, v, heads, **call)
+        if torch.compiler.is_compiling() or q4.device.type not in self.devices:
+            return self._kernel(q4, k4, v4, kwargs.get("scale"), skip_output_reshape)
+        key = (tuple(q4.shape), tuple(k4.shape), q4.dtype, q4.device, kwargs.get("scale"))
+        if key not in self.choices:
+            with model_compiler.outside_recorded_allocations():
+                self.choices[key] = self._measure(key, func, (q, k, v, heads), call, (q4, k4, v4))
+        choice = self.choices[key]
+        if choice == EXACT:
+            return self._exact(func, q, k, v, heads, **call)
+        if choice == CUDNN_FP8:
+            return _output(cudnn_fp8.attention_cudnn_fp8(q4, k4, v4), skip_output_reshape)
+        return self._kernel(q4, k4, v4, kwargs.get("scale"), skip_output_reshape)
 
-    def _exact(self, why: str, func, *args, **kwargs):
-        if not torch.compiler.is_compiling():
-            state.say_once(FALLBACK_LINE, why)
+    @staticmethod
+    def _kernel(q4, k4, v4, scale, skip_output_reshape):
+        return _output(kernel.attention_fp8(q4, k4, v4, scale), skip_output_reshape)
+
+    def _exact(self, func, *args, **kwargs):
         if self.exact is None or torch.compiler.is_compiling():
             return func(*args, **kwargs)
         return self.exact(func, *args, **kwargs)
+
+    def _measure(self, key, func, args, call, qkv4) -> str:
+        """The fastest of the kernel, cuDNN's FP8 SDPA (as accurate as the kernel on these inputs) and exact."""
+        skip_output_reshape, scale = call["skip_output_reshape"], call.get("scale")
+        candidates = {KERNEL: lambda: self._kernel(*qkv4, scale, skip_output_reshape),
+                      EXACT: lambda: self._exact(func, *args, **call)}
+        notes = {}
+        if scale is None and cudnn_fp8.refusal(*qkv4) is None:
+            exact_out, kernel_out = candidates[EXACT]().float(), candidates[KERNEL]().float()
+            try:
+                cudnn_out = _output(cudnn_fp8.attention_cudnn_fp8(*qkv4), skip_output_reshape).float()
+            except Exception as error:       # a shape this cuDNN builds no graph for
+                notes[CUDNN_FP8] = f"unavailable ({type(error).__name__})"
+            else:
+                limit = ERROR_SLACK * relative_error(kernel_out, exact_out)
+                if relative_error(cudnn_out, exact_out) <= limit:
+                    candidates[CUDNN_FP8] = lambda: _output(cudnn_fp8.attention_cudnn_fp8(*qkv4),
+                                                            skip_output_reshape)
+                else:
+                    notes[CUDNN_FP8] = "less accurate than the kernel"
+        timings = {name: self.timer(fn) for name, fn in candidates.items()}
+        best = min(timings, key=timings.get)
+        said = [f"{name} {ms:.3f} ms" for name, ms in timings.items()] + [f"{n}: {w}" for n, w in notes.items()]
+        state.say_once(CHOICE_LINE, key[0], best, "; ".join(said))
+        return best
+
+
+def _output(out: torch.Tensor, skip_output_reshape: bool) -> torch.Tensor:
+    """The kernel's `[B, heads, Sq, D]` as ComfyUI's attention returns it."""
+    if skip_output_reshape:
+        return out
+    b, h, sq, d = out.shape
+    return out.transpose(1, 2).reshape(b, sq, h * d)
+
+
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """|out - reference| / |reference| in the Frobenius norm (one host read: measured once per shape)."""
+    return float((out - reference).norm() / reference.norm().clamp_min(1e-30))
