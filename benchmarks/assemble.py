@@ -10,7 +10,9 @@ against its recorded sha256 (and the base tree's file list against the record) b
 
     python -m benchmarks assemble --base TREE --files DIR --out DIR        # rebuild, checking every file
     python -m benchmarks assemble --base TREE --files DIR --record SOURCES --base-commit HASH --version V
-        # write the provenance: SOURCES is a JSON {path: commit} of the files in DIR (the commit the index named)
+        # write the provenance: SOURCES is a JSON {path: commit} of the files in DIR (the commit the index named),
+        # or {path: {"commit": ..., "repo": OWNER/NAME}} for a file the index holds only under another repository
+        # (Comfy-Org/ComfyUI's former name comfyanonymous/ComfyUI, or a fork): its row names that repository
 """
 from __future__ import annotations
 
@@ -22,7 +24,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 BASE_SOURCE = "github:jwijaya83/ComfyUI"
-INDEX_SOURCE = "github:Comfy-Org/ComfyUI (code index)"
+INDEX_REPO = "Comfy-Org/ComfyUI"
+
+
+def index_source(repo: str = INDEX_REPO) -> str:
+    return f"github:{repo} (code index)"
+
+
+INDEX_SOURCE = index_source()
 DEFAULT_PROVENANCE = RESULTS / "assembled-tree-0.38.1.json"
 
 
@@ -32,6 +41,11 @@ class AssembleError(Exception):
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def from_index(row: dict) -> bool:
+    """A row of a file read from the code index (Comfy-Org/ComfyUI's or, where it lacks the file, another's)."""
+    return row["source"].endswith(" (code index)")
 
 
 def tree_files(root: Path) -> list[str]:
@@ -47,18 +61,22 @@ def tree_files(root: Path) -> list[str]:
 
 def record(base: Path, files: Path, sources: dict[str, str], base_commit: str, version: str,
            base_version: str, missing_from_base: list[str] = ()) -> dict:
-    """The provenance of base + files: every file of the assembled tree and where it came from."""
+    """The provenance of base + files: every file of the assembled tree and where it came from. sources[path] is the
+    commit the index named, or {"commit": ..., "repo": ...} for a file read from another repository than
+    Comfy-Org/ComfyUI."""
     index_paths = sorted(sources)
     absent = [p for p in index_paths if not (files / p).is_file()]
     if absent:
         raise AssembleError(f"named in the sources but not in {files}: {', '.join(absent)}")
     rows = {p: {"path": p, "source": BASE_SOURCE, "commit": base_commit} for p in tree_files(base)}
     for p in index_paths:
-        rows[p] = {"path": p, "source": INDEX_SOURCE, "commit": sources[p], "sha256": sha256(files / p),
-                   "replaces_base": p in rows}
+        entry = sources[p] if isinstance(sources[p], dict) else {"commit": sources[p]}
+        rows[p] = {"path": p, "source": index_source(entry.get("repo") or INDEX_REPO), "commit": entry["commit"],
+                   "sha256": sha256(files / p), "replaces_base": p in rows}
     return {"what": f"ComfyUI {version} as far as it can be reached: the real {base_version} tree ({BASE_SOURCE} at "
                     f"{base_commit}) with the newest version the code index holds of each file the overlay pack or "
-                    "starting ComfyUI needs; every file of the tree and where it came from",
+                    "starting ComfyUI needs (read from another repository, named in its row, where the index holds "
+                    "no Comfy-Org/ComfyUI version); every file of the tree and where it came from",
             "version": version, "base": {"source": BASE_SOURCE, "commit": base_commit, "version": base_version,
                                          "missing_from_mirror": sorted(missing_from_base)},
             "index_files": len(index_paths), "command": "python -m benchmarks assemble --base TREE --files DIR "
@@ -70,7 +88,7 @@ def assemble(base: Path, files: Path, out: Path, provenance: dict) -> dict:
     """Write the assembled tree to out (which must not exist) after checking both inputs against provenance."""
     rows = provenance["files"]
     expected_base = {r["path"] for r in rows if r["source"] == BASE_SOURCE}
-    replaced = {r["path"] for r in rows if r["source"] == INDEX_SOURCE and r.get("replaces_base")}
+    replaced = {r["path"] for r in rows if from_index(r) and r.get("replaces_base")}
     found_base = set(tree_files(base))
     missing = sorted((expected_base | replaced) - found_base)
     extra = sorted(found_base - expected_base - replaced)
@@ -79,7 +97,7 @@ def assemble(base: Path, files: Path, out: Path, provenance: dict) -> dict:
                             f"{extra[:5]} ({len(missing)} and {len(extra)} files)")
     wrong = []
     for r in rows:
-        if r["source"] == INDEX_SOURCE:
+        if from_index(r):
             path = files / r["path"]
             if not path.is_file():
                 wrong.append(f"{r['path']}: absent")
@@ -90,10 +108,10 @@ def assemble(base: Path, files: Path, out: Path, provenance: dict) -> dict:
     if out.exists():
         raise AssembleError(f"{out} exists; give a new folder")
     for r in rows:
-        source = (files if r["source"] == INDEX_SOURCE else base) / r["path"]
+        source = (files if from_index(r) else base) / r["path"]
         (out / r["path"]).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, out / r["path"])
-    return {"files": len(rows), "from_index": sorted(r["path"] for r in rows if r["source"] == INDEX_SOURCE),
+    return {"files": len(rows), "from_index": sorted(r["path"] for r in rows if from_index(r)),
             "out": str(out)}
 
 

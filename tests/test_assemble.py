@@ -57,6 +57,25 @@ def test_assemble_rebuilds_the_tree_from_base_and_index_files(inputs, tmp_path):
     assert (out / "pkg/ops.py").read_text() == "NEW = 1\n" and (out / "pkg/kept.py").read_text() == "KEPT = 1\n"
 
 
+def test_a_file_read_from_another_repository_is_recorded_and_assembled_as_an_index_file(inputs, tmp_path):
+    # the index lacks some files under Comfy-Org/ComfyUI; the record names the repository each was read from
+    base, files, sources = inputs
+    sources["pkg/added/model.py"] = {"commit": "d" * 40, "repo": "comfyanonymous/ComfyUI"}
+    sources["pkg/ops.py"] = {"commit": "b" * 40}
+    data = assemble.record(base, files, sources, BASE_COMMIT, "1.1.0", "1.0.0")
+    rows = {r["path"]: r for r in data["files"]}
+    assert rows["pkg/added/model.py"]["source"] == "github:comfyanonymous/ComfyUI (code index)"
+    assert rows["pkg/added/model.py"]["commit"] == "d" * 40
+    assert rows["pkg/ops.py"]["source"] == assemble.INDEX_SOURCE and rows["pkg/ops.py"]["commit"] == "b" * 40
+    assert data["index_files"] == 3
+    done = assemble.assemble(base, files, tmp_path / "out", data)
+    assert done["from_index"] == ["comfyui_version.py", "pkg/added/model.py", "pkg/ops.py"]
+    assert (tmp_path / "out/pkg/added/model.py").read_text() == "ADDED = 1\n"
+    (files / "pkg/added/model.py").write_text("ADDED = 2\n")
+    with pytest.raises(assemble.AssembleError, match="pkg/added/model.py"):
+        assemble.assemble(base, files, tmp_path / "out2", data)
+
+
 @pytest.mark.parametrize("tamper", ["index file changed", "index file absent", "base has an unrecorded file",
                                     "base lacks a recorded file"])
 def test_assemble_refuses_inputs_that_differ_from_the_record_and_writes_nothing(inputs, tmp_path, tamper):
@@ -82,9 +101,10 @@ def test_the_committed_provenance_names_every_file_with_its_source():
     assert paths == sorted(set(paths)) and "comfyui_version.py" in paths
     for row in data["files"]:
         assert re.fullmatch(r"[0-9a-f]{40}", row["commit"]) and not row["path"].startswith("/")
-        if row["source"] == assemble.INDEX_SOURCE:
+        if assemble.from_index(row):
             assert re.fullmatch(r"[0-9a-f]{64}", row["sha256"])
+            assert re.fullmatch(r"github:[\w.-]+/[\w.-]+ \(code index\)", row["source"])
         else:
             assert row["source"] == assemble.BASE_SOURCE and row["commit"] == data["base"]["commit"]
-    assert sum(r["source"] == assemble.INDEX_SOURCE for r in data["files"]) == data["index_files"] > 0
+    assert sum(assemble.from_index(r) for r in data["files"]) == data["index_files"] > 0
     assert str(REPO) not in assemble.DEFAULT_PROVENANCE.read_text()
