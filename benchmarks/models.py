@@ -161,8 +161,10 @@ QWEN_IMAGE21_BRIDGE = {
     "model_base": "the tree's model_base.QwenImage with unet_model=QwenImage21Transformer2DModel; the prefix K/V "
                   "cache switched per sampling run as the newest model_base.QwenImage21 switches it (on while a "
                   "patcher with no hook patches runs the model)",
-    "not_covered": "model_base.QwenImage21.get_dynamic_vram__units (only the newest model_patcher asks for it) and "
-                   "extra_conds' image_slots (no reference images here)",
+    "not_covered": "model_base.QwenImage21.get_dynamic_vram__units (ModelPatcherDynamic.load asks for it: without "
+                   "it the blocks load in size order and get no _v_block, which only model_prefetch's CUDA-graph "
+                   "path uses; Qwen-Image 2.1's own block loop hands prefetch_queue_pop no core, so the release "
+                   "captures no CUDA graph either way) and extra_conds' image_slots (no reference images here)",
 }
 
 
