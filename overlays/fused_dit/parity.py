@@ -49,7 +49,9 @@ GATE_TEXT = {
     "bytes": "byte-exact vs the eager reference",
     "relative": f"relative Frobenius error <= {FP8_GEMM_MAX_RELATIVE_FROBENIUS:.0%} vs the eager linear",
     "fp8_attention": f"<= 1 ulp on >= {testing.BF16_WITHIN_ONE_ULP_FRACTION:.1%} and <= {testing.BF16_MAX_ULP} ulp "
-                     "max vs the kernel's eager FP8 reference (same tiles, same codes); fp32 SDPA reported",
+                     "max vs the kernel's eager FP8 reference (same tiles, same codes), or, where a rounding tie "
+                     "moved a product, >= 99% within 1 ulp and no further from fp32 SDPA than the reference plus one "
+                     "rounding of the output dtype",
 }
 
 
@@ -188,8 +190,28 @@ def _judge_relative(outputs: list[ComparedOutput], result: dict) -> list[str]:
     return failures
 
 
+def _judge_fp8_attention(outputs: list[ComparedOutput], result: dict) -> list[str]:
+    """The ulp gate against the eager FP8 reference; where a few elements miss it (an 8-bit code or a rounded P
+    landing on the other side of a tie between the kernel's and the reference's fp32 arithmetic moves a whole
+    product), the kernel passes only if it is as close to fp32 attention as its reference is, up to one rounding of
+    the output dtype (relative Frobenius), with at least FP8_ATTENTION_WITHIN_ONE_ULP of elements within 1 ulp."""
+    failures = _judge_float(outputs, result)
+    if not failures:
+        return failures
+    kept = []
+    for o, message in zip(outputs, failures):
+        kernel_error = _relative_frobenius(o.actual, o.tier1)
+        reference_error = _relative_frobenius(o.tier2, o.tier1)
+        within = 1 - testing.compare(o.actual, o.tier2).over_one_ulp_fraction
+        rounding = torch.finfo(o.actual.dtype).eps / 2
+        if not (kernel_error <= reference_error + rounding and within >= FP8_ATTENTION_WITHIN_ONE_ULP):
+            kept.append(f"{message}; error vs fp32 {kernel_error:.4g} against the reference's {reference_error:.4g}")
+    return kept
+
+
+FP8_ATTENTION_WITHIN_ONE_ULP = 0.99
 _JUDGES = {"ulp": _judge_float, "fp32": _judge_float, "bytes": _judge_bytes, "relative": _judge_relative,
-           "fp8_attention": _judge_float}
+           "fp8_attention": _judge_fp8_attention}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -136,3 +136,16 @@ def test_the_fp8_byte_gate_counts_a_flipped_code(monkeypatch):
     result = case.run()
     assert not result["passed"] and result["byte_mismatches"] == 1
     assert any("codes: 1 of" in failure for failure in result["failures"])
+
+
+def test_the_fp8_attention_gate_takes_a_tie_but_not_a_less_accurate_kernel():
+    """A product moved by a rounding tie passes if the kernel stays as close to fp32 as its reference (up to one
+    output rounding); a kernel further from fp32 than that fails."""
+    exact = torch.linspace(0.25, 0.75, 1024, dtype=torch.float32).reshape(1, 1, 16, 64)
+    reference = (exact * 1.003).to(torch.bfloat16)
+    tie = reference.clone()
+    tie.view(-1)[7] = tie.view(-1)[7] + 2 ** -7          # a few ulp at 0.25..0.5: one product moved
+    gold = exact.to(torch.bfloat16)                      # fp32 SDPA, as the case hands it, in the output dtype
+    assert parity._judge_fp8_attention([parity.ComparedOutput("out", tie, reference, gold)], {}) == []
+    worse = (exact * 1.05).to(torch.bfloat16)
+    assert parity._judge_fp8_attention([parity.ComparedOutput("out", worse, reference, gold)], {})
