@@ -54,6 +54,10 @@ MODEL_FAMILIES = (
     ModelFamily("Qwen-Image", "comfy/ldm/qwen_image/model.py", None, None, "QwenImage", _NO_BLOCKS),
     ModelFamily("Lumina 2", "comfy/ldm/lumina/model.py", None, None, "Lumina2", _NO_BLOCKS),
     ModelFamily("Z-Image", "comfy/ldm/lumina/model.py", None, None, "ZImage", _NO_BLOCKS),
+    ModelFamily("Qwen-Image 2.1", "comfy/ldm/qwen_image21/model.py", None, None, None,
+                "its blocks call comfy-kitchen's rms_rope and adaln directly and add the gate inline: the block "
+                "families have no seam there and stay stock (fp8_linear and attention reach it through ComfyUI's "
+                "Linear and attention seams, checked on the assembled 0.38.1 tree)"),
 )
 
 

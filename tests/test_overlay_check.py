@@ -229,6 +229,14 @@ def test_models_the_overlay_has_no_variant_for_say_so(tmp_path):
     assert "Flux.2" not in {m["model"] for m in report["models"]}      # supported_models has no Flux2
 
 
+def test_qwen_image_2_1_is_listed_with_why_its_block_families_stay_stock(tmp_path):
+    root = write_tree(tmp_path, "0.3")
+    (root / "comfy/ldm/qwen_image21").mkdir(parents=True)
+    (root / "comfy/ldm/qwen_image21/model.py").write_text("class QwenImage21Transformer2DModel: pass\n")
+    qwen21 = families(overlay_check.check_tree(root), "Qwen-Image 2.1")
+    assert all(v["variant"] is None and "comfy-kitchen" in v["reason"] for v in qwen21.values())
+
+
 def test_a_folder_without_comfyui_code_is_a_bad_target(tmp_path):
     with pytest.raises(BadTargetError, match="holds no ComfyUI code"):
         overlay_check.check_tree(tmp_path)
