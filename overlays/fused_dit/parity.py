@@ -32,6 +32,7 @@ from . import dispatch, ops as ops_package, testing
 from .ops import attention_fp8
 
 FP8_GEMM_MAX_RELATIVE_FROBENIUS = 0.05
+FP8_ATTENTION_WITHIN_ONE_ULP = 0.99
 # gelu_quantize_fp8's documented parity: the kernel's tanh and torch's tanhf may round differently in the last bit,
 # flipping a rare bf16 rounding and so one fp8 code; expected well below 0.1%, each one code apart.
 GELU_FP8_MAX_MISMATCH_FRACTION = 1e-3
@@ -50,8 +51,8 @@ GATE_TEXT = {
     "relative": f"relative Frobenius error <= {FP8_GEMM_MAX_RELATIVE_FROBENIUS:.0%} vs the eager linear",
     "fp8_attention": f"<= 1 ulp on >= {testing.BF16_WITHIN_ONE_ULP_FRACTION:.1%} and <= {testing.BF16_MAX_ULP} ulp "
                      "max vs the kernel's eager FP8 reference (same tiles, same codes), or, where a rounding tie "
-                     "moved a product, >= 99% within 1 ulp and no further from fp32 SDPA than the reference plus one "
-                     "rounding of the output dtype",
+                     f"moved a product, >= {FP8_ATTENTION_WITHIN_ONE_ULP:.0%} within 1 ulp and no further from "
+                     "fp32 SDPA than the reference plus one rounding of the output dtype",
 }
 
 
@@ -209,7 +210,6 @@ def _judge_fp8_attention(outputs: list[ComparedOutput], result: dict) -> list[st
     return kept
 
 
-FP8_ATTENTION_WITHIN_ONE_ULP = 0.99
 _JUDGES = {"ulp": _judge_float, "fp32": _judge_float, "bytes": _judge_bytes, "relative": _judge_relative,
            "fp8_attention": _judge_fp8_attention}
 
