@@ -402,9 +402,6 @@ def _run_plan(module: torch.nn.Module, plan: Fp8Plan, x: torch.Tensor, stock_for
 def shape_decline(mechanism: str, x: torch.Tensor) -> str | None:
     """fp8_shapes' verdict for this call: rows = x.numel() // K."""
     k = x.shape[-1]
-    needed, _ = fp8_shapes.rows_needed(mechanism, k)
-    if needed is not None and needed <= (x.numel() // k if k else 0):
-        return None
     return fp8_shapes.decline_reason(mechanism, x.numel() // k if k else 0, k)
 
 
