@@ -25,9 +25,13 @@ the blocks of the models it does reach (Qwen-Image 2.1, MiniMax, LTX-AV), throug
     malloc_graph  a malloc graph around the block loop, iterate("block") before each block, iterate(None) + end
                   after the last (the release's own model_prefetch functions where the tree has them, else the
                   same comfy_aimdo.malloc_graph calls made here)
-    cuda_graph    malloc_graph, and each block as prefetch_queue_pop(core=..., enable_graph=True) runs it: first
-                  call eager on the capture stream, second captured with torch.cuda.graph and replayed, later calls
-                  replayed (inputs copied into the captured buffers; a new input signature captures again)
+    cuda_graph    each block as prefetch_queue_pop(core=..., enable_graph=True) runs it: first call eager on the
+                  capture stream, second captured with torch.cuda.graph and replayed, later calls replayed (inputs
+                  copied into the captured buffers; a new input signature captures again), in PyTorch's graph pool
+                  and with no malloc graph: with comfy-aimdo's record around it the harness's own static buffers
+                  outlive their block's frame, which broke the record for stock too ("aimdo memory compile error",
+                  2026-12-02), so this mode answers whether a block running the node can be captured and replayed,
+                  and malloc_graph whether its allocations are alike from call to call
 
 Per run: the error (exception text), graph breaks and rogue allocations the malloc graph reports, blocks
 captured, replays, capture failures, s/step, peak memory, the output latent's max abs difference from the same
@@ -86,6 +90,9 @@ HARNESS_LIMITS = [
     "the release would capture again where this replays",
     "the CUDA-graph mode captures the blocks of diffusion models, which the release itself does only for modules "
     "whose callers pass core= and enable_graph=True (text-encoder decoding, MiniMax music)",
+    "the CUDA-graph mode captures in PyTorch's graph pool, without comfy-aimdo's malloc graph: the release captures "
+    "inside its malloc graph, where a replayed block's tensors land at the addresses of the record; the harness "
+    "copies inputs into buffers of its own instead, which a malloc graph cannot hold across frames",
     "one KSampler call per malloc graph, cleaned up after it as execution.py does after a node; no server, no "
     "prompt queue",
 ]
@@ -408,7 +415,7 @@ def mode_unavailable(mode: str, device: str, aimdo_ready: bool) -> str | None:
     if mode in HARNESS_MODES or mode in RELEASE_MODES:
         if device != "cuda":
             return "needs CUDA (comfy-aimdo's malloc graph and torch.cuda.graph)"
-        if not aimdo_ready:
+        if not aimdo_ready and mode != "cuda_graph":
             return "needs comfy-aimdo on (DynamicVRAM started, comfy_aimdo.malloc_graph importable)"
     return None
 
@@ -418,7 +425,8 @@ def compiler_flags(args, mode: str, assert_graph_breaks: bool):
     """comfy.cli_args.args as the flags would set them for this mode, put back after."""
     names = ("disable_comfy_compiler", "disable_cuda_graphs", "assert_graph_breaks")
     saved = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    wanted = {"disable_comfy_compiler": mode == "off", "disable_cuda_graphs": mode == "off",
+    # cuda_graph: the harness's capture alone (a release's own malloc graph around it would hold its buffers)
+    wanted = {"disable_comfy_compiler": mode in ("off", "cuda_graph"), "disable_cuda_graphs": mode == "off",
               "assert_graph_breaks": assert_graph_breaks or mode == "release_assert"}
     for name in saved:
         setattr(args, name, wanted[name])
@@ -495,7 +503,8 @@ class Session(Loader):
                 calls = ReleaseCalls(self.prefetch, torch.device(self.device, torch.cuda.current_device()))
             if mode in HARNESS_MODES:
                 device = torch.device(self.device, torch.cuda.current_device())
-                calls, record["malloc_graph_calls"] = self.calls_for(device)
+                if mode == "malloc_graph":
+                    calls, record["malloc_graph_calls"] = self.calls_for(device)
                 keys = block_keys(base.model.diffusion_model, spec.family)
                 compiler = BlockCompiler(calls, TorchCuda(device) if mode == "cuda_graph" else None, len(keys))
                 patched = install(patched, keys, compiler)

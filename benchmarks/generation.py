@@ -30,6 +30,7 @@ Configs (the MODEL a workflow hands to KSampler):
                      weights kept between calls instead of quantised per call)
     overlay_attention_fp8  the node with its attention family alone in its fp8 mode (attention_mode "fp8")
     overlay_all_fp8_attn  overlay_all_fp8 with attention_mode "fp8": FP8 Linears and FP8 attention
+    overlay_all_fp8_attn_compile  overlay_all_fp8_attn, then TorchCompileModel (issue 28: the fp8 mode under Dynamo)
     overlay_all_compile  overlay_all, then TorchCompileModel (the attention family steps aside while Dynamo
                      traces: the compiled graph keeps the release's SDPA order)
     node_defaults    the node as a user drops it in: every input at its INPUT_TYPES default (what runs then is the
@@ -43,8 +44,8 @@ A run spec is CONFIG[@WEIGHTS][:eval], e.g. `overlay_fp8@fp8_e4m3fn` (the node's
 
 Models (--models): flux-dev (1024x1024, 2048x2048, and 4096x4096 when --resolutions names it; T5 256 tokens + CLIP
 pooled, guidance 3.5), wan2.1-t2v-14b (480x832, 33 frames, and 81 frames when --resolutions names 480x832x81; umT5
-512 tokens) and qwen-image (1024x1024; 115 Qwen2.5-VL tokens, no pooled vector, no
-guidance; the 16-channel EmptySD3LatentImage latent with the frame axis ComfyUI adds for its Wan21 latent format).
+512 tokens) and qwen-image (1024x1024, and 2048x2048 when --resolutions names it; 115 Qwen2.5-VL tokens, no
+pooled vector, no guidance; the 16-channel EmptySD3LatentImage latent with the frame axis ComfyUI adds for its Wan21 latent format).
 Qwen-Image's ComfyUI detection reads only in_channels and the depth from the weights (hidden 3072 = 24 x 128 and the
 text width 3584 are the class's defaults), so its --tiny model only loses depth, as Flux's does. A release without
 a model's code (comfy/ldm/qwen_image) records that model's runs as skipped, with the reason.

@@ -14,10 +14,11 @@ import time
 CONFIGS = ("stock", "overlay", "overlay_fp8", "comfy_fp8", "comfy_fp8_fast", "compile", "overlay_compile",
            "overlay_fp8_alongside", "overlay_compile_allops", "overlay_attention", "overlay_all", "overlay_all_fp8",
            "overlay_all_fp8_alongside", "comfy_sage", "overlay_all_compile", "node_defaults", "overlay_attention_fp8",
-           "overlay_all_fp8_attn")
+           "overlay_all_fp8_attn", "overlay_all_fp8_attn_compile")
 # the node as a user drops it in: every input at the default its INPUT_TYPES declares (what ComfyUI then sends)
 NODE_DEFAULTS = "node_defaults"
-COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops", "overlay_all_compile")
+COMPILE_CONFIGS = ("compile", "overlay_compile", "overlay_compile_allops", "overlay_all_compile",
+                   "overlay_all_fp8_attn_compile")
 # configs that only exist on ComfyUI's fp8 weights
 FP8_WEIGHT_CONFIGS = ("comfy_fp8", "comfy_fp8_fast")
 # the node's exact families (output at bf16 rounding of stock or bit-identical), in the order overlay_all asks
@@ -36,9 +37,10 @@ OVERLAY_FAMILIES = {
     "overlay_all_compile": EXACT_FAMILIES,
     "overlay_attention_fp8": ("attention",),
     "overlay_all_fp8_attn": EXACT_FAMILIES + ("fp8_linear",),
+    "overlay_all_fp8_attn_compile": EXACT_FAMILIES + ("fp8_linear",),
 }
 # configs that ask the attention family for its fp8 mode (the node's attention_mode input)
-FP8_ATTENTION_CONFIGS = ("overlay_attention_fp8", "overlay_all_fp8_attn")
+FP8_ATTENTION_CONFIGS = ("overlay_attention_fp8", "overlay_all_fp8_attn", "overlay_all_fp8_attn_compile")
 # what comfy_sage rebinds, and how to put it back (module, attribute, previous value)
 _UNDO: list = []
 

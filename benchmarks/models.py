@@ -91,7 +91,7 @@ MODELS = {
                                 ((480, 832, 33),), ((64, 64, 5),), 512, 8, "WAN21", ((480, 832, 81),)),
     # Qwen-Image's detection reads in_channels and the depth only: the tiny Qwen-Image only loses depth
     "qwen-image": ModelSpec("qwen-image", "qwen_image", QWEN_IMAGE, {**QWEN_IMAGE, "num_layers": 1},
-                            ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage"),
+                            ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage", ((2048, 2048),)),
     # the text context: Qwen-Image's token count for the same prompt (Qwen-Image 2.1's Qwen3-VL template was not
     # run here); 1024x1024 is 64x64 latent tokens
     "qwen-image-2.1": ModelSpec("qwen-image-2.1", "qwen_image21", QWEN_IMAGE21, QWEN_IMAGE21_TINY,

@@ -240,8 +240,11 @@ def test_modes_that_need_cuda_are_skipped_on_the_cpu():
     assert compiler.mode_unavailable("off", "cpu", False) is None
     for mode in ("release", "release_assert", "malloc_graph", "cuda_graph"):
         assert "CUDA" in compiler.mode_unavailable(mode, "cpu", False)
-        assert "aimdo" in compiler.mode_unavailable(mode, "cuda", False)
         assert compiler.mode_unavailable(mode, "cuda", True) is None
+    for mode in ("release", "release_assert", "malloc_graph"):
+        assert "aimdo" in compiler.mode_unavailable(mode, "cuda", False)
+    # the CUDA-graph mode captures in PyTorch's graph pool: no malloc graph needed
+    assert compiler.mode_unavailable("cuda_graph", "cuda", False) is None
 
 
 def test_compiler_flags_set_what_the_cli_would_and_are_put_back():
@@ -249,7 +252,10 @@ def test_compiler_flags_set_what_the_cli_would_and_are_put_back():
     with compiler.compiler_flags(args, "off", False):
         assert args.disable_comfy_compiler and args.disable_cuda_graphs
     with compiler.compiler_flags(args, "cuda_graph", True):
-        assert not args.disable_comfy_compiler and args.assert_graph_breaks
+        # the harness's capture alone: the release's own malloc graph stays off around it
+        assert args.disable_comfy_compiler and not args.disable_cuda_graphs and args.assert_graph_breaks
+    with compiler.compiler_flags(args, "malloc_graph", False):
+        assert not args.disable_comfy_compiler
     assert args == types.SimpleNamespace(disable_comfy_compiler=False, disable_cuda_graphs=False,
                                          assert_graph_breaks=False)
     with compiler.compiler_flags(args, "release_assert", False):   # the release's compiler, a break raises

@@ -100,13 +100,16 @@ ROPE_SEAM = Implementation(
 LINEAR_FP8_SEAM = Implementation(
     "linear_fp8_seam", OP_SEAM, "integration/fp8_modules.py",
     Needs("linear_fp8_seam", FP8_MIN_CAPABILITY, FP8_ACTIVATION_DTYPES, VRAM_MODES, True,
-          "activation scales stay on the GPU (no host sync); a weight's codes are made on its first call, so the "
-          "calls after it allocate alike"))
+          "activation scales stay on the GPU (no host sync); a weight's codes are made on its first call, and the "
+          "stream's stats buffer and GEMM workspace before it, outside the compiler's recorded allocations, so "
+          "every call allocates alike"))
 FLASH_FIRST = ("FLASH_ATTENTION",)      # the SDPA order of ComfyUI 0.29+ on Linux (cuDNN first before it)
 FASTEST_SDPA = Implementation(
     "fastest_sdpa", OVERRIDE, "integration/attention.py",
-    Needs(None, None, (), VRAM_MODES, False,
-          "measures each new shape on its first call (CUDA events and a host read of the output's scale)",
+    Needs(None, None, (), VRAM_MODES, True,
+          "a shape's first (eager) call times the backends outside the compiler's recorded allocations (a shape "
+          "first seen inside a capture runs the release's order, unmeasured), after which the choice reads shapes, "
+          "dtypes and devices alone",
           gains_after=FLASH_FIRST),
     faster=Evidence("generation-0.33.0.json",
                     "runs[model=flux-dev|wan2.1-t2v-14b, config=stock|overlay_attention|node_defaults]"),
@@ -116,8 +119,9 @@ FP8_ATTENTION = Implementation(
     "fp8_attention", OVERRIDE, "integration/attention_fp8.py",
     Needs(None, FP8_MIN_CAPABILITY, FP8_ACTIVATION_DTYPES, VRAM_MODES, True,
           "scales derived on the GPU (no host sync), allocations alike on every call of a shape; a shape's first "
-          "(eager) call times the kernel against exact outside the compiler's recorded allocations, after which the "
-          "choice reads shapes, dtypes and devices alone"),
+          "(eager) call times the kernel against exact outside the compiler's recorded allocations (a shape first "
+          "seen inside a capture runs exact, unmeasured), after which the choice reads shapes, dtypes and devices "
+          "alone"),
     faster=Evidence("attention-kernels-h200.json", "shapes.*.speed"))
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (

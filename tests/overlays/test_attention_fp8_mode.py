@@ -176,8 +176,8 @@ def test_fp8_attention_may_run_where_blocks_are_captured_in_cuda_graphs(flash_fi
     model, _ = blocks.make_flux_stack()
     selection = registry.choose(_Patcher(model), registry.Request(("attention",), attention_mode="fp8",
                                                                   graphs_captured=True))
-    assert selection.attention and selection.attention_mode == "fp8" and not selection.attention_exact_fallback
-    assert families.FP8_ATTENTION.needs.capture_safe
+    assert selection.attention and selection.attention_mode == "fp8" and selection.attention_exact_fallback
+    assert families.FP8_ATTENTION.needs.capture_safe and families.FASTEST_SDPA.needs.capture_safe
 
 
 def test_an_unknown_attention_mode_is_refused():

@@ -6,6 +6,7 @@ their policy does; capture-safety is honoured where blocks are captured in CUDA 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -128,14 +129,21 @@ def test_the_fp8_weight_mechanism_follows_policy_vram_mode_and_device(monkeypatc
     assert any(line.startswith("fp8_weights: ") for line in selection.lines)
 
 
-def test_where_blocks_are_captured_in_cuda_graphs_only_capture_safe_implementations_run(flash_first):
+def test_where_blocks_are_captured_in_cuda_graphs_only_capture_safe_implementations_run(flash_first, monkeypatch):
     model, _ = blocks.make_flux_stack()
     asked = ("norm_rope", "adaln", "gate", "attention")
     free = registry.choose(_Patcher(model), registry.Request(asked))
     captured = registry.choose(_Patcher(model), registry.Request(asked, graphs_captured=True))
-    assert free.attention and not captured.attention
+    assert free.attention and captured.attention       # every shipped implementation is capture-safe
     assert captured.ops == free.ops == ("norm_rope", "adaln", "gate")
-    assert "attention: stock: fastest_sdpa is not capture-safe (measures each new shape" in captured.lines[-1]
+    unsafe = dataclasses.replace(families.FASTEST_SDPA, needs=dataclasses.replace(
+        families.FASTEST_SDPA.needs, capture_safe=False, capture_note="times each call"))
+    monkeypatch.setattr(registry, "FASTEST_SDPA", unsafe)
+    monkeypatch.setitem(families.FAMILIES, "attention", dataclasses.replace(
+        families.FAMILIES["attention"], implementations=(unsafe, families.FP8_ATTENTION)))
+    captured = registry.choose(_Patcher(model), registry.Request(asked, graphs_captured=True))
+    assert not captured.attention
+    assert "attention: stock: fastest_sdpa is not capture-safe (times each call)" in captured.lines[-1]
 
 
 def test_the_nodes_defaults_run_attention_where_the_release_puts_flash_first(flash_first):

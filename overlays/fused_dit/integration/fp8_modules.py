@@ -46,7 +46,7 @@ from ..ops import fp8_linear as op
 from ..ops.fp8_linear import OP, SUPPORTED_ACTIVATION_DTYPES
 from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
 from ..state import STATE
-from . import fp8_shapes, fp8_weights
+from . import fp8_shapes, fp8_weights, model_compiler
 
 _CACHE_ATTR = "_fused_dit_fp8_weight"
 _PLAN_ATTR = "_fused_dit_fp8_plan"
@@ -370,6 +370,9 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
         cast_call = fp8_weights.cast_call_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None
         plan = Fp8Plan(key, reason, None, None,
                        None if cast_call is None else functools.partial(cast_forward, module, *cast_call))
+    if plan.decline_reason is None or plan.cast_forward is not None:
+        with model_compiler.outside_recorded_allocations():
+            op.prepare_stream(x.device, dtype)
     attrs[_PLAN_ATTR] = plan
     return plan
 

@@ -7,11 +7,17 @@ forwards after it: a forward whose allocations differ from the record is a graph
 its backends; cuDNN's FP8 SDPA builds its graph and workspace; FP8 codes kept between calls are quantised), does it
 inside `outside_recorded_allocations()`: the release's own `pause_malloc_graph()`, so the record holds only what every
 forward allocates alike. On a release without the compiler, or with it off, that is a context that does nothing.
+
+The compiler captures a block in a CUDA graph on its second call, so a shape's first call is eager; a shape first
+seen while a stream is capturing (`capturing`) is not measured there (timing syncs the host, which ends a capture):
+it runs without the choice this once and is measured on its next eager call.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
+
+import torch
 
 PREFETCH_MODULE = "comfy.model_prefetch"
 
@@ -20,3 +26,8 @@ def outside_recorded_allocations():
     """A context in which allocations stay out of the compiler's malloc graph (nothing where there is none)."""
     pause = getattr(sys.modules.get(PREFETCH_MODULE), "pause_malloc_graph", None)
     return pause() if callable(pause) else contextlib.nullcontext()
+
+
+def capturing(tensor: torch.Tensor) -> bool:
+    """Whether the current CUDA stream of `tensor`'s device is capturing a CUDA graph (False off CUDA)."""
+    return tensor.device.type == "cuda" and torch.cuda.is_current_stream_capturing()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 # imported here, not inside the functions: a function-level import costs microseconds on every call
 from .gelu_quantize_fp8 import gelu_quantize_comfy_triton, gelu_quantize_dynamic_triton
-from .quantize_fp8 import (fp8_choice, gemm_stats, quantize_comfy_triton, quantize_dynamic_triton,
+from .quantize_fp8 import (FP8_DTYPE, fp8_choice, gemm_stats, quantize_comfy_triton, quantize_dynamic_triton,
                            quantize_fp8_comfy, quantize_fp8_dynamic)
 from .quantize_fp8_rows import quantize_pair_triton, quantize_rows
 
@@ -99,6 +99,30 @@ def per_call_weight(weight: torch.Tensor) -> Fp8Weight:
 def rowwise_fits(dtype: torch.dtype) -> bool:
     """Whether row-wise scaling serves activations of this dtype (torch._scaled_mm's row-wise mode outputs bf16)."""
     return dtype in ROWWISE_ACTIVATION_DTYPES
+
+
+_PREPARED: set = set()
+
+
+def prepare_stream(device: torch.device, dtype: torch.dtype) -> bool:
+    """Make what the FP8 GEMM path keeps per (device, stream) before its first call: the stats buffer (gemm_stats)
+    and the GEMM library's workspace, which the first torch._scaled_mm on a stream allocates (one tensor-wise and,
+    for bf16, one row-wise GEMM on 16x32 zeros). A caller that records allocations call by call (ComfyUI's model
+    compiler) runs this outside the record, so the first call allocates what every later call does. False where
+    there was nothing to do (not CUDA, or done for this stream and dtype)."""
+    if device.type != "cuda" or dtype not in SUPPORTED_ACTIVATION_DTYPES:
+        return False
+    key = (device, torch.cuda.current_stream(device).cuda_stream, dtype)
+    if key in _PREPARED:
+        return False
+    _PREPARED.add(key)
+    gemm_stats(device)
+    codes = torch.zeros(16, 32, device=device, dtype=FP8_DTYPE)
+    one = torch.ones((), device=device, dtype=torch.float32)
+    _scaled_mm(codes, one, codes.t(), one, None, dtype)
+    if rowwise_fits(dtype):
+        _scaled_mm(codes, one.expand(16, 1).contiguous(), codes.t(), one.expand(1, 16).contiguous(), None, dtype)
+    return True
 
 
 def _scaled_mm(a_codes: torch.Tensor, a_scale: torch.Tensor, w_codes_t: torch.Tensor, w_scale: torch.Tensor,
