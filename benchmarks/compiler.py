@@ -183,6 +183,7 @@ class ReleaseCalls:
         self.breaks = 0
         self.rogues = 0
         self.begins = 0
+        self.breaks_per_call: list[int] = []    # per sampling call (the warm-up call first)
 
     def begin(self):
         self.prefetch.malloc_graph_begin(self.device)
@@ -200,6 +201,7 @@ class ReleaseCalls:
 
     def cleanup(self):
         self.prefetch.cleanup_malloc_graph()
+        self.breaks_per_call.append(self.prefetch.MALLOC_GRAPH_BREAKS)
         self.breaks += self.prefetch.MALLOC_GRAPH_BREAKS
         self.rogues += self.prefetch.MALLOC_GRAPH_ROGUES
         self.prefetch.cleanup_prefetch_queues()
@@ -552,6 +554,8 @@ class Session(Loader):
                 record["graph_breaks"] = calls.breaks
                 record["rogues"] = calls.rogues
                 record["harness_begins"] = calls.begins
+                if hasattr(calls, "breaks_per_call"):
+                    record["graph_breaks_per_call"] = calls.breaks_per_call
             if compiler is not None:
                 record.update(compiler.report())
             record["compiler_log"] = log.close()

@@ -89,7 +89,8 @@ def test_an_fp8_plan_prepares_its_stream_outside_the_record(monkeypatch):
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     monkeypatch.setattr(fp8_modules, "decline_reason", lambda module, x: "the CPU")
     fp8_modules.fp8_plan_of(linear, x)                       # a declined Linear runs stock: nothing to prepare
-    assert events == []
+    assert events == ["pause", "resume"]                     # its plan made outside the record all the same
+    events.clear()
     monkeypatch.setattr(fp8_modules, "decline_reason", lambda module, x: None)    # as on an sm_89+ GPU
     monkeypatch.setattr(fp8_modules, "fp8_weight_of", lambda module: "codes")
     del linear.__dict__[fp8_modules._PLAN_ATTR]              # a new plan
@@ -102,3 +103,29 @@ def test_preparing_a_stream_off_cuda_does_nothing():
     import torch
     from fused_dit.ops import fp8_linear
     assert fp8_linear.prepare_stream(torch.device("cpu"), torch.bfloat16) is False
+
+
+def test_inside_a_capture_a_linear_without_a_plan_runs_stock_and_keeps_nothing(monkeypatch):
+    """What a plan keeps (codes, a bias copy) must not be allocated in a CUDA graph's pool, where a later free
+    outside the graph breaks the allocator: a Linear first met inside a capture runs stock for that call."""
+    import torch
+    from fused_dit.integration import fp8_modules
+    monkeypatch.setattr(model_compiler, "capturing", lambda tensor: True)
+    linear = torch.nn.Linear(32, 16).to(torch.bfloat16)
+    plan = fp8_modules.fp8_plan_of(linear, torch.randn(4, 32, dtype=torch.bfloat16))
+    assert plan.decline_reason == fp8_modules.CAPTURED_FIRST and plan.weight is None
+    assert fp8_modules._PLAN_ATTR not in linear.__dict__
+
+
+def test_resident_codes_are_not_kept_from_inside_a_capture(monkeypatch):
+    import torch
+    from fused_dit.integration import fp8_weights
+    monkeypatch.setattr(model_compiler, "capturing", lambda tensor: True)
+    linear = torch.nn.Linear(32, 16).to(torch.bfloat16)
+    linear.__dict__["_v_weight"] = linear.weight
+    token = fp8_weights._KEEP_RESIDENT_CODES.set(True)
+    try:
+        assert fp8_weights.resident_codes(linear, linear.weight) is None
+    finally:
+        fp8_weights._KEEP_RESIDENT_CODES.reset(token)
+    assert fp8_weights.RESIDENT_CODES_ATTR not in linear.__dict__

@@ -355,26 +355,38 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
     bias_version = _version_of(bias) if bias is not None and (bias.dtype != dtype or bias.device != x.device) \
         else None
     plan = attrs.get(_PLAN_ATTR)
-    if plan is not None and plan.key == key:
-        if plan.bias_version != bias_version and plan.weight is not None:
-            plan = attrs[_PLAN_ATTR] = dataclasses.replace(plan, bias=module_bias(module, x),
-                                                           bias_version=bias_version)
+    if plan is not None and plan.key == key and plan.bias_version == bias_version:
         return plan
+    if model_compiler.capturing(x):
+        # what a plan keeps (codes, a bias copy) must not live in a CUDA graph's pool: stock for this call
+        return Fp8Plan(key, CAPTURED_FIRST, None, None)
+    # what a plan keeps outlives the call: made outside the model compiler's record of per-call allocations
+    with model_compiler.outside_recorded_allocations():
+        if plan is not None and plan.key == key:        # the bias a plan copies was edited: a new copy
+            plan = attrs[_PLAN_ATTR] = dataclasses.replace(
+                plan, bias=module_bias(module, x) if plan.weight is not None else None, bias_version=bias_version)
+            return plan
+        plan = _new_plan(module, x, key, weight, bias_version)
+        if plan.decline_reason is None or plan.cast_forward is not None:
+            op.prepare_stream(x.device, dtype)
+    attrs[_PLAN_ATTR] = plan
+    return plan
+
+
+CAPTURED_FIRST = "first called inside a CUDA-graph capture (its plan is made on an eager call)"
+
+
+def _new_plan(module: torch.nn.Module, x: torch.Tensor, key: tuple, weight, bias_version) -> Fp8Plan:
+    attrs = module.__dict__
     reason = decline_reason(module, x)
     if reason is None:
         cached_beside = (weight.dtype != FP8_DTYPE and _STORED_ATTR not in attrs
                          and not getattr(module, DYNAMIC_INPUT_ATTR, False))
-        plan = Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x), bias_version=bias_version,
+        return Fp8Plan(key, None, fp8_weight_of(module), module_bias(module, x), bias_version=bias_version,
                        shape_mechanism=fp8_shapes.CACHED if cached_beside else None)
-    else:
-        cast_call = fp8_weights.cast_call_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None
-        plan = Fp8Plan(key, reason, None, None,
-                       None if cast_call is None else functools.partial(cast_forward, module, *cast_call))
-    if plan.decline_reason is None or plan.cast_forward is not None:
-        with model_compiler.outside_recorded_allocations():
-            op.prepare_stream(x.device, dtype)
-    attrs[_PLAN_ATTR] = plan
-    return plan
+    cast_call = fp8_weights.cast_call_for(module, x) if fp8_weights.is_comfy_linear_op(module) else None
+    return Fp8Plan(key, reason, None, None,
+                   None if cast_call is None else functools.partial(cast_forward, module, *cast_call))
 
 
 def fp8_linear_forward(module: torch.nn.Module, x: torch.Tensor, stock_forward) -> torch.Tensor:

@@ -41,6 +41,7 @@ import torch
 from .. import dispatch
 from ..ops import fp8_linear as op
 from ..ops.quantize_fp8 import FP8_DTYPE, FP8_MIN_CAPABILITY
+from . import model_compiler
 from .fp8_codes import Fp8CodesLinear
 
 OP = op.OP
@@ -224,6 +225,9 @@ def resident_codes(module: torch.nn.Module, weight: torch.Tensor,
     kept = attrs.get(RESIDENT_CODES_ATTR)
     if kept is not None and kept[0] == key:
         return kept[1]
-    kept = fp8_weight(*(op.quantize_weight_fp8_rows(weight) if rowwise else op.quantize_weight_fp8(weight)))
+    if model_compiler.capturing(weight):    # codes kept must not live in a CUDA graph's pool: per-call codes
+        return None
+    with model_compiler.outside_recorded_allocations():      # kept between calls: outside the compiler's record
+        kept = fp8_weight(*(op.quantize_weight_fp8_rows(weight) if rowwise else op.quantize_weight_fp8(weight)))
     attrs[RESIDENT_CODES_ATTR] = (key, kept)
     return kept
