@@ -71,7 +71,8 @@ def make_apply_model_wrapper(ops: tuple[str, ...], keep_resident_codes: bool = F
     enabled = _registry().enabled
 
     def fused_dit_apply_model(executor, *args, **kwargs):
-        with enabled(executor.class_obj.diffusion_model, ops, keep_resident_codes):
+        x = args[0] if args else kwargs.get("x")
+        with enabled(executor.class_obj.diffusion_model, ops, keep_resident_codes, getattr(x, "device", None)):
             return executor(*args, **kwargs)
     return fused_dit_apply_model
 

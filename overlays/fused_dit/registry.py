@@ -29,6 +29,7 @@ from .integration import (GENERIC_MIN_BLOCKS, OP_FAMILIES, UnsupportedModelError
                           supported_blocks)
 from .integration import disable as _disable
 from .integration import enable as _enable
+from .ops import fp8_linear
 from .ops.fp8_linear import OP as FP8_OP
 
 NODE_LINE = "Fused DiT Ops: %s"          # the node's lines on ComfyUI's console, said once each
@@ -45,10 +46,15 @@ disable = _disable
 
 
 @contextlib.contextmanager
-def enabled(model: torch.nn.Module, ops, keep_resident_codes: bool = False):
+def enabled(model: torch.nn.Module, ops, keep_resident_codes: bool = False, device: torch.device | None = None):
     """The families `ops` installed on `model` for the calls inside, the stock forwards back in `finally` (the
-    node's APPLY_MODEL wrapper); keep_resident_codes: the codes_beside_weights policy under DynamicVRAM."""
+    node's APPLY_MODEL wrapper); keep_resident_codes: the codes_beside_weights policy under DynamicVRAM; device:
+    where the model computes (the input's device)."""
     _enable(model, ops)
+    if "fp8_linear" in ops and device is not None and device.type == "cuda":
+        # the FP8 GEMM path's per-stream buffers, made before the model's forward opens the compiler's record
+        for dtype in fp8_linear.SUPPORTED_ACTIVATION_DTYPES:
+            fp8_linear.prepare_stream(device, dtype)
     try:
         with fp8_weights.keep_resident_codes(keep_resident_codes):
             yield

@@ -41,6 +41,7 @@ class PackState:
     fp8_choices: dict = field(default_factory=dict)         # (op, device, environment) -> dispatch.Choice
     fp8_modules_by_slot: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)
     launch_given_up: list = field(default_factory=list)     # why launch.py stopped calling launchers directly
+    fp8_prepared_streams: set = field(default_factory=set)  # (device, stream, dtype) fp8_linear.prepare_stream did
 
 
 STATE = PackState()

@@ -1,5 +1,7 @@
 """integration/model_compiler.py: one-off work of a family stays out of ComfyUI's malloc graph."""
+import contextlib
 import sys
+import threading
 import types
 
 from fused_dit.integration import model_compiler
@@ -11,22 +13,40 @@ def test_without_the_compiler_the_context_does_nothing(monkeypatch):
         pass
 
 
-def test_with_the_compiler_it_is_the_release_pause(monkeypatch):
-    events = []
-
-    class Pause:
-        def __enter__(self):
-            events.append("pause")
-
-        def __exit__(self, *exc):
-            events.append("resume")
-
+def _recording(monkeypatch, active=True):
+    graph = types.SimpleNamespace(_comfy_active=active)
     fake = types.ModuleType(model_compiler.PREFETCH_MODULE)
-    fake.pause_malloc_graph = Pause
+    fake.MALLOC_GRAPHS = {threading.get_ident(): graph}
+    fake.pause_malloc_graph = lambda sync=False: (_ for _ in ()).throw(AssertionError("never the release's pause"))
     monkeypatch.setitem(sys.modules, model_compiler.PREFETCH_MODULE, fake)
+    return graph
+
+
+def test_recording_is_the_release_malloc_graph_open_on_this_thread(monkeypatch):
+    monkeypatch.delitem(sys.modules, model_compiler.PREFETCH_MODULE, raising=False)
+    assert not model_compiler.recording()
+    graph = _recording(monkeypatch)
+    assert model_compiler.recording()
+    graph._comfy_active = False                  # between forwards: malloc_graph_end closed it
+    assert not model_compiler.recording()
+
+
+def test_the_context_never_calls_the_release_pause_and_off_cuda_does_nothing(monkeypatch):
+    """The release's pause is one flag it also sets itself (Qwen-Image 2.1's prefix pass): a pause and resume of
+    ours inside it would resume the record halfway. Off CUDA there is nothing to keep out of a record."""
+    _recording(monkeypatch)
+    ran = []
     with model_compiler.outside_recorded_allocations():
-        events.append("measure")
-    assert events == ["pause", "measure", "resume"]
+        with model_compiler.outside_recorded_allocations():
+            ran.append("inner")
+    assert ran == ["inner"]
+
+
+def test_kept_values_pass_through_outside_the_context():
+    import torch
+    value = (torch.zeros(2), [torch.ones(1)], None)
+    assert model_compiler.kept(value) is value
+    assert [t.numel() for t in model_compiler._tensors(value)] == [2, 1]
 
 
 def test_a_shape_first_seen_inside_a_capture_is_not_measured_there(monkeypatch):
@@ -66,37 +86,46 @@ def test_capturing_is_false_off_cuda():
     assert model_compiler.capturing(torch.zeros(1)) is False
 
 
-def test_an_fp8_plan_prepares_its_stream_outside_the_record(monkeypatch):
-    """The FP8 GEMM path's per-stream buffers (stats, the GEMM library's workspace) are made when a Linear's plan is
-    built, inside the release's pause: the first recorded call then allocates what every later one does."""
+def test_an_fp8_plan_is_made_outside_the_record_and_kept_for_the_recorded_stream(monkeypatch):
+    """What a Linear's plan holds outlives the call: it is made inside outside_recorded_allocations and its tensors
+    marked as the recorded stream's (model_compiler.kept); a cached plan is not made again."""
     import torch
     from fused_dit.integration import fp8_modules
     events = []
 
-    class Pause:
-        def __enter__(self):
-            events.append("pause")
-
-        def __exit__(self, *exc):
-            events.append("resume")
-
-    fake = types.ModuleType(model_compiler.PREFETCH_MODULE)
-    fake.pause_malloc_graph = Pause
-    monkeypatch.setitem(sys.modules, model_compiler.PREFETCH_MODULE, fake)
-    monkeypatch.setattr(fp8_modules.op, "prepare_stream",
-                        lambda device, dtype: events.append(f"prepare {device.type} {dtype}"))
+    @contextlib.contextmanager
+    def outside():
+        events.append("outside")
+        yield
+        events.append("back")
+    monkeypatch.setattr(model_compiler, "outside_recorded_allocations", outside)
+    monkeypatch.setattr(model_compiler, "kept", lambda value: events.append("kept") or value)
     linear = torch.nn.Linear(32, 16).to(torch.bfloat16)
     x = torch.randn(4, 32, dtype=torch.bfloat16)
-    monkeypatch.setattr(fp8_modules, "decline_reason", lambda module, x: "the CPU")
-    fp8_modules.fp8_plan_of(linear, x)                       # a declined Linear runs stock: nothing to prepare
-    assert events == ["pause", "resume"]                     # its plan made outside the record all the same
-    events.clear()
-    monkeypatch.setattr(fp8_modules, "decline_reason", lambda module, x: None)    # as on an sm_89+ GPU
-    monkeypatch.setattr(fp8_modules, "fp8_weight_of", lambda module: "codes")
-    del linear.__dict__[fp8_modules._PLAN_ATTR]              # a new plan
     fp8_modules.fp8_plan_of(linear, x)
-    fp8_modules.fp8_plan_of(linear, x)                       # the cached plan: nothing again
-    assert events == ["pause", "prepare cpu torch.bfloat16", "resume"]
+    fp8_modules.fp8_plan_of(linear, x)
+    assert events == ["outside", "kept", "back"]
+
+
+def test_the_node_prepares_the_fp8_stream_before_the_models_forward(monkeypatch):
+    """The FP8 GEMM path's per-stream buffers are made in the APPLY_MODEL wrapper, before the diffusion model's
+    forward opens the compiler's record, on the input's CUDA device (nothing on the CPU or without FP8)."""
+    import torch
+    import blocks
+    from fused_dit import registry
+    from fused_dit.ops import fp8_linear
+    prepared = []
+    monkeypatch.setattr(fp8_linear, "prepare_stream", lambda device, dtype: prepared.append((device.type, dtype)))
+    model, _ = blocks.make_flux_stack()
+    with registry.enabled(model, ("norm_rope",), device=torch.device("cuda", 0)):
+        pass
+    with registry.enabled(model, ("fp8_linear",), device=torch.device("cpu")):
+        pass
+    assert prepared == []
+    monkeypatch.setattr(registry, "_enable", lambda model, ops: None)
+    with registry.enabled(model, ("fp8_linear",), device=torch.device("cuda", 0)):
+        pass
+    assert prepared == [("cuda", torch.bfloat16), ("cuda", torch.float16)]
 
 
 def test_preparing_a_stream_off_cuda_does_nothing():

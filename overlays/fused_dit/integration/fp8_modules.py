@@ -363,13 +363,11 @@ def fp8_plan_of(module: torch.nn.Module, x: torch.Tensor) -> Fp8Plan:
     # what a plan keeps outlives the call: made outside the model compiler's record of per-call allocations
     with model_compiler.outside_recorded_allocations():
         if plan is not None and plan.key == key:        # the bias a plan copies was edited: a new copy
-            plan = attrs[_PLAN_ATTR] = dataclasses.replace(
-                plan, bias=module_bias(module, x) if plan.weight is not None else None, bias_version=bias_version)
-            return plan
-        plan = _new_plan(module, x, key, weight, bias_version)
-        if plan.decline_reason is None or plan.cast_forward is not None:
-            op.prepare_stream(x.device, dtype)
-    attrs[_PLAN_ATTR] = plan
+            plan = dataclasses.replace(plan, bias=module_bias(module, x) if plan.weight is not None else None,
+                                       bias_version=bias_version)
+        else:
+            plan = _new_plan(module, x, key, weight, bias_version)
+        attrs[_PLAN_ATTR] = model_compiler.kept(plan)
     return plan
 
 

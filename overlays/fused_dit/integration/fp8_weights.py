@@ -228,6 +228,7 @@ def resident_codes(module: torch.nn.Module, weight: torch.Tensor,
     if model_compiler.capturing(weight):    # codes kept must not live in a CUDA graph's pool: per-call codes
         return None
     with model_compiler.outside_recorded_allocations():      # kept between calls: outside the compiler's record
-        kept = fp8_weight(*(op.quantize_weight_fp8_rows(weight) if rowwise else op.quantize_weight_fp8(weight)))
+        kept = model_compiler.kept(fp8_weight(*(op.quantize_weight_fp8_rows(weight) if rowwise
+                                                 else op.quantize_weight_fp8(weight))))
     attrs[RESIDENT_CODES_ATTR] = (key, kept)
     return kept

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 # imported here, not inside the functions: a function-level import costs microseconds on every call
+from ..state import STATE
 from .gelu_quantize_fp8 import gelu_quantize_comfy_triton, gelu_quantize_dynamic_triton
 from .quantize_fp8 import (FP8_DTYPE, fp8_choice, gemm_stats, quantize_comfy_triton, quantize_dynamic_triton,
                            quantize_fp8_comfy, quantize_fp8_dynamic)
@@ -101,9 +102,6 @@ def rowwise_fits(dtype: torch.dtype) -> bool:
     return dtype in ROWWISE_ACTIVATION_DTYPES
 
 
-_PREPARED: set = set()
-
-
 def prepare_stream(device: torch.device, dtype: torch.dtype) -> bool:
     """Make what the FP8 GEMM path keeps per (device, stream) before its first call: the stats buffer (gemm_stats)
     and the GEMM library's workspace, which the first torch._scaled_mm on a stream allocates (one tensor-wise and,
@@ -113,9 +111,9 @@ def prepare_stream(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cuda" or dtype not in SUPPORTED_ACTIVATION_DTYPES:
         return False
     key = (device, torch.cuda.current_stream(device).cuda_stream, dtype)
-    if key in _PREPARED:
+    if key in STATE.fp8_prepared_streams:
         return False
-    _PREPARED.add(key)
+    STATE.fp8_prepared_streams.add(key)
     gemm_stats(device)
     codes = torch.zeros(16, 32, device=device, dtype=FP8_DTYPE)
     one = torch.ones((), device=device, dtype=torch.float32)
