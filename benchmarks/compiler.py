@@ -516,6 +516,7 @@ class Session(Loader):
                     BeginCounter(self.prefetch) as begins:
                 started = time.perf_counter()
                 try:
+                    new_sampling_run(base)
                     sample(patched, noise, latent, positive, self.options.warmup_steps, self.options.seed)
                 finally:
                     self.cleanup(calls, compiler)
@@ -529,6 +530,7 @@ class Session(Loader):
                     marks.append(time.perf_counter())
                 started = time.perf_counter()
                 try:
+                    new_sampling_run(base)
                     out = sample(patched, noise, latent, positive, self.options.steps, self.options.seed,
                                  callback=step_done)
                 finally:
@@ -620,6 +622,15 @@ class CompilerLog(logging.Handler):
         self.root.removeHandler(self)
         super().close()
         return self.messages
+
+
+def new_sampling_run(patcher) -> None:
+    """What a model keeps for one sampling run only is dropped before each (Qwen-Image 2.1's prefix K/V cache: the
+    runs of this command share one loaded model, and a run must not read K/V another config computed)."""
+    diffusion_model = getattr(getattr(patcher, "model", None), "diffusion_model", None)
+    reset = getattr(diffusion_model, "reset_prefix_cache", None)
+    if callable(reset):
+        reset(getattr(diffusion_model, "prefix_cache_enabled", False))
 
 
 def reset_peak(device):

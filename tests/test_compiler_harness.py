@@ -338,3 +338,14 @@ def test_the_command_is_registered_and_its_result_kind_described():
     from benchmarks import __main__ as entry, results
     assert entry.COMMANDS["compiler"][0] == "compiler"
     assert any(pattern.startswith("compiler-") for pattern in results.KINDS)
+
+
+def test_each_sampling_run_starts_without_another_runs_prefix_cache():
+    """Qwen-Image 2.1 keeps its text prefix's K/V for one sampling run; the command's runs share one model, so the
+    cache is reset (keeping it enabled as it was) before each sampling call."""
+    calls = []
+    diffusion_model = types.SimpleNamespace(prefix_cache_enabled=True,
+                                            reset_prefix_cache=lambda enabled: calls.append(enabled))
+    compiler.new_sampling_run(types.SimpleNamespace(model=types.SimpleNamespace(diffusion_model=diffusion_model)))
+    compiler.new_sampling_run(types.SimpleNamespace(model=types.SimpleNamespace(diffusion_model=object())))
+    assert calls == [True]
