@@ -17,6 +17,8 @@ COMMANDS = {
     "step-profile": ("step_profile", "one sampling step by kernel category, and the ceilings it leaves"),
     "attention-kernels": ("attention_kernels", "attention kernels per DiT shape: SDPA, the FP8 kernel's sweep, sage; "
                           "TFLOPS and error vs fp32"),
+    "attention-projection": ("attention_projection", "attention kernels measured on one GPU projected onto another "
+                             "from published peaks (a projection)"),
     "comfy-server": ("comfy_server", "the node through a real ComfyUI server: install, start, prompts over HTTP"),
     "canvas-pipeline": ("canvas_pipeline", "a 32K canvas through a real server's nodes, after applier apply and stock"),
     "compiler": ("compiler", "the node's configs under ComfyUI's model compiler (malloc graphs, CUDA graphs), on/off"),

@@ -82,9 +82,15 @@ def _drop_fp8_weights(patcher) -> None:
 
 
 def apply(model, selection):
-    """A clone of the ModelPatcher `model` carrying the registry's `selection` (see the module docstring)."""
+    """A clone of the ModelPatcher `model` carrying the registry's `selection` (see the module docstring); `model`
+    itself where the selection runs nothing and `model` carries no wrapper of this node's (the MODEL as given:
+    sampling is stock by construction, loading included)."""
     registry = _registry()
     apply_model, on_cleanup = _hook_names()
+    runs_nothing = not (selection.wrap or selection.attention or selection.fp8_weights == families.CODES_IN_PLACE
+                        or "fp8_linear" in selection.ops)
+    if runs_nothing and not getattr(model, "wrappers", {}).get(apply_model, {}).get(WRAPPER_KEY):
+        return model
     patched = model.clone()
     patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
     if selection.wrap:

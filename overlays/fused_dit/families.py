@@ -99,10 +99,10 @@ ROPE_SEAM = Implementation(
     Needs("rope_ck_seam", None, KERNEL_DTYPES, VRAM_MODES, True, _ELEMENTWISE_CAPTURE))
 LINEAR_FP8_SEAM = Implementation(
     "linear_fp8_seam", OP_SEAM, "integration/fp8_modules.py",
-    Needs("linear_fp8_seam", FP8_MIN_CAPABILITY, FP8_ACTIVATION_DTYPES, VRAM_MODES, True,
-          "activation scales stay on the GPU (no host sync); a weight's codes are made on its first call, and the "
-          "stream's stats buffer and GEMM workspace before it, outside the compiler's recorded allocations, so "
-          "every call allocates alike"))
+    Needs("linear_fp8_seam", FP8_MIN_CAPABILITY, FP8_ACTIVATION_DTYPES, VRAM_MODES, False,
+          "alike under the compiler's malloc graph (a weight's codes and the stream's buffers are made outside its "
+          "record), but replayed from a CUDA graph under DynamicVRAM its output moved from the eager one ("
+          + Evidence("compiler-0.38.1.json", "runs[model=flux-dev, mode=cuda_graph]").cite() + ")"))
 FLASH_FIRST = ("FLASH_ATTENTION",)      # the SDPA order of ComfyUI 0.29+ on Linux (cuDNN first before it)
 FASTEST_SDPA = Implementation(
     "fastest_sdpa", OVERRIDE, "integration/attention.py",

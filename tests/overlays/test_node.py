@@ -105,6 +105,20 @@ def test_node_with_every_toggle_off_adds_no_wrapper():
     assert not patched.wrappers.get("apply_model")
 
 
+def test_where_nothing_runs_the_node_hands_back_the_model_it_was_given(cudnn_first):
+    """On a model the block families do not know, with attention stock (a cuDNN-first release) and FP8 off, the
+    node's defaults run nothing: the MODEL goes on as given, no clone, so sampling and loading are stock. After a
+    node of its own upstream it still clones, to take that node's wrapper off."""
+    given = FakeModelPatcher(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    (out,) = node_pack.FusedDiTOps().patch(given)
+    assert out is given
+    model, _ = blocks.make_wan_stack()
+    (wrapped,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
+    assert wrapped.wrappers.get("apply_model")
+    (after,) = node_pack.FusedDiTOps().patch(wrapped, False, False, False, False, attention=False)
+    assert after is not wrapped and not after.wrappers.get("apply_model", {}).get("fused_dit")
+
+
 def _load_prestartup():
     spec = importlib.util.spec_from_file_location("fused_dit_prestartup_under_test", PRESTARTUP)
     module = importlib.util.module_from_spec(spec)

@@ -146,6 +146,14 @@ def test_where_blocks_are_captured_in_cuda_graphs_only_capture_safe_implementati
     assert "attention: stock: fastest_sdpa is not capture-safe (times each call)" in captured.lines[-1]
 
 
+def test_where_blocks_are_captured_in_cuda_graphs_fp8_linears_stay_stock_and_say_where_it_was_seen(flash_first):
+    model, _ = blocks.make_flux_stack()
+    captured = registry.choose(_Patcher(model), registry.Request(("fp8_linear",), graphs_captured=True))
+    assert "fp8_linear" not in captured.ops
+    [line] = [line for line in captured.lines if "linear_fp8_seam is not capture-safe" in line]
+    assert "see benchmarks/results/compiler-0.38.1.json: runs[model=flux-dev, mode=cuda_graph]" in line
+
+
 def test_the_nodes_defaults_run_attention_where_the_release_puts_flash_first(flash_first):
     model, _ = blocks.make_flux_stack()
     selection = registry.choose(_Patcher(model), registry.Request(_node_default_families()))

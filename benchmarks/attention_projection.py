@@ -1,0 +1,107 @@
+"""attention-projection: the attention kernels measured on one GPU, projected onto another from published peaks.
+
+A projection, never a measurement: each kernel keeps, on the other GPU, the fraction of peak it reached on the
+measured one (attention-kernels' JSON), at the peaks of applier's GPU table (applier/data/gpus.toml, each row with
+its vendor source). An exact kernel (cuDNN, FLASH: bf16 Q K^T and P V) scales with the bf16 peak. The pack's FP8
+kernel in its default formats does half its work as INT8 Q K^T and half as 16-bit P V: its time is modelled as two
+equal halves at one efficiency e, T = F/2 / (e * int8_peak) + F/2 / (e * bf16_peak), e fitted on the measured GPU
+and kept; cuDNN's FP8 SDPA (e4m3 both products) scales with the FP8 peak. On an RTX 4090 INT8 runs at 4x the bf16
+rate with FP32 accumulate (the H200: 2x), which is where a 4090 stands to gain more from the FP8 mode than the
+H200 does; whether it does is for a 4090 to measure.
+
+    python -m benchmarks attention-projection --from benchmarks/results/attention-kernels-h200.json --gpu rtx-4090 \\
+        --out benchmarks/results/attention-projection-rtx-4090.json
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import results
+
+# kernel key in attention-kernels' "speed" -> how its time scales to another GPU
+EXACT_KERNELS = ("sdpa_CUDNN_ATTENTION", "sdpa_FLASH_ATTENTION", "sdpa_EFFICIENT_ATTENTION")
+INT8_QK_KERNELS = ("fp8_default", "sage")      # INT8 Q K^T, 16-bit P V (sage 1.0.6: the same formats)
+FP8_KERNELS = ("cudnn_fp8",)
+
+
+def gpu_table() -> dict:
+    """applier's GPU table (key -> applier.budget.Gpu)."""
+    from applier.budget_data import load_budget_data
+    return load_budget_data().gpus
+
+
+def projected_ms(kernel: str, flops: float, measured_ms: float, source, target) -> float | None:
+    """The kernel's time on `target` at the fraction of peak it reached on `source` (None: no peak to scale by)."""
+    if kernel in EXACT_KERNELS:
+        return measured_ms * source.bf16_tflops / target.bf16_tflops
+    if kernel in INT8_QK_KERNELS:
+        if not (source.int8_tops and target.int8_tops):
+            return None
+        # e from the measured time: T = F/2 (1/(e*P_i8) + 1/(e*P_bf)); the same e on the target
+        half = flops / 2 / 1e12
+        seconds = measured_ms / 1e3
+        e = half * (1 / source.int8_tops + 1 / source.bf16_tflops) / seconds
+        return 1e3 * half * (1 / (e * target.int8_tops) + 1 / (e * target.bf16_tflops))
+    if kernel in FP8_KERNELS:
+        if not (source.fp8_tflops and target.fp8_tflops):
+            return None
+        return measured_ms * source.fp8_tflops / target.fp8_tflops
+    return None
+
+
+def project(measured: dict, source, target) -> dict:
+    """Per shape and kernel: projected ms and TFLOPS on `target`, and speed against the projected cuDNN exact."""
+    shapes = {}
+    for name, shape in (measured.get("shapes") or {}).items():
+        flops = shape.get("flops")
+        rows = {}
+        for kernel, speed in (shape.get("speed") or {}).items():
+            ms = speed.get("ms") if isinstance(speed, dict) else None
+            if not flops or not ms:
+                continue
+            projected = projected_ms(kernel, flops, ms, source, target)
+            if projected is not None:
+                rows[kernel] = {"measured_ms": ms, "projected_ms": round(projected, 3),
+                                "projected_tflops": round(flops / projected / 1e9, 1)}
+        exact = rows.get("sdpa_CUDNN_ATTENTION", {}).get("projected_ms")
+        for row in rows.values():
+            row["vs_cudnn_exact"] = round(exact / row["projected_ms"], 3) if exact else None
+        errors = shape.get("error_dit_like") or {}
+        shapes[name] = {"b_h_lq_lkv_d": shape.get("b_h_lq_lkv_d"), "flops": flops, "kernels": rows,
+                        "error_dit_like": {k: v.get("relative_frobenius") for k, v in errors.items()
+                                           if isinstance(v, dict)}}
+    return shapes
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--from", dest="source_file", type=Path, required=True,
+                        help="attention-kernels' JSON (measured)")
+    parser.add_argument("--gpu", required=True, help="the GPU to project onto: a key of applier/data/gpus.toml")
+    parser.add_argument("--measured-on", default="h200", help="the measured GPU's key in that table (h200)")
+    parser.add_argument("--out", type=Path, required=True)
+
+
+def run(options, parser) -> int:
+    import json
+    gpus = gpu_table()
+    for key in (options.gpu, options.measured_on):
+        if key not in gpus:
+            parser.error(f"--gpu / --measured-on {key!r}: not in applier/data/gpus.toml ({', '.join(sorted(gpus))})")
+    source, target = gpus[options.measured_on], gpus[options.gpu]
+    measured = json.loads(options.source_file.read_text(encoding="utf-8"))
+    report = {"benchmark": "attention-projection", "script": "benchmarks/attention_projection.py",
+              "projection": True,
+              "what": f"attention kernels measured on the {source.name}, projected onto the {target.name} from "
+                      "published peaks (not measured there; see the script's docstring for the model)",
+              "from": results.placeholder_paths(str(options.source_file)),
+              "measured_on": {"gpu": source.name, "bf16_tflops": source.bf16_tflops,
+                              "fp8_tflops": source.fp8_tflops, "int8_tops": source.int8_tops,
+                              "source": source.source},
+              "projected_onto": {"gpu": target.name, "bf16_tflops": target.bf16_tflops,
+                                 "fp8_tflops": target.fp8_tflops, "int8_tops": target.int8_tops,
+                                 "source": target.source},
+              "command": results.command_line(),
+              "shapes": project(measured, source, target)}
+    results.write_json(report, options.out)
+    print(f"wrote {options.out}")
+    return 0
