@@ -14,6 +14,7 @@ H200 does; whether it does is for a 4090 to measure.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from . import results
@@ -82,7 +83,6 @@ def add_arguments(parser) -> None:
 
 
 def run(options, parser) -> int:
-    import json
     gpus = gpu_table()
     for key in (options.gpu, options.measured_on):
         if key not in gpus:

@@ -118,6 +118,7 @@ class AimdoCalls:
         self.breaks = 0
         self.rogues = 0
         self.begins = 0
+        self.breaks_per_call: list[int] = []    # per sampling call (the warm-up call first)
 
     def begin(self):
         if self.graph is None:
@@ -144,6 +145,7 @@ class AimdoCalls:
 
     def cleanup(self):
         """What cleanup_malloc_graph does: abort a frame left open, count the rogues, drop the graph."""
+        self.breaks_per_call.append(self.breaks - sum(self.breaks_per_call))
         graph, self.graph = self.graph, None
         if graph is None:
             return
@@ -556,8 +558,7 @@ class Session(Loader):
                 record["graph_breaks"] = calls.breaks
                 record["rogues"] = calls.rogues
                 record["harness_begins"] = calls.begins
-                if hasattr(calls, "breaks_per_call"):
-                    record["graph_breaks_per_call"] = calls.breaks_per_call
+                record["graph_breaks_per_call"] = calls.breaks_per_call
             if compiler is not None:
                 record.update(compiler.report())
             record["compiler_log"] = log.close()

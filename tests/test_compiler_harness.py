@@ -174,6 +174,8 @@ def test_breaks_are_counted_and_cleanup_aborts_an_open_frame_and_counts_rogues()
     calls.begin()              # a forward cut off before its end
     calls.cleanup()
     assert events[-1] == "abort" and calls.rogues == graph.rogue_count and calls.graph is None
+    calls.cleanup()            # the next sampling call's cleanup: its own breaks, none
+    assert calls.breaks_per_call == [1, 0]
 
 
 def test_cuda_graph_mode_runs_eager_first_then_captures_then_replays():
