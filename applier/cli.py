@@ -782,10 +782,21 @@ def overlay_list(invocation):
                f"{result['missing']} missing")
 
 
+def _registry_field(param, value):
+    """--publisher / --repository as the Comfy Registry accepts them; a usage error (exit 2) before any write."""
+    from applier.node_pack import registry_field_problems
+    problem = registry_field_problems(**{param.name: value}).get(param.name)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
+
+
 @overlay.command("export")
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--publisher", metavar="ID", help="Your Comfy Registry publisher id (fills [tool.comfy] PublisherId).")
-@click.option("--repository", metavar="URL", help="The pack's repository (fills [project.urls] Repository).")
+@click.option("--publisher", metavar="ID", callback=lambda _c, p, v: _registry_field(p, v),
+              help="Your Comfy Registry publisher id (fills [tool.comfy] PublisherId).")
+@click.option("--repository", metavar="URL", callback=lambda _c, p, v: _registry_field(p, v),
+              help="The pack's repository (fills [project.urls] Repository).")
 @json_option
 @pass_invocation
 def overlay_export(invocation, folder, publisher, repository):
@@ -836,6 +847,18 @@ def overlay_check(invocation):
 
 # ------------------------------------------------------------------ budget
 
+CFG_RANGE = (0.0, 100.0)        # KSampler's cfg input: min 0.0, max 100.0
+
+
+def _budget_cfg(value):
+    """--cfg within KSampler's range; nan, inf and negatives are a usage error (exit 2), never priced."""
+    low, high = CFG_RANGE
+    if value is not None and not low <= value <= high:     # False for nan as well
+        raise click.BadParameter(f"{value} is not a CFG scale: give a number from {low:g} to {high:g} "
+                                 f"(KSampler's range)")
+    return value
+
+
 @cli.command("budget")
 @target_options
 @click.option("--model", "model_name", required=True, metavar="MODEL",
@@ -844,8 +867,8 @@ def overlay_check(invocation):
 @click.option("--frames", type=click.IntRange(min=1), help="Frames of a video model [default: the model's].")
 @click.option("--gpu", "gpu_name", metavar="NAME", help="A GPU of the budget's table [default: the detected one].")
 @click.option("--steps", type=click.IntRange(min=1), help="Sampling steps [default: the model's reference sampler].")
-@click.option("--cfg", type=float, help="CFG scale: 1.0 runs one forward per step, any other two "
-                                        "[default: the model's].")
+@click.option("--cfg", type=float, callback=lambda _c, _p, v: _budget_cfg(v),
+              help="CFG scale: 1.0 runs one forward per step, any other two [default: the model's].")
 @click.option("--within", default="1h", show_default=True, metavar="DURATION",
               help="The time a generation may take (1h, 90m, 2h30m, seconds): native only if it finishes within it.")
 def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, within):

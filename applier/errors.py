@@ -9,7 +9,8 @@ Exit codes (documented in README.md, stable):
     4  the target is locked by another applier run
     5  drift: a file changed since apply (revert refuses without --force); status found lost/modified patches
     6  verify: at least one check FAILed
-    7  the state folder is corrupt or from an unknown format, holds a link or a special file, or a tree deeper or
+    7  the state folder is corrupt, of an unknown format or a newer applier's (the message names the version that
+       wrote it), holds a link or a special file, or a tree deeper or
        larger than any applier makes
     8  I/O: permission denied, disk full, a file that cannot be read or written; a link leading out of the
        install met at a write (the run's files are rolled back first)

@@ -26,7 +26,8 @@ from applier.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, No
                             io_failure, remove_stale_bytecode_at, sha256_bytes)
 from applier.heldroot import HeldRoot, is_temp_name
 from applier.lock import target_lock
-from applier.state import SHA256, State, StateStore, dump_json
+from applier import __version__
+from applier.state import SHA256, State, StateStore, check_format, dump_json
 
 JOURNAL_FORMAT = 2
 KEEP = object()              # manifest_after: leave the overlay manifest as it is
@@ -80,6 +81,7 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
             entries.append(entry)
         journal = {
             "format": JOURNAL_FORMAT,
+            "applier_version": __version__,
             "what": description,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "how_to_read": "files listed here (relative to their root: the ComfyUI folder or site-packages) are "
@@ -272,7 +274,7 @@ def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], 
                                     hint="inspect it by hand; the bytes it names are in journal-data/")
 
     need(isinstance(journal, dict), "not a JSON object")
-    need(journal.get("format") in (1, JOURNAL_FORMAT), f"unknown format {journal.get('format')!r}")
+    check_format(where, journal, (1, JOURNAL_FORMAT), hint="inspect it by hand; the bytes it names are in journal-data/")
     need(isinstance(journal.get("files"), list), "'files' is missing or not a list")
     need("state_after" in journal, "'state_after' is missing")
     need("manifest_after" not in journal or journal["manifest_after"] is None

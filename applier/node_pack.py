@@ -16,6 +16,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from applier.errors import ApplierError, RefusedError
 from applier.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, read_inside_or_none
@@ -46,6 +47,8 @@ SOURCE_MARKERS = ((".git", Installer.GIT), (".tracking", Installer.REGISTRY))
 DISABLED_SUFFIX = ".disabled"           # ComfyUI skips a custom_nodes entry named so (ComfyUI-Manager's "disable")
 # the two registry fields a publisher fills at export (the registry requires both to publish; loading needs neither)
 FILLED_AT_EXPORT = {"publisher": "PublisherId", "repository": "Repository"}
+# the Comfy Registry's own rule for a publisher id (registry-backend, mapper/publisher.go: IsValidPublisherID)
+PUBLISHER_ID = re.compile(r"[a-z][a-z0-9-]*")
 
 
 def registry_metadata(pack_dir: Path = OVERLAYS_DIR) -> dict:
@@ -72,6 +75,24 @@ def standalone_files(pack_dir: Path = OVERLAYS_DIR) -> dict[str, bytes]:
     return out
 
 
+def registry_field_problems(publisher: str | None = None, repository: str | None = None) -> dict[str, str]:
+    """{option: what is wrong} for the two fields the registry would refuse; empty when both may be published."""
+    problems = {}
+    if publisher is not None and not PUBLISHER_ID.fullmatch(publisher):
+        problems["publisher"] = (f"{publisher!r} is not a Comfy Registry publisher id: lowercase letters, digits "
+                                 "and hyphens, starting with a letter (the id after the @ on your registry profile)")
+    if repository is not None:
+        try:
+            parts = urlsplit(repository)
+        except ValueError:          # e.g. an unclosed [ in the host
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or any(
+                c.isspace() or not c.isprintable() or c in "\"<>\\" for c in repository):
+            problems["repository"] = (f"{repository!r} is not a repository URL: give the http(s) address of its "
+                                      "page, e.g. https://github.com/OWNER/REPO")
+    return problems
+
+
 def fill_registry_fields(text: str, **values: str | None) -> str:
     """pyproject.toml's text with `PublisherId = ""` / `Repository = ""` filled (values quoted as TOML strings)."""
     for option, key in FILLED_AT_EXPORT.items():
@@ -90,6 +111,9 @@ def export(dest: Path, pack_dir: Path = OVERLAYS_DIR, *, publisher: str | None =
     dest = Path(dest)
     meta = read_pack(pack_dir)
     name = registry_metadata(pack_dir)["project"]["name"]
+    problems = registry_field_problems(publisher, repository)
+    if problems:            # the CLI refuses these as usage errors first; a caller of export() meets them here
+        raise RefusedError("; ".join(problems.values()), hint="nothing was written")
     files = standalone_files(pack_dir)
     files[REGISTRY_FILE] = fill_registry_fields(files[REGISTRY_FILE].decode("utf-8"), publisher=publisher,
                                                 repository=repository).encode("utf-8")

@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from applier import journal
+from applier import __version__, journal
 from applier.allowlist import store_for
 from applier.catalog import load_catalog
 from applier.confine import REPAIR_HINT, OverlayPrefixes, Place
@@ -18,7 +18,7 @@ from applier.lock import target_lock
 from applier.node_pack import find_copies
 from applier.pack import pack_files, pack_prefixes, read_pack
 from applier.resources import OVERLAYS_DIR
-from applier.state import SHA256, StateStore, read_state_document
+from applier.state import SHA256, StateStore, check_format, read_state_document
 from applier.target import Target
 
 def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path, bytes]]:
@@ -73,7 +73,7 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
             current = stale.read(limit=MAX_READ_BYTES)
             if current is not None:
                 ops.append(FileOp(stale, current, None))
-        manifest = {"format": MANIFEST_FORMAT, "pack": meta["name"], "version": meta["version"],
+        manifest = {"format": MANIFEST_FORMAT, "applier_version": __version__, "pack": meta["name"], "version": meta["version"],
                     "package": meta["package"], "node": meta["node"],
                     "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
         # One transaction: the files and the manifest that names them land together, or an interrupted install
@@ -187,8 +187,12 @@ def read_manifest(store: StateStore) -> dict | None:
     if data is None:
         return None
     where = f"overlay manifest {store.overlay_manifest}"
-    if not isinstance(data, dict) or data.get("format", 1) not in (1, MANIFEST_FORMAT) \
-            or not isinstance(data.get("files", []), list):
+    if not isinstance(data, dict):
+        raise StateCorruptError(f"{where} is not a manifest this applier reads",
+                                hint="inspect it by hand (plain JSON); nothing was changed")
+    check_format(where, {**data, "format": data.get("format", 1)}, (1, MANIFEST_FORMAT),    # format 1 had none
+                 hint="inspect it by hand (plain JSON); nothing was changed")
+    if not isinstance(data.get("files", []), list):
         raise StateCorruptError(f"{where} is not a manifest this applier reads",
                                 hint="inspect it by hand (plain JSON); nothing was changed")
     return data

@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from applier import __version__
 from applier.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
 from applier.fsutil import MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, io_failure, kind_of
@@ -106,6 +107,25 @@ def backup_name(patch_id: str, component: str, relpath: str) -> str:
     return f"backups/{patch_id}/{component}/{relpath}"
 
 
+def check_format(what: str, data: dict, readable: tuple[int, ...], hint: str) -> None:
+    """StateCorruptError (exit 7) unless data's "format" is one this applier reads. A format past the newest it reads
+    was written by a newer applier: the message says so, with the version that wrote it where the file records one
+    (its applier_version beside the format) and the format alone where an older writer recorded none."""
+    found = data.get("format")
+    if type(found) is int and found in readable:        # type(): True == 1, but true is no format
+        return
+    if not (type(found) is int and found > max(readable)):
+        raise StateCorruptError(f"{what} has an unknown format {found!r}", hint=hint)
+    writer = data.get("applier_version")
+    if isinstance(writer, str) and writer.isprintable() and 0 < len(writer) <= 40:
+        who = f"applier {writer}, format {found}"
+    else:
+        who = f"format {found}"
+    raise StateCorruptError(f"{what} was written by a newer applier ({who}); applier {__version__} reads formats "
+                            f"up to {max(readable)}",
+                            hint="run the applier that wrote it, or a newer one; nothing was changed")
+
+
 def need(condition, message: str) -> None:
     if not condition:
         raise StateCorruptError(message, hint="inspect .applier/ by hand (plain JSON); nothing was changed")
@@ -133,13 +153,14 @@ class State:
     applied: dict[str, AppliedPatch] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"format": STATE_FORMAT, "applied": {k: asdict(v) for k, v in self.in_order()}}
+        return {"format": STATE_FORMAT, "applier_version": __version__,
+                "applied": {k: asdict(v) for k, v in self.in_order()}}
 
     @classmethod
     def from_json(cls, data, confinement: Confinement, *, what: str = "state") -> "State":
         """A State from JSON, every field typed and every file resolvable inside the target (else exit 7)."""
         need(isinstance(data, dict), f"{what} is not a JSON object")
-        need(data.get("format") in READABLE_FORMATS, f"{what} has an unknown format {data.get('format')!r}")
+        check_format(what, data, READABLE_FORMATS, hint="inspect .applier/ by hand (plain JSON); nothing was changed")
         applied = field_of(data, "applied", dict, what)
         state = cls({k: AppliedPatch.from_json(k, v) for k, v in applied.items()})
         for record in state.applied.values():

@@ -211,6 +211,14 @@ def test_cfg_one_halves_the_step_of_a_model_that_guides_with_two_forwards(comfy)
     assert guided["configs"][0]["seconds_per_step"] == pytest.approx(2 * plain["configs"][0]["seconds_per_step"])
 
 
+@pytest.mark.parametrize("cfg", ["nan", "-1", "inf", "-inf", "100.5"])
+def test_a_cfg_outside_ksamplers_range_is_a_usage_error_never_priced(comfy, cfg):
+    result = invoke("--target", str(comfy), "--model", "flux-dev", "--size", "1024x1024", "--gpu", KNOWN_GPU,
+                    "--cfg", cfg)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "Invalid value for '--cfg'" in result.output and "from 0 to 100" in result.output
+
+
 def test_weights_that_do_not_fit_beside_the_activations_stream_and_fp8_weights_may_not(comfy):
     configs = {c["config"]: c for c in report(comfy, "--model", "qwen-image", "--size", "1024x1024",
                                               "--gpu", "rtx-4090")["configs"]}

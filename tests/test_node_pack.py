@@ -118,6 +118,28 @@ def test_export_refuses_a_folder_of_other_files_and_updates_an_earlier_export_in
     assert result["removed"] == [f"{read_pack()['package']}/retired_op.py"]
 
 
+@pytest.mark.parametrize("option,value", [
+    ("--publisher", "bad id with spaces"), ("--publisher", "Me"), ("--publisher", "1st"), ("--publisher", ""),
+    ("--repository", "javascript:alert(1)"), ("--repository", "github.com/me/fused-dit"),
+    ("--repository", "https://"), ("--repository", 'https://github.com/me/x"\nmalicious = 1'),
+    ("--repository", "https://[::1/x")])
+def test_export_refuses_what_the_comfy_registry_refuses_as_a_usage_error_before_writing(tmp_path, option, value):
+    dest = tmp_path / "export"
+    proc = run_cli("overlay", "export", str(dest), option, value)
+    assert proc.returncode == 2, proc.stderr
+    assert f"Invalid value for '{option}'" in proc.stderr
+    assert not dest.exists()
+    with pytest.raises(RefusedError):
+        export(dest, **{option.lstrip("-"): value})
+    assert not dest.exists()
+
+
+def test_export_fills_a_publisher_id_and_a_repository_the_registry_accepts(tmp_path):
+    export(tmp_path / "export", publisher="me-2", repository="https://github.com/me/fused-dit")
+    text = (tmp_path / "export" / "pyproject.toml").read_text()
+    assert 'PublisherId = "me-2"' in text and 'Repository = "https://github.com/me/fused-dit"' in text
+
+
 def test_status_and_overlay_check_recognise_a_pack_installed_from_a_git_url(tmp_path):
     comfy = comfy_with_code(tmp_path)
     code, status = cli_json("status", "--target", str(comfy))

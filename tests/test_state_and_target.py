@@ -101,6 +101,23 @@ def test_a_crafted_state_path_is_refused_and_nothing_is_written(setup, tmp_path,
     assert tree_bytes(tmp_path) == before
 
 
+def test_a_state_of_a_newer_format_names_the_applier_that_wrote_it_and_nothing_is_written(setup):
+    comfy, catalog = setup
+    run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
+    state_file = comfy / ".applier" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["applier_version"]                         # every state records the applier that wrote it
+    for recorded, said in (("9.1.0", "a newer applier (applier 9.1.0, format 99)"),
+                           (None, "a newer applier (format 99)")):     # an older writer recorded none
+        state.update(format=99, applier_version=recorded)
+        state_file.write_text(json.dumps({k: v for k, v in state.items() if v is not None}))
+        before = tree_bytes(comfy)
+        proc = run_cli("status", "--target", str(comfy), "--patches", str(catalog))
+        assert proc.returncode == 7 and said in proc.stderr, proc.stderr
+        assert "unknown format" not in proc.stderr and "Traceback" not in proc.stderr
+        assert tree_bytes(comfy) == before
+
+
 def test_a_symlink_planted_in_place_of_a_patched_file_is_refused(setup, tmp_path):
     comfy, catalog = setup
     run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
