@@ -21,6 +21,8 @@ COMMANDS = {
                              "from published peaks (a projection)"),
     "comfy-server": ("comfy_server", "the node through a real ComfyUI server: install, start, prompts over HTTP"),
     "canvas-pipeline": ("canvas_pipeline", "a 32K canvas through a real server's nodes, after applier apply and stock"),
+    "tiled-route": ("tiled_route", "the tiled 32K route through a real server: TiledSampling, its peaks, the peer "
+                    "side by side"),
     "compiler": ("compiler", "the node's configs under ComfyUI's model compiler (malloc graphs, CUDA graphs), on/off"),
     "assemble": ("assemble", "the newest reachable ComfyUI: a real tree plus code-index files, each checked"),
     "fp8-linear-shapes": ("fp8_linear_shapes", "FP8 Linear vs bf16 per shape; --write-table: the pack's per-call rule"),

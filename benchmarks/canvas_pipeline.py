@@ -139,6 +139,11 @@ def node_timeline(events: list, samples: list, prompt_id: str, started: float) -
                       "seconds": None if end is None else round(end - begin, 2),
                       "peak_rss_gib": gib(max(rss)) if rss else None,
                       "peak_gpu_used_gib": gib(max(gpu)) if gpu else None, "samples": len(during)})
+        progress = [(t, data) for t, kind, data in mine if kind == "progress" and data.get("node") == node]
+        if progress:   # the node's progress bar (a sampler: one per step, or per tile and step)
+            nodes[-1]["progress"] = {"events": len(progress), "max": progress[-1][1].get("max"),
+                                     "first_s": round(progress[0][0] - begin, 2),
+                                     "span_s": round(progress[-1][0] - progress[0][0], 2)}
     return nodes
 
 
@@ -261,6 +266,9 @@ def run_prompt(base: str, monitor: Monitor, client_id: str, name: str, prompt: d
     record["outputs"] = {node: [f"{i.get('subfolder') or ''}/{i['filename']}".lstrip("/")
                                 for i in output.get("images", [])]
                          for node, output in (entry.get("outputs") or {}).items()}
+    texts = {node: output["text"] for node, output in (entry.get("outputs") or {}).items() if output.get("text")}
+    if texts:   # what text nodes showed (PreviewAny)
+        record["texts"] = texts
     return record
 
 
@@ -310,7 +318,8 @@ def make_vae(comfyui: Path, directory: Path, seed: int, timeout: float) -> dict:
 class Server:
     """main.py of one tree, its log in log_path; stopped on leaving the block."""
 
-    def __init__(self, tree: Path, python: Path, port: int, extra: str, log_path: Path):
+    def __init__(self, tree: Path, python: Path, port: int, extra: str, log_path: Path, env: dict | None = None):
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         front_end = tree / "temp_empty_frontend"
         front_end.mkdir(exist_ok=True)
         self.command = [str(python), "main.py", "--listen", "127.0.0.1", "--port", str(port),
@@ -320,7 +329,7 @@ class Server:
     def __enter__(self):
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(self.command, cwd=self.tree, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                        env=self.env)
         return self
 
     def __exit__(self, *_):
@@ -333,11 +342,13 @@ class Server:
         self.log.close()
 
 
-def serve(name: str, tree: Path, python: Path, options, report: dict, write, prompts) -> None:
-    """Start one tree's server and run `prompts(base, monitor, client_id, record)` against it."""
+def serve(name: str, tree: Path, python: Path, options, report: dict, write, prompts,
+          env: dict | None = None) -> None:
+    """Start one tree's server (more environment variables in env) and run `prompts(base, monitor, client_id,
+    record)` against it."""
     record = report["servers"].setdefault(name, {})
-    log_path = options.out.with_name(f"{options.out.stem}.{name}.server.log")
-    server = Server(tree, python, options.port, options.server_args, log_path)
+    server = Server(tree, python, options.port, options.server_args, server_log(options.out, name), env)
+    log_path = server.log_path
     record["server_command"] = " ".join(["python", *server.command[1:]]).replace(str(tree), "DIR")
     started = time.perf_counter()
     with server:
@@ -368,6 +379,11 @@ def serve(name: str, tree: Path, python: Path, options, report: dict, write, pro
     record["server_log_tail"] = log_path.read_text(errors="replace")[-3000:]
     record["server_log"] = log_path.name
     write()
+
+
+def server_log(out: Path, name: str) -> Path:
+    """Where serve() writes the log of server `name`, beside the JSON `out`."""
+    return out.with_name(f"{out.stem}.{name}.server.log")
 
 
 def max_of(info: dict, node: str, name: str):

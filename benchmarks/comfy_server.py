@@ -57,7 +57,14 @@ PROBE_SOURCE = '''\
 """Benchmark probe written by benchmarks/comfy_server.py (applier project); not part of ComfyUI.
 
 Counts torch._scaled_mm calls (GET /generation_probe/counts, POST /generation_probe/reset) and offers a zero
-CONDITIONING of a text encoder's output shape, so a prompt needs no text encoder."""
+CONDITIONING of a text encoder's output shape, so a prompt needs no text encoder. GET /generation_probe/memory: torch's
+CUDA peaks (max_memory_allocated / max_memory_reserved) per node the server ran since the last call (read at each
+"executing" message, where the executor moves from one node to the next, then reset), the peaks since the last node,
+the device's free and total memory; each call resets them (torch.cuda.reset_peak_memory_stats). With
+GENERATION_PROBE_MEMORY_FRACTION=F in its environment it sets torch.cuda.set_per_process_memory_fraction(F) at
+import."""
+import os
+
 import torch
 from aiohttp import web
 from server import PromptServer
@@ -83,6 +90,50 @@ async def counts(request):
 async def reset(request):
     COUNTS["scaled_mm"] = 0
     return web.json_response(COUNTS)
+
+
+CUDA = torch.cuda.is_available()
+FRACTION = os.environ.get("GENERATION_PROBE_MEMORY_FRACTION") or None
+if FRACTION and CUDA:
+    torch.cuda.set_per_process_memory_fraction(float(FRACTION))
+MEMORY = {"nodes": [], "running": None}
+
+
+def _peaks():
+    if not CUDA:
+        return {}
+    return {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+            "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
+
+
+_send_sync = PromptServer.instance.send_sync
+
+
+def _send_sync_with_peaks(event, data, *args, **kwargs):
+    # the executor's thread says "executing" as it moves from one node to the next (node None: the prompt is done)
+    if event == "executing" and isinstance(data, dict):
+        if MEMORY["running"] is not None:
+            MEMORY["nodes"].append({**MEMORY["running"], **_peaks()})
+        node = data.get("node")
+        MEMORY["running"] = None if node is None else {"prompt_id": data.get("prompt_id"), "node": node}
+        if CUDA:
+            torch.cuda.reset_peak_memory_stats()
+    return _send_sync(event, data, *args, **kwargs)
+
+
+PromptServer.instance.send_sync = _send_sync_with_peaks
+
+
+@PromptServer.instance.routes.get("/generation_probe/memory")
+async def memory(request):
+    answer = {"cuda": CUDA, "memory_fraction": float(FRACTION) if FRACTION else None, "nodes": MEMORY["nodes"],
+              "since_last_node": _peaks()}
+    if CUDA:
+        free, total = torch.cuda.mem_get_info()
+        answer.update({"device_free": free, "device_total": total})
+        torch.cuda.reset_peak_memory_stats()
+    MEMORY["nodes"] = []
+    return web.json_response(answer)
 
 
 class GenerationProbeZeroConditioning:
@@ -275,17 +326,8 @@ def pack_loaded(log_text: str, node_info: dict) -> dict:
     """Whether ComfyUI loaded the pack's custom node: its lines under "Prestartup times for custom nodes" and
     "Import times for custom nodes" (" (IMPORT FAILED)" / "(PRESTARTUP FAILED)" when it failed), import errors,
     the prestartup script's own "[applier]" line, and /object_info/FusedDiTOps with the node's inputs."""
-    section, timed = None, {"prestartup": None, "import": None}
     lines = log_lines(log_text)
-    for line in lines:
-        if "times for custom nodes" in line:
-            section = "prestartup" if line.lower().startswith("prestartup") else "import"
-        elif section and "comfyui_fused_dit" in line and "seconds" in line:
-            timed[section] = line
-        elif not line:
-            section = None
-    errors = [line for line in lines if "comfyui_fused_dit" in line and ("Cannot import" in line
-                                                                          or "Failed to execute" in line)]
+    timed, errors = custom_node_import(lines, "comfyui_fused_dit")
     info = node_info.get("FusedDiTOps") or {}
     inputs = info.get("input", {})
     return {"registered": bool(info), "import_line": timed["import"], "prestartup_line": timed["prestartup"],
@@ -294,6 +336,22 @@ def pack_loaded(log_text: str, node_info: dict) -> dict:
             "fused_dit_lines": [line for line in lines if line.startswith("fused_dit:")
                                 or "] fused_dit:" in line][:20],
             "inputs": {kind: sorted(inputs.get(kind, {})) for kind in ("required", "optional")}}
+
+
+def custom_node_import(lines: list[str], folder: str) -> tuple[dict, list[str]]:
+    """A custom node folder's lines under "Prestartup times for custom nodes" and "Import times for custom nodes"
+    ({"prestartup", "import"}: None where it has none; " (IMPORT FAILED)" where it failed) and the log's lines that
+    say its import or prestartup script failed."""
+    section, timed = None, {"prestartup": None, "import": None}
+    for line in lines:
+        if "times for custom nodes" in line:
+            section = "prestartup" if line.lower().startswith("prestartup") else "import"
+        elif section and folder in line and "seconds" in line:
+            timed[section] = line
+        elif not line:
+            section = None
+    errors = [line for line in lines if folder in line and ("Cannot import" in line or "Failed to execute" in line)]
+    return timed, errors
 
 
 def make_venv(comfyui: Path) -> Path:
@@ -335,6 +393,12 @@ def run_applier(comfyui: Path, python: Path, verb: tuple, more: tuple = (), time
     if done.returncode:
         record["stderr"] = done.stderr[-2000:]
     return record
+
+
+def write_probe(comfyui: Path) -> None:
+    """The probe custom node (PROBE_SOURCE) in DIR/custom_nodes/."""
+    (comfyui / "custom_nodes").mkdir(exist_ok=True)   # a tree of Python files only may lack it
+    (comfyui / "custom_nodes" / PROBE_NAME).write_text(PROBE_SOURCE)
 
 
 def link_checkpoint(comfyui: Path, checkpoint: Path) -> str:
@@ -412,8 +476,7 @@ def run(options, parser) -> int:
     python = options.python or make_venv(comfyui)
     report["install"] = install_overlay(comfyui, python)
     print(f"overlay install: exit {report['install']['returncode']}", flush=True)
-    (comfyui / "custom_nodes").mkdir(exist_ok=True)   # a tree of Python files only may lack it
-    (comfyui / "custom_nodes" / PROBE_NAME).write_text(PROBE_SOURCE)
+    write_probe(comfyui)
     checkpoint_name = link_checkpoint(comfyui, checkpoint)
     front_end = comfyui / "temp_empty_frontend"   # no frontend package is installed: serve an empty folder
     front_end.mkdir(exist_ok=True)

@@ -302,6 +302,13 @@ KINDS: dict[str, Kind] = {
         "apply` of max-resolution and pil-pixel-limit (per node: accepted, seconds, peak RSS and GPU memory) and on "
         "the stock server (the first cap, in ComfyUI's words)",
         "COMMAND=canvas-pipeline bash scripts/comfy_server_for_device.sh RELEASE (on the device machine)", "", H200),
+    "tiled-route-*.json": Kind(
+        "the tiled 32K route (issue 37) through a real ComfyUI server of one release (in the name), started as its "
+        "main.py starts, after `applier apply` of max-resolution and pil-pixel-limit: generate at 2048, upscale, "
+        "VAEEncodeTiled, KSampler with the pack's TiledSampling, VAEDecodeTiled, SaveImage, LoadImage; per node "
+        "seconds, torch's and the device's peaks, the node's tiles and batch; the memory check (8192 against the "
+        "largest canvas), ComfyUI-TiledDiffusion side by side, the memory limit that held",
+        "COMMAND=tiled-route bash scripts/comfy_server_for_device.sh RELEASE (on the device machine)", "", H200),
     "budget-validation.json": Kind(
         "`applier budget`'s predicted seconds per step against the committed H200 measurements, run by run",
         "python -m benchmarks validate budget --out benchmarks/results/budget-validation.json", "", H200),

@@ -5,6 +5,8 @@
 #   TMPDIR=$PWD/.cache/tmp scripts/comfy_server_for_device.sh --kit TREE     # here (network): .server-device/
 #   bash scripts/comfy_server_for_device.sh [ERA]                            # there (carry [".server-device"])
 #   COMMAND=canvas-pipeline bash scripts/comfy_server_for_device.sh [ERA]    # there: the 32K canvas pipeline
+#   COMMAND=tiled-route bash scripts/comfy_server_for_device.sh [ERA]        # there: the tiled 32K route, detached
+#     (setsid: it outlives the call; the same command again waits for it and copies its JSON and logs to $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kit="${KIT:-.server-device}"
@@ -32,6 +34,16 @@ if [ "${1:-}" = "--kit" ]; then
         -d "$tmp/av" av==19.0.2
     mkdir -p "$tmp/av/site" && python3 -m zipfile -e "$tmp"/av/av-*.whl "$tmp/av/site"
     (cd "$tmp/av/site" && tar cf - . | xz -9 -T2 > "$OLDPWD/$kit/av.tar.xz")
+    # the peer of tiled-route (never committed): ComfyUI-TiledDiffusion as its mirror's HEAD, with its commit
+    peer="${TILED_DIFFUSION_MIRROR:-/work/.mirror/shiimizu+ComfyUI-TiledDiffusion/repo}"
+    if git --git-dir="$peer" rev-parse -q --verify HEAD >/dev/null 2>&1; then
+        mkdir -p "$tmp/peer/ComfyUI-TiledDiffusion"
+        git --git-dir="$peer" archive HEAD | tar x -C "$tmp/peer/ComfyUI-TiledDiffusion"
+        git --git-dir="$peer" log -1 --format='%H%n%cI' HEAD > "$tmp/peer/ComfyUI-TiledDiffusion/REVISION"
+        (cd "$tmp/peer" && tar cf - ComfyUI-TiledDiffusion | xz -9 -T2 > "$OLDPWD/$kit/tiled-diffusion.tar.xz")
+    else
+        echo "no ComfyUI-TiledDiffusion mirror at $peer: the kit has no tiled-route peer"
+    fi
     du -sh "$kit"/* "$kit"
     exit 0
 fi
@@ -43,10 +55,14 @@ site="$work/comfy-server-site"; trees="$work/comfy-server-trees"; ckpt="$work/co
 log="$out/device.log"
 mkdir -p "$site" "$trees" "$ckpt"
 {
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-        "$kit"/*.whl || exit 1
-    for part in ck av; do tar xJf "$kit/$part.tar.xz" -C "$site" || exit 1; done
-    tar xJf "$kit/trees.tar.xz" -C "$trees" || exit 1
+    # unpacked once per machine: a detached tiled-route run may be using it while a later call waits for it
+    if [ ! -e "$site/.unpacked" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+            "$kit"/*.whl || exit 1
+        for part in ck av; do tar xJf "$kit/$part.tar.xz" -C "$site" || exit 1; done
+        tar xJf "$kit/trees.tar.xz" -C "$trees" || exit 1
+        touch "$site/.unpacked"
+    fi
     export PYTHONPATH="$site" PYTHONUNBUFFERED=1
     nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader
     df -h "$work" | tail -1; free -g | head -2; ls "$trees"
@@ -54,7 +70,35 @@ mkdir -p "$site" "$trees" "$ckpt"
         torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available(), "sqlalchemy", sqlalchemy.__version__,
         "pydantic", pydantic.VERSION, "av", av.__version__)'
     echo "== $(date -u +%T) benchmarks ${COMMAND:-comfy-server} on $era"
-    if [ "${COMMAND:-comfy-server}" = canvas-pipeline ]; then
+    if [ "${COMMAND:-comfy-server}" = tiled-route ]; then
+        # one detached harness per machine (setsid: it lives until the machine goes back); each call waits for it
+        # up to TIME_LIMIT (540 s) and copies what it wrote so far. The harness's own limit: ROUTE_LIMIT (1700 s).
+        run="$work/tiled-route"; mkdir -p "$run"
+        if [ ! -e "$run/pid" ]; then
+            rm -rf "$work/peers" && mkdir -p "$work/peers"
+            peer_arg=()
+            if [ -f "$kit/tiled-diffusion.tar.xz" ]; then
+                tar xJf "$kit/tiled-diffusion.tar.xz" -C "$work/peers" &&
+                    peer_arg=(--peer "tiled-diffusion=$work/peers/ComfyUI-TiledDiffusion")
+            fi
+            harness=(timeout -k 20 "${ROUTE_LIMIT:-1700}" python3 -m benchmarks tiled-route --comfyui "$trees/$era"
+                     --work "$work/route" --make-checkpoint "$ckpt" --startup-timeout 150 "${peer_arg[@]}"
+                     ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-} --out "$run/tiled-route-$era.json")
+            echo "detached: ${harness[*]}"
+            setsid bash -c '"$@" > "$0/harness.log" 2>&1; echo $? > "$0/rc"' "$run" "${harness[@]}" \
+                < /dev/null > /dev/null 2>&1 &
+            echo $! > "$run/pid"
+        else
+            echo "a tiled-route run is there already (pid $(cat "$run/pid")): waiting for it"
+        fi
+        deadline=$((SECONDS + ${TIME_LIMIT:-540}))
+        while [ ! -e "$run/rc" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 5; done
+        cp "$run"/*.json "$run"/*.log "$out/" 2>/dev/null
+        tail -n 40 "$run/harness.log"
+        if [ -e "$run/rc" ]; then echo "== tiled-route finished: exit $(cat "$run/rc")"
+        else echo "== tiled-route still running: run the same command again to wait for it"; fi
+        (exit "$(cat "$run/rc" 2>/dev/null || echo 3)")
+    elif [ "${COMMAND:-comfy-server}" = canvas-pipeline ]; then
         timeout -k 20 "${TIME_LIMIT:-510}" python3 -m benchmarks canvas-pipeline --comfyui "$trees/$era" \
             --work "$work/canvas" --startup-timeout 150 ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-} \
             --out "$out/canvas-pipeline-$era.json"
