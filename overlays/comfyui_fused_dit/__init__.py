@@ -143,5 +143,7 @@ class FusedDiTOps:
         return (apply(model, registry.choose(model, request)),)
 
 
-NODE_CLASS_MAPPINGS = {"FusedDiTOps": FusedDiTOps}
-NODE_DISPLAY_NAME_MAPPINGS = {"FusedDiTOps": "Fused DiT Ops (Triton)"}
+from .tiled_sampling import TiledSampling  # noqa: E402  (the second node; it finds fused_dit as this one does)
+
+NODE_CLASS_MAPPINGS = {"FusedDiTOps": FusedDiTOps, "TiledSampling": TiledSampling}
+NODE_DISPLAY_NAME_MAPPINGS = {"FusedDiTOps": "Fused DiT Ops (Triton)", "TiledSampling": "Tiled Sampling"}

@@ -23,6 +23,8 @@ LAYERS = (
     ("node", ("comfyui_fused_dit",)),
     ("api", ("fused_dit",)),
     ("registry", ("fused_dit.registry",)),
+    # tiled sampling beside the registry: it wraps ComfyUI's sampling seams and needs no family of the stack below
+    ("tiling", ("fused_dit.tiling",)),
     ("integration", ("fused_dit.integration",)),
     ("ops", ("fused_dit.ops",)),
     ("runtime", ("fused_dit.dispatch", "fused_dit.launch", "fused_dit.library")),
@@ -35,6 +37,8 @@ TOOLING = ("fused_dit.parity", "fused_dit.testing")
 # function-level imports of pack modules that are not there to dodge a cycle, and why
 DEFERRED = {
     ("comfyui_fused_dit", "fused_dit.registry"):
+        "the node module loads without torch: applier's node-pack tools read its inputs in a bare interpreter",
+    ("comfyui_fused_dit.tiled_sampling", "fused_dit.tiling.wrappers"):
         "the node module loads without torch: applier's node-pack tools read its inputs in a bare interpreter",
     **{(tool, op): "an op module is imported when its case runs: a broken op module fails its own cases only"
        for tool in TOOLING for op in ("fused_dit.ops", "fused_dit.integration", "fused_dit.dispatch")},

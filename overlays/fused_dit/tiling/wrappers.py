@@ -1,0 +1,192 @@
+"""The Tiled Sampling node's hooks on a ModelPatcher clone: two of ComfyUI's wrappers.
+
+- SAMPLER_SAMPLE (once per sampling run, around the sampler): plans the run's tiles from the latent's shape and the
+  free memory (plan.choose, the memory model applier budget prices with), says so in one INFO line, opens one
+  progress bar that counts tiles x steps, and decides where the canvas lives. Where the canvas's tensors (the
+  sampler's latent, noise and steps, and the blender's sums: `CANVAS_COPIES` latents) would take more memory than
+  one batch of tiles, they stay on the host and the sampler steps there: only a batch of tiles goes to the GPU, so
+  the device's peak tracks a tile, not the canvas.
+- CALC_COND_BATCH (every model call): sampling.tiled_calc_cond_batch with the run's plan; a call outside a run
+  (a sampler path without SAMPLER_SAMPLE) plans from the latent it is given.
+
+Cancel (ComfyUI's interrupt) is honoured between two batches of tiles.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import state
+from .models import shape_for
+from .plan import ModelShape, Plan, PlanError, Settings, choose
+from .sampling import Progress, tiled_calc_cond_batch
+
+KEY = "fused_dit_tiled"
+SAMPLER_SAMPLE, CALC_COND_BATCH = "sampler_sample", "calc_cond_batch"   # comfy.patcher_extension.WrappersMP's
+# the sampler's x, noise, denoised, its step's d and the latent image, and the blender's sum and result
+CANVAS_COPIES = 7
+CANVAS_PLACES = ("auto", "gpu", "host")
+log = logging.getLogger("fused_dit")
+
+
+@dataclass(frozen=True)
+class Request:
+    tile_px: int = 0              # 0: planned
+    overlap_px: int = -1          # -1: planned
+    batch: int = 0                # 0: planned
+    canvas: str = "auto"          # auto | gpu | host
+
+
+@dataclass
+class Run:
+    """One sampling run's plan and progress."""
+    settings: Settings
+    sigmas: torch.Tensor | None
+    on_host: bool
+    device: torch.device
+    bar: object = None
+    last_value: int = field(default=0)
+
+    def advance(self, done: int, total: int, timestep: torch.Tensor | None) -> None:
+        if self.bar is None:
+            return
+        step = 0
+        if self.sigmas is not None and timestep is not None and len(self.sigmas) > 1:
+            distance = (self.sigmas[:-1].to(timestep.device, torch.float32) - timestep.flatten()[0].float()).abs()
+            step = int(distance.argmin())
+        value = max(self.last_value, step * total + done)
+        self.last_value = value
+        self.bar.update_absolute(value)
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory the tiles may use on `device`: ComfyUI's own figure where it runs, capped by a per-process fraction
+    where one is set (torch's allocator refuses past it, whatever the device has free)."""
+    try:
+        import comfy.model_management as mm
+        free = int(mm.get_free_memory(device))
+    except ImportError:
+        free = int(torch.cuda.mem_get_info(device)[0]) if device.type == "cuda" else 2 ** 34
+    if device.type == "cuda":
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if fraction is not None:
+            limit = int(fraction(device) * torch.cuda.get_device_properties(device).total_memory)
+            free = min(free, limit - torch.cuda.memory_allocated(device))
+    return max(free, 0)
+
+
+def _class_names(diffusion_model) -> list[str]:
+    return [cls.__name__ for cls in type(diffusion_model).__mro__]
+
+
+def _progress_bar(total: int):
+    try:
+        import comfy.utils
+    except ImportError:
+        return None
+    return comfy.utils.ProgressBar(total)
+
+
+def _check_cancel() -> None:
+    try:
+        import comfy.model_management as mm
+    except ImportError:
+        return
+    mm.throw_exception_if_processing_interrupted()
+
+
+class TiledSampling:
+    """The two wrappers over one request, for one model (see the module docstring)."""
+
+    def __init__(self, shape: ModelShape, request: Request, device: torch.device):
+        self.shape, self.request, self.device = shape, request, device
+        self.run: Run | None = None
+
+    def settings_for(self, latent_shape) -> Settings:
+        frames = latent_shape[2] if len(latent_shape) == 5 else 1
+        return choose(self.shape, latent_shape[-2], latent_shape[-1], free_bytes(self.device),
+                      tile_px=self.request.tile_px, overlap_px=self.request.overlap_px, batch=self.request.batch,
+                      frames=frames)
+
+    def on_host(self, latent: torch.Tensor, settings: Settings) -> bool:
+        if self.request.canvas != "auto" or self.device.type != "cuda":
+            return self.request.canvas == "host"
+        canvas_bytes = CANVAS_COPIES * latent.numel() * 4
+        return not settings.plan.single and canvas_bytes > settings.batch * settings.tile_bytes
+
+    def sampler_sample(self, executor, guider, sigmas, extra_args, callback, noise, latent_image=None,
+                       denoise_mask=None, disable_pbar=False):
+        try:
+            settings = self.settings_for(tuple(noise.shape))
+        except PlanError as error:
+            state.say_once("Tiled Sampling: this canvas stays untiled: %s", str(error))
+            return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
+        host = self.on_host(noise, settings)
+        steps = max(1, len(sigmas) - 1)
+        self.run = Run(settings, sigmas.detach().float().cpu(), host, self.device)
+        layout = settings.plan
+        log.info("Tiled Sampling: %s", describe(settings, self.shape, noise.shape, host))
+        if not layout.single:
+            self.run.bar = _progress_bar(steps * layout.count)
+        if host:
+            noise, sigmas = noise.cpu(), sigmas.cpu()
+            latent_image = latent_image.cpu() if latent_image is not None else None
+            denoise_mask = denoise_mask.cpu() if isinstance(denoise_mask, torch.Tensor) else denoise_mask
+        try:
+            out = executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
+        finally:
+            self.run = None
+        return out.to(self.device) if host else out
+
+    def calc_cond_batch(self, executor, model, conds, x_in, timestep, model_options):
+        run = self.run
+
+        def plan_for(x: torch.Tensor) -> tuple[Plan, int]:
+            settings = run.settings if run is not None else self.settings_for(tuple(x.shape))
+            return settings.plan, settings.batch
+
+        progress = Progress(
+            advance=(lambda done, total: run.advance(done, total, timestep)) if run is not None else Progress.advance,
+            check_cancel=_check_cancel)
+        return tiled_calc_cond_batch(executor, model, conds, x_in, timestep, model_options, plan_for=plan_for,
+                                     progress=progress, device=self.device)
+
+
+def describe(settings: Settings, shape: ModelShape, latent_shape, host: bool) -> str:
+    """The run's one INFO line: tiles, their size and overlap, the batch and why, where the canvas lives."""
+    layout = settings.plan
+    canvas = f"{latent_shape[-1] * shape.vae_factor}x{latent_shape[-2] * shape.vae_factor}"
+    if layout.single:
+        return f"the {canvas} canvas fits one {settings.tile_px} px tile: the model runs untiled"
+    planned = f" (planned: {', '.join(settings.planned)})" if settings.planned else ""
+    return (f"{layout.count} tiles of {settings.tile_px} px, overlap {settings.overlap_px} px, on a {canvas} canvas "
+            f"({len(layout.ys)} x {len(layout.xs)}), {settings.batch} per batch, "
+            f"{settings.tile_bytes / 2 ** 30:.2f} GiB of activations a tile{planned}; canvas on the "
+            f"{'host' if host else 'GPU'}")
+
+
+def apply(patcher, request: Request):
+    """A clone of the ModelPatcher `patcher` that samples tile by tile; `patcher` itself where the model is not one
+    the node knows or the ComfyUI has no CALC_COND_BATCH wrapper (said once: then it runs untiled)."""
+    diffusion_model = patcher.model.diffusion_model
+    shape = shape_for(_class_names(diffusion_model))
+    if shape is None:
+        state.say_once("Tiled Sampling: %s is not a model the node tiles (Flux, Qwen-Image, Wan 2.1): it runs "
+                       "untiled", type(diffusion_model).__name__)
+        return patcher
+    try:
+        from comfy.patcher_extension import WrappersMP
+        names = (WrappersMP.SAMPLER_SAMPLE, WrappersMP.CALC_COND_BATCH)
+    except ImportError:
+        names = (SAMPLER_SAMPLE, CALC_COND_BATCH)
+    except AttributeError:
+        state.say_once("Tiled Sampling: this ComfyUI has no CALC_COND_BATCH wrapper: the model runs untiled")
+        return patcher
+    hooks = TiledSampling(shape, request, torch.device(patcher.load_device))
+    clone = patcher.clone()
+    for name, wrapper in zip(names, (hooks.sampler_sample, hooks.calc_cond_batch)):
+        clone.remove_wrappers_with_key(name, KEY)
+        clone.add_wrapper_with_key(name, KEY, wrapper)
+    return clone

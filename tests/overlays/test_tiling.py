@@ -1,0 +1,355 @@
+"""Tiled sampling (fused_dit/tiling, the Tiled Sampling node): the planner's grid and blend profiles (property tests),
+the blender against an identity and a local convolution, the CALC_COND_BATCH body with ComfyUI-shaped conditionings,
+ControlNet hints and masks, progress and Cancel, the canvas on the host, the node's validation and wiring, and the
+model table against applier budget's."""
+from __future__ import annotations
+
+import logging
+import sys
+import tomllib
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import comfyui_fused_dit as node_pack
+from comfy_fakes import FakeModelPatcher
+from fused_dit import state
+from fused_dit.tiling import blend, models, plan, sampling, wrappers
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------------------------------- the planner
+@st.composite
+def axes(draw):
+    align = draw(st.sampled_from([1, 2]))
+    tile = draw(st.integers(1, 24)) * align
+    overlap = draw(st.integers(0, tile - 1))
+    margin = draw(st.integers(0, overlap // 2))
+    length = draw(st.integers(1, 200))
+    return length, tile, overlap, align, margin
+
+
+@settings(max_examples=300, deadline=None)
+@given(axes())
+def test_axis_grid_covers_with_the_overlap_asked(case):
+    length, tile, overlap, align, _ = case
+    starts = plan.axis_starts(length, tile, overlap, align)
+    size = min(tile, length)
+    assert starts[0] == 0 and starts[-1] == max(0, length - tile)
+    assert list(starts) == sorted(set(starts))
+    assert all(b - a <= tile - overlap for a, b in zip(starts, starts[1:]))       # neighbours overlap enough
+    assert all(s % align == 0 for s in starts[:-1]) or align > tile - overlap
+    assert all(0 <= s and s + size <= length for s in starts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(axes())
+def test_profiles_are_a_partition_of_unity(case):
+    """Every pixel has weight; where two tiles meet and their ramps do not cross, the two exact profiles add to 1;
+    the blender's normalised fp32 weights add to 1 within 2 ulp everywhere."""
+    length, tile, overlap, align, margin = case
+    starts = plan.axis_starts(length, tile, overlap, align)
+    size = min(tile, length)
+    profiles = [plan.axis_profile(length, starts, tile, i, margin, exact=True) for i in range(len(starts))]
+    total = [Fraction(0)] * length
+    cover = [[] for _ in range(length)]
+    for i, (start, profile) in enumerate(zip(starts, profiles)):
+        assert len(profile) == size and all(0 <= v <= 1 for v in profile)
+        for k, value in enumerate(profile):
+            total[start + k] += value
+            cover[start + k].append(i)
+
+    def ramps_cross(i):
+        before = starts[i - 1] + size - starts[i] if i else 0
+        after = starts[i] + size - starts[i + 1] if i + 1 < len(starts) else 0
+        return before + after > size
+
+    for p in range(length):
+        assert total[p] > 0
+        if len(cover[p]) <= 2 and not any(ramps_cross(i) for i in cover[p]):
+            assert total[p] == 1
+    floats = torch.zeros(length, dtype=torch.float64)
+    normalised = torch.zeros(length, dtype=torch.float32)
+    weights = [torch.tensor([float(v) for v in profile], dtype=torch.float32) for profile in profiles]
+    for start, w in zip(starts, weights):
+        floats[start:start + size] += w.double()
+    wsum = torch.zeros(length, dtype=torch.float32)
+    for start, w in zip(starts, weights):
+        wsum[start:start + size] += w
+    for start, w in zip(starts, weights):
+        normalised[start:start + size] += w / wsum[start:start + size]
+    assert torch.all((normalised - 1).abs() <= 2 * torch.finfo(torch.float32).eps)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 90), st.integers(1, 90), st.sampled_from([8, 16, 32]), st.integers(0, 7))
+def test_2d_weight_sum_is_positive_everywhere(height, width, tile, overlap):
+    layout = plan.plan(height, width, tile, min(overlap, tile - 1), align=2 if tile % 2 == 0 else 1)
+    mixer = blend.Blender(layout, torch.zeros(1, 1, height, width), 1)
+    assert bool((mixer.weight_sum > 0).all())
+    assert layout.count == len(layout.ys) * len(layout.xs)
+
+
+@pytest.mark.parametrize("tile, overlap, message", [
+    (16, 16, "must be smaller than the tile"), (16, 20, "must be smaller than the tile"),
+    (15, 2, "multiple of the model's patch"), (16, -1, "must not be negative")])
+def test_settings_no_canvas_can_take_are_refused(tile, overlap, message):
+    with pytest.raises(plan.PlanError, match=message):
+        plan.plan(100, 100, tile, overlap, align=2)
+
+
+def test_batch_follows_the_free_memory_and_the_model():
+    flux = models.MODELS["Flux"]
+    per_tile = flux.tile_bytes(1024)
+    assert per_tile == int(15.1 * 3072 * (64 * 64 + 256) * 2)
+    assert plan.choose_batch(3 * per_tile + 1, per_tile, 100, 8) == 3
+    assert plan.choose_batch(100 * per_tile, per_tile, 100, 8) == 8
+    assert plan.choose_batch(100 * per_tile, per_tile, 5, 8) == 5
+    assert plan.choose_batch(0, per_tile, 100, 8) == 1
+    chosen = plan.choose(flux, 4096, 2304, 5 * per_tile)       # 32768 x 18432
+    assert (chosen.tile_px, chosen.overlap_px, chosen.batch) == (1024, 128, 5)
+    assert chosen.plan.count == 37 * 21 and chosen.planned == ("tile", "overlap", "batch")
+    given_ = plan.choose(flux, 4096, 2304, 5 * per_tile, tile_px=2048, overlap_px=256, batch=2)
+    assert (given_.tile_px, given_.overlap_px, given_.batch, given_.planned) == (2048, 256, 2, ())
+
+
+# ------------------------------------------------------------------------------------------- the body of the wrapper
+def _run(x, conds, model_fn, layout, batch, **kwargs):
+    calls = []
+
+    def executor(model, conds_, x_in, timestep, model_options):
+        calls.append((x_in, timestep, conds_))
+        return [torch.zeros_like(x_in) if c is None else model_fn(x_in, c) for c in conds_]
+
+    out = sampling.tiled_calc_cond_batch(executor, None, conds, x, torch.full((x.shape[0],), 0.5), {},
+                                         plan_for=lambda _: (layout, batch), **kwargs)
+    return out, calls
+
+
+def _single_cover(layout: plan.Plan) -> torch.Tensor:
+    count = torch.zeros(layout.height, layout.width)
+    for b in layout.boxes:
+        count[b.y0:b.y1, b.x0:b.x1] += 1
+    return count == 1
+
+
+@pytest.mark.parametrize("shape, tile, overlap, batch", [((1, 4, 40, 56), 16, 6, 3), ((2, 3, 33, 17), 12, 4, 4),
+                                                          ((1, 2, 3, 24, 30), 10, 3, 2)])
+def test_identity_model_gives_back_the_canvas(shape, tile, overlap, batch):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    layout = plan.plan(shape[-2], shape[-1], tile, overlap, align=1)
+    (out, zeros), calls = _run(x, [[{}], None], lambda t, c: t.clone(), layout, batch)
+    alone = _single_cover(layout)
+    assert torch.equal(out[..., alone], x[..., alone])                          # bit for bit where one tile covers
+    ulp = torch.finfo(torch.float32).eps * x.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    assert bool(((out - x).abs() <= 2 * ulp).all())                               # 2 ulp where tiles blend
+    assert torch.equal(zeros, torch.zeros_like(x))
+    assert len(calls) == -(-layout.count // batch)
+    assert all(c[0].shape[0] == shape[0] * min(batch, layout.count) for c in calls[:-1])
+    assert calls[0][1].shape[0] == calls[0][0].shape[0]                          # the timestep follows the tiles
+
+
+def test_a_local_model_tiles_exactly_with_an_overlap_of_its_reach():
+    """A fixed 5x5 convolution (zero padding at the tile's edges, reach 4): with an overlap of at least the reach
+    and a margin of half of it, every pixel takes only tiles where its receptive field lies inside the tile."""
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(3, 3, 5, padding=2, bias=False).double()
+    x = torch.randn(1, 3, 45, 61, dtype=torch.float64)
+    with torch.no_grad():
+        whole = conv(x)
+        layout = plan.plan(45, 61, 16, 6, margin=2)
+        (tiled,), _ = _run(x, [[{}]], lambda t, c: conv(t), layout, 4)
+    assert torch.allclose(tiled, whole, rtol=1e-12, atol=1e-12)
+    without_margin = plan.plan(45, 61, 16, 6, margin=0)
+    with torch.no_grad():
+        (blurred,), _ = _run(x, [[{}]], lambda t, c: conv(t), without_margin, 4)
+    assert not torch.allclose(blurred, whole, rtol=1e-6, atol=1e-6)            # the margin is what makes it exact
+
+
+def test_a_canvas_of_one_tile_calls_the_model_once_untouched():
+    x = torch.randn(1, 4, 16, 12)
+    conds = [[{"model_conds": {}}]]
+    layout = plan.plan(16, 12, 16, 4)
+    out, calls = _run(x, conds, lambda t, c: t * 3, layout, 4)
+    assert len(calls) == 1 and calls[0][0] is x and calls[0][2] is conds
+    assert torch.equal(out[0], x * 3)
+    smaller_than_overlap = plan.plan(3, 3, 16, 8)
+    assert smaller_than_overlap.single
+
+
+class NoiseShaped:
+    """comfy.conds.CONDNoiseShape's shape: `cond`, `_copy_with`."""
+
+    def __init__(self, cond):
+        self.cond = cond
+
+    def _copy_with(self, cond):
+        return NoiseShaped(cond)
+
+
+class Regular(NoiseShaped):
+    pass
+
+
+class FakeControlNet:
+    """The attributes ComfyUI's ControlBase keeps (hint, resized hint cache, chain); records the hint it sees."""
+
+    def __init__(self, hint, previous=None):
+        self.cond_hint_original, self.cond_hint, self.previous_controlnet = hint, "cached", previous
+        self.extra_concat_orig = [torch.ones(1, 1, 1, 1)]
+        self.seen = []
+
+    def get_control(self, x):
+        if self.previous_controlnet is not None:
+            self.previous_controlnet.get_control(x)
+        self.seen.append(self.cond_hint_original.clone())
+        return None
+
+
+def test_spatial_conditionings_are_cut_to_each_tile():
+    x = torch.arange(2 * 1 * 24 * 24, dtype=torch.float32).reshape(2, 1, 24, 24)
+    concat = x * 10                                        # an inpaint concat latent: the canvas's size
+    mask = (x[:, 0] > 300).float()                         # a mask the sampler resized to the latent
+    hint = torch.arange(3 * 192 * 192, dtype=torch.float32).reshape(1, 3, 192, 192)   # image pixels: 8x
+    previous = FakeControlNet(hint * 2)
+    control = FakeControlNet(hint, previous)
+    pooled = torch.randn(1, 8)
+    entry = {"model_conds": {"c_concat": NoiseShaped(concat), "y": Regular(pooled)}, "mask": mask,
+             "control": control}
+    layout = plan.plan(24, 24, 16, 8)
+    seen_conds = []
+
+    def model_fn(t, conds_):
+        (cond,) = conds_
+        cut = cond["model_conds"]["c_concat"].cond
+        assert torch.equal(cut, t * 10)                     # cut where the latent was cut, in the same order
+        assert torch.equal(cond["mask"], (t[:, 0] > 300).float())
+        assert cond["model_conds"]["y"].cond is pooled       # the others go through as they are
+        cond["control"].get_control(t)
+        seen_conds.append(cond)
+        return t
+
+    out, calls = _run(x, [[entry]], model_fn, layout, 2)
+    assert entry["model_conds"]["c_concat"].cond is concat and entry["mask"] is mask    # originals untouched
+    assert control.cond_hint_original is hint and control.cond_hint is None             # put back, cache dropped
+    assert previous.cond_hint_original.data_ptr() != hint.data_ptr() and previous.cond_hint is None
+    box = layout.boxes[0]
+    first = control.seen[0]
+    assert first.shape == (2 * 2, 3, 128, 128)               # 2 tiles x 2 samples, each 16 latent px = 128 px
+    assert torch.equal(first[0], hint[0, :, box.y0 * 8:box.y1 * 8, box.x0 * 8:box.x1 * 8])
+    assert torch.equal(first[0], first[1])                   # one hint repeated to each sample of the tile
+    assert torch.equal(previous.seen[0][0], 2 * first[0])    # the chain's earlier ControlNet is cut too
+
+
+def test_an_area_conditioning_stays_untiled_and_says_so(caplog):
+    state.forget_said()
+    x = torch.randn(1, 1, 40, 40)
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        out, calls = _run(x, [[{"area": (8, 8, 0, 0)}]], lambda t, c: t, plan.plan(40, 40, 16, 4), 4)
+    assert len(calls) == 1 and calls[0][0] is x
+    assert "ConditioningSetArea" in caplog.text
+
+
+def test_progress_counts_tiles_and_cancel_stops_between_batches():
+    x = torch.randn(1, 1, 40, 40)
+    layout = plan.plan(40, 40, 16, 4)
+    seen = []
+    _run(x, [[{}]], lambda t, c: t, layout, 3, progress=sampling.Progress(advance=lambda d, n: seen.append((d, n))))
+    assert seen[-1] == (layout.count, layout.count) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+    class Cancelled(Exception):
+        pass
+
+    batches = []
+
+    def cancel():
+        if len(batches) == 2:
+            raise Cancelled
+        batches.append(1)
+
+    with pytest.raises(Cancelled):
+        _run(x, [[{}]], lambda t, c: t, layout, 3, progress=sampling.Progress(check_cancel=cancel))
+
+
+# ---------------------------------------------------------------------------------------------------- the node
+class Flux(torch.nn.Module):
+    """Named as ComfyUI's comfy.ldm.flux.model.Flux, which the table keys on."""
+
+
+def _patcher(diffusion_model):
+    patcher = FakeModelPatcher(diffusion_model)
+    patcher.load_device = "cpu"
+    return patcher
+
+
+def test_the_node_wraps_a_known_model_and_hands_back_an_unknown_one(caplog):
+    state.forget_said()
+    assert "TiledSampling" in node_pack.NODE_CLASS_MAPPINGS
+    node = node_pack.NODE_CLASS_MAPPINGS["TiledSampling"]()
+    flux = _patcher(Flux())
+    (patched,) = node.patch(flux, tile_px=512, overlap_px=64, tile_batch=2)
+    assert patched is not flux
+    assert set(patched.wrappers) == {"sampler_sample", "calc_cond_batch"}
+    other = _patcher(torch.nn.Linear(2, 2))
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        (same,) = node.patch(other)
+    assert same is other and "not a model the node tiles" in caplog.text
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"tile_px": 1024, "overlap_px": 1024}, "must be smaller than tile_px"),
+    ({"tile_px": 1000}, "not a multiple of 16"),
+    ({"overlap_px": 100}, "not a multiple of 8"),
+    ({"overlap_px": -5}, "give -1"),
+    ({"tile_batch": -1}, "give 0")])
+def test_bad_settings_are_refused_in_validation(inputs, message):
+    answer = node_pack.NODE_CLASS_MAPPINGS["TiledSampling"].VALIDATE_INPUTS(**inputs)
+    assert isinstance(answer, str) and message in answer
+    assert node_pack.NODE_CLASS_MAPPINGS["TiledSampling"].VALIDATE_INPUTS(tile_px=1024, overlap_px=128) is True
+
+
+def test_a_sampling_run_plans_once_says_one_line_and_can_keep_the_canvas_on_the_host(caplog):
+    hooks = wrappers.TiledSampling(models.MODELS["Flux"], wrappers.Request(256, 64, 2, canvas="host"),
+                                   torch.device("cpu"))
+    noise = torch.randn(1, 16, 64, 80)          # 640 x 512 image pixels
+    seen = {}
+
+    def sampler(guider, sigmas, extra_args, callback, noise_, latent_image, denoise_mask, disable_pbar):
+        seen["device"] = noise_.device
+        out = hooks.calc_cond_batch(lambda m, c, x, t, o: [x * 2 for _ in c], None, [[{}]], noise_,
+                                    sigmas[:1].expand(noise_.shape[0]), {})
+        seen["calls"] = out
+        return out[0]
+
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        out = hooks.sampler_sample(sampler, None, torch.tensor([1.0, 0.5, 0.0]), {}, None, noise,
+                                   torch.zeros_like(noise))
+    assert hooks.run is None                                         # the run's plan does not outlive it
+    assert torch.allclose(out, noise * 2)
+    lines = [r.getMessage() for r in caplog.records if "Tiled Sampling" in r.getMessage()]
+    assert len(lines) == 1 and "tiles of 256 px, overlap 64 px" in lines[0] and "canvas on the host" in lines[0]
+
+
+def test_the_table_is_applier_budgets():
+    """One memory model: the node's numbers for each model are applier budget's (applier/data/models.toml), its
+    tile one of that model's tile sizes, its overlap the budget's tiling overlap."""
+    budget = tomllib.loads((REPO / "applier" / "data" / "models.toml").read_text(encoding="utf-8"))
+    efficiency = tomllib.loads((REPO / "applier" / "data" / "efficiency.toml").read_text(encoding="utf-8"))
+    for shape in models.MODELS.values():
+        row = budget[shape.key]
+        assert (shape.hidden, shape.activation_widths, shape.text_tokens, shape.patch, shape.vae_factor) == (
+            row["hidden"], row["activation_widths"], row["text_tokens"], row["patch"], row["vae"]["factor"])
+        assert shape.tile_px in row["tile_px"]
+        assert shape.overlap_px == efficiency["tiling"]["overlap_px"]
+        assert shape.text_in_stream == (row["group"][0]["stream"] == "all")
+
+
+def test_the_node_module_and_the_planner_import_no_torch():
+    import subprocess
+    code = ("import sys; sys.path.insert(0, 'overlays'); import comfyui_fused_dit.tiled_sampling, "
+            "fused_dit.tiling.plan, fused_dit.tiling.models; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
