@@ -816,11 +816,13 @@ def overlay_export(invocation, folder, publisher, repository):
 
 @overlay.command("check")
 @target_options
-def overlay_check(invocation):
-    """Per model family and op family, which overlay variant this ComfyUI's code matches, or why none does.
+@click.option("--verbose", "-v", is_flag=True, help="Under each family's line, its long reason (the code that differs).")
+def overlay_check(invocation, verbose):
+    """Per model family and op family, what the node would run on this ComfyUI, or why it stays stock.
 
-    Reads the target's ComfyUI files (no torch, no GPU). Exit 0 with the report, whatever stays stock; 9 when the
-    target holds no ComfyUI code; 3 when the overlay pack's variants.json is unreadable.
+    Reads the target's ComfyUI files (no torch, no GPU): one line per op family, attention included, with a short
+    reason; the long ones with --verbose or --json. Exit 0 with the report, whatever stays stock; 9 when the target
+    holds no ComfyUI code; 3 when the overlay pack's variants.json is unreadable.
     Example: applier overlay check --target ComfyUI/
     """
     from applier.overlay_check import check_tree
@@ -840,9 +842,9 @@ def overlay_check(invocation):
     for model in report["models"]:
         click.echo(f"{model['model']}:")
         for family, verdict in model["families"].items():
-            state = f"runs {verdict['variant']} (verified on {verdict['matched']})" if verdict["matched"] else \
-                f"stock: {verdict['reason']}"
-            click.echo(f"    {family:10} {state}")
+            click.echo(f"    {family:10} {'runs' if verdict['runs'] else 'stock:'} {verdict['short']}")
+            if verbose:
+                click.echo(f"               {verdict['reason']}")
 
 
 # ------------------------------------------------------------------ budget

@@ -9,10 +9,11 @@ loaded by path), then compared with the releases the pack records in `fused_dit/
 so both say the same thing about the same code.
 
 Per model family present in the tree (Flux, Flux.2, Chroma, HunyuanVideo, Wan 2.1/2.2, Qwen-Image, Lumina 2 /
-Z-Image) and per op family (norm_rope, adaln, gate, fp8_linear): the variant that would run and the release it
-was verified on, or why the family stays stock. The report also names where the node is installed, by applier or
-the ComfyUI way (ComfyUI-Manager, `comfy node install`), and says when that copy is another version than the one
-judged here.
+Z-Image) and per op family (norm_rope, adaln, gate, fp8_linear, attention): whether it runs (the variant and the
+release it was verified on; for attention, the release's SDPA order read from comfy/ops.py), with a short reason
+("short") and the long one ("reason", with the differing code). The report also names where the node is
+installed, by applier or the ComfyUI way (ComfyUI-Manager, `comfy node install`), and says when that copy is
+another version than the one judged here.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from applier.resources import OVERLAYS_DIR, load_module
 
 PACK_PACKAGE = "fused_dit"
 BLOCKS = "{blocks}"
-FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")
+FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")       # the families a variant of ComfyUI code serves
+ATTENTION = "attention"                 # the family that needs no code of ComfyUI's, only its SDPA order
+SDPA_ORDER_FILE, SDPA_ORDER_NAME = "comfy/ops.py", "SDPA_BACKEND_PRIORITY"
 MAX_IMPORT_HOPS = 8
 
 
@@ -170,11 +173,18 @@ def _verdict_json(variants_module, spec, found: dict, where: dict, version: str 
     environment) is reported as not running, with why."""
     verdict = variants_module.match(spec, found, where, prefer=version)
     off = spec.switched_off() if verdict.matched else None
+    releases = ", ".join(dict.fromkeys(release.split(":")[0] for release in spec.verified_versions)) or "none"
+    if off:
+        short = f"{spec.name}: off by default ({variants_module.SWITCH_ON} turns it on)"
+    elif verdict.matched:
+        short = f"{spec.name} (verified on {verdict.verified_on})"
+    else:
+        short = f"{spec.name}: verified on {releases}, this code differs"
     return {"variant": spec.name, "kind": spec.kind, "families": list(spec.families),
             "verified_on": spec.verified_versions, "code_matches": verdict.verified_on,
             "matched": None if off else verdict.verified_on,
             "reason": f"code matches ComfyUI {verdict.verified_on}, but {off}" if off else verdict.reason,
-            "code": {key: {"sha256": found[key], "at": where[key]} for key in found}}
+            "short": short, "code": {key: {"sha256": found[key], "at": where[key]} for key in found}}
 
 
 def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_dir: Path = OVERLAYS_DIR,
@@ -183,6 +193,7 @@ def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_
     pack's node is installed (status.node_pack_installs), carried into the report with what it means for it."""
     fingerprint = load_pack_module("fingerprint", overlays_dir)
     variants_module = load_pack_module("variants", overlays_dir)
+    families_module = load_pack_module("families", overlays_dir)
     data_file = variants_file or overlays_dir / PACK_PACKAGE / "variants.json"
     try:
         specs = variants_module.load(data_file)
@@ -197,14 +208,15 @@ def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_
              for name, spec in specs.items() if spec.kind == variants_module.OP_SEAM}
     supported = tree.parsed("comfy/supported_models.py")
     model_classes = {n.name for n in supported[1].body if isinstance(n, ast.ClassDef)} if supported else set()
+    attention = attention_verdict(sdpa_order(tree), families_module.ATTENTION_MODE_IMPLEMENTATIONS["exact"])
     models = []
     for family in MODEL_FAMILIES:
         if not tree.exists(family.model_file) or (family.marker and family.marker not in model_classes):
             continue
         entry = {"model": family.name, "model_file": family.model_file, "families": {}}
         if family.variant is None:
-            entry["families"] = {name: {"variant": None, "matched": None, "reason": family.no_variant}
-                                 for name in FAMILIES}
+            entry["families"] = {name: {"variant": None, "matched": None, "reason": family.no_variant,
+                                        "short": "no variant for this model's blocks"} for name in FAMILIES}
         else:
             spec = specs[family.variant]
             entry["blocks_file"] = tree.block_file(family.model_file, family.block_class)
@@ -213,6 +225,9 @@ def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_
             entry["variants"] = {spec.name: block_report}
             for name in FAMILIES:
                 entry["families"][name] = _family_verdict(name, block_report, seams, tree, entry["blocks_file"])
+        for verdict in entry["families"].values():
+            verdict["runs"] = verdict["matched"] is not None
+        entry["families"][ATTENTION] = dict(attention)
         models.append(entry)
     return {"comfyui_root": str(comfyui_root), "comfyui_version": comfyui_version, "models": models,
             "seams": seams,
@@ -232,6 +247,57 @@ def node_pack_note(installs: list[dict]) -> str | None:
                 f"({', '.join(str(i['version']) for i in others)}): this report is this applier's pack's verdict; "
                 "that node judges with its own fused_dit/variants.json")
     return None
+
+
+def sdpa_order(tree: SourceTree) -> list[str] | None:
+    """The SDPA backends in the order comfy/ops.py gives them on CUDA (its SDPA_BACKEND_PRIORITY list, then the
+    insert / append / remove calls on it in source order; conditions around them are not evaluated), or None where
+    the file has no such list (a release before it)."""
+    parsed = tree.parsed(SDPA_ORDER_FILE)
+    order = None
+    statements = [node for node in ast.walk(parsed[1]) if isinstance(node, (ast.Assign, ast.Expr))] if parsed else []
+    for node in sorted(statements, key=lambda n: (n.lineno, n.col_offset)):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List) and any(
+                isinstance(t, ast.Name) and t.id == SDPA_ORDER_NAME for t in node.targets):
+            order = [_backend_name(e) for e in node.value.elts]
+            continue
+        call = node.value if isinstance(node, ast.Expr) else None
+        if order is None or not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) \
+                or not isinstance(call.func.value, ast.Name) or call.func.value.id != SDPA_ORDER_NAME:
+            continue
+        args = call.args
+        if call.func.attr == "insert" and len(args) == 2 and isinstance(args[0], ast.Constant) \
+                and isinstance(args[0].value, int):
+            order.insert(args[0].value, _backend_name(args[1]))
+        elif call.func.attr == "append" and len(args) == 1:
+            order.append(_backend_name(args[0]))
+        elif call.func.attr == "remove" and len(args) == 1 and _backend_name(args[0]) in order:
+            order.remove(_backend_name(args[0]))
+    return order
+
+
+def _backend_name(node: ast.AST) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else ast.unparse(node)     # SDPBackend.FLASH_ATTENTION
+
+
+def attention_verdict(order: list[str] | None, implementation) -> dict:
+    """The attention family on a tree whose SDPA order is `order`: its override runs where the order's first backend
+    leaves it a gain (families.Needs.gains_after), as the registry decides at run time."""
+    name, gains_after = implementation.name, implementation.needs.gains_after
+    if not order:
+        return {"variant": name, "matched": None, "runs": False, "short": "no SDPA order to change",
+                "reason": f"{SDPA_ORDER_FILE} orders no SDPA backends ({SDPA_ORDER_NAME}: a release before it), so "
+                          "there is nothing to reorder"}
+    listed = f"the release's SDPA order on CUDA is {', '.join(order)} ({SDPA_ORDER_FILE})"
+    if order[0] in gains_after:
+        cited = f"; {implementation.faster.cite()}" if implementation.faster else ""
+        return {"variant": name, "matched": None, "runs": True,
+                "short": f"{name} ({order[0]} first in the release's SDPA order)",
+                "reason": f"{listed}: {name} puts the fastest exact backend first for each shape{cited}"}
+    cited = f"; {implementation.no_gain.cite()}" if implementation.no_gain else ""
+    return {"variant": name, "matched": None, "runs": False,
+            "short": f"{order[0]} is first in the release's SDPA order",
+            "reason": f"{listed}: with {order[0]} first {name} was measured no faster than that order{cited}"}
 
 
 ROPE_CALLERS = ("attention", "apply_rope1")     # what Flux-type blocks and Wan's blocks call for RoPE
@@ -260,13 +326,14 @@ def _family_verdict(family: str, block_report: dict, seams: dict, tree: SourceTr
         elif not source["matched"] and family not in ("fp8_linear",):
             return {"variant": None, "matched": None,
                     "reason": f"{block_report['variant']}: {block_report['reason']}; {source['variant']}: "
-                              f"{source['reason']}"}
+                              f"{source['reason']}", "short": f"{block_report['short']}; {source['short']}"}
     if source is block_report and not source["matched"] and family != "fp8_linear":
         return {"variant": None, "matched": None, "reason": f"{source['variant']}: {source['reason']}; no op seam "
-                "serves this family (ComfyUI computes it inline in the block forward)"}
-    return {"variant": source["variant"], "matched": source["matched"], "reason": source["reason"]}
+                "serves this family (ComfyUI computes it inline in the block forward)", "short": source["short"]}
+    return {"variant": source["variant"], "matched": source["matched"], "reason": source["reason"],
+            "short": source["short"]}
 
 
 def speeds_up(report: dict) -> dict[str, list[str]]:
-    """{model: the op families that run a verified variant} of a check report."""
-    return {m["model"]: [f for f, v in m["families"].items() if v["matched"]] for m in report["models"]}
+    """{model: the op families that run (a verified variant; attention: the release's SDPA order)} of a report."""
+    return {m["model"]: [f for f, v in m["families"].items() if v["runs"]] for m in report["models"]}

@@ -379,8 +379,8 @@ def summary(report: dict) -> dict:
     """{model: {op family: what runs, or why stock}} of a check report, one line each."""
     out = {}
     for model in report["models"]:
-        out[model["model"]] = {family: ("runs " + v["variant"] + f" (verified on {v['matched']})") if v["matched"]
-                               else f"stock: {v['reason']}" for family, v in model["families"].items()}
+        out[model["model"]] = {family: f"runs {v['short']}" if v["runs"] else f"stock: {v['reason']}"
+                               for family, v in model["families"].items()}
     return out
 
 

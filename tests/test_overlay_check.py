@@ -17,7 +17,7 @@ import pytest
 
 from applier import overlay_check
 from applier.errors import BadTargetError, RefusedError
-from tests.shelltools import REPO, cli_json
+from tests.shelltools import REPO, cli_json, run_cli
 
 LAYERS_03 = '''
 from .math import attention
@@ -166,8 +166,10 @@ def verified(tmp_path):
     return variants_verified_on(trees, "fixture", tmp_path / "variants.json")
 
 
-def families(report: dict, model: str) -> dict:
-    return next(m for m in report["models"] if m["model"] == model)["families"]
+def families(report: dict, model: str, attention: bool = False) -> dict:
+    """{op family: verdict} of one model; the attention family only when asked (it reads no code of the model's)."""
+    found = next(m for m in report["models"] if m["model"] == model)["families"]
+    return found if attention else {name: v for name, v in found.items() if name != overlay_check.ATTENTION}
 
 
 def test_a_tree_with_the_verified_code_runs_every_variant(tmp_path, verified):
@@ -195,11 +197,13 @@ def test_a_2026_tree_runs_the_rope_seam_and_leaves_the_rest_stock_naming_why(tmp
     report = overlay_check.check_tree(write_tree(tmp_path / "new", "2026"), variants_file=verified)
     flux = families(report, "Flux")
     assert flux["fp8_linear"]["matched"] == "fixture"                 # the Linear op did not change
-    assert flux["norm_rope"] == {"variant": "rope_ck_seam", "matched": "fixture",
-                                 "reason": "code matches ComfyUI fixture as verified"}
+    assert flux["norm_rope"] == {"variant": "rope_ck_seam", "matched": "fixture", "runs": True,
+                                 "reason": "code matches ComfyUI fixture as verified",
+                                 "short": "rope_ck_seam (verified on fixture)"}
     assert families(report, "Wan 2.1")["norm_rope"]["variant"] == "rope_ck_seam"
     adaln = flux["adaln"]
     assert adaln["matched"] is None and "no op seam serves this family" in adaln["reason"]
+    assert adaln["short"] == "flux_block_forward_0.3: verified on fixture, this code differs"
     assert "differing: {blocks}:DoubleStreamBlock.forward, {blocks}:RMSNorm.forward, {blocks}:attention" in \
         adaln["reason"]
     assert "RMSNorm is bound by Assign, not by one def/class" in adaln["reason"]
@@ -235,6 +239,43 @@ def test_qwen_image_2_1_is_listed_with_why_its_block_families_stay_stock(tmp_pat
     (root / "comfy/ldm/qwen_image21/model.py").write_text("class QwenImage21Transformer2DModel: pass\n")
     qwen21 = families(overlay_check.check_tree(root), "Qwen-Image 2.1")
     assert all(v["variant"] is None and "comfy-kitchen" in v["reason"] for v in qwen21.values())
+
+
+SDPA_ORDERS = {
+    "flash first": ("SDPA_BACKEND_PRIORITY = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]\n", True,
+                    "fastest_sdpa (FLASH_ATTENTION first in the release's SDPA order)"),
+    "cudnn inserted first": ("SDPA_BACKEND_PRIORITY = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]\n"
+                             "SDPA_BACKEND_PRIORITY.insert(0, SDPBackend.CUDNN_ATTENTION)\n", False,
+                             "CUDNN_ATTENTION is first in the release's SDPA order"),
+    "no order": ("", False, "no SDPA order to change"),
+}
+
+
+@pytest.mark.parametrize("case", list(SDPA_ORDERS))
+def test_the_attention_family_runs_where_the_releases_sdpa_order_leaves_it_a_gain(tmp_path, case):
+    code, runs, short = SDPA_ORDERS[case]
+    tree = write_tree(tmp_path, "0.3")
+    (tree / "comfy/ops.py").write_text(OPS + "\ntry:\n    if cuda:\n" + textwrap.indent(code or "pass\n", " " * 8)
+                                       + "except ImportError:\n    pass\n")
+    report = overlay_check.check_tree(tree)
+    for model in report["models"]:           # the same verdict for every model: it reads no code of theirs
+        attention = model["families"]["attention"]
+        assert (attention["runs"], attention["short"]) == (runs, short), model["model"]
+    assert ("see benchmarks/results/" in attention["reason"]) == bool(code)
+    assert ("attention" in overlay_check.speeds_up(report)["Qwen-Image"]) == runs
+
+
+def test_the_cli_says_one_short_line_per_family_and_the_long_reasons_with_verbose(tmp_path):
+    tree = write_tree(tmp_path / "ComfyUI", "2026")
+    short = run_cli("overlay", "check", "--target", str(tree), check=True).stdout.splitlines()
+    flux = short[short.index("Flux:") + 1:short.index("Flux:") + 6]
+    assert [line.split()[0] for line in flux] == [*overlay_check.FAMILIES, "attention"]
+    assert flux[1] == "    adaln      stock: flux_block_forward_0.3: verified on 0.3.64, this code differs"
+    assert flux[4] == "    attention  stock: no SDPA order to change"
+    assert all(len(line) <= 160 and "differing:" not in line for line in short)
+    verbose = run_cli("overlay", "check", "--target", str(tree), "--verbose", check=True).stdout.splitlines()
+    assert len(verbose) == len(short) + 5 * sum(line.endswith(":") and not line.startswith(" ") for line in short)
+    assert "differing: {blocks}:DoubleStreamBlock.forward" in verbose[verbose.index(flux[1]) + 1]
 
 
 def test_a_folder_without_comfyui_code_is_a_bad_target(tmp_path):

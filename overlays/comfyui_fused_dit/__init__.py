@@ -1,9 +1,9 @@
 """ComfyUI custom node "FusedDiTOps": MODEL -> MODEL with the fused_dit overlays installed for sampling.
 
 A thin call. The registry (fused_dit.registry) picks what each op family runs on the model it is given, or why the
-family stays stock, and says so once per line (logger `fused_dit`, shown on ComfyUI's console); this module puts
-that choice on a clone of the ModelPatcher, so the original MODEL, other branches of the graph and other models are
-untouched:
+family stays stock, and says so in one line per model (logger `fused_dit`, shown on ComfyUI's console; the long
+reasons at DEBUG); this module puts that choice on a clone of the ModelPatcher, so the original MODEL, other branches
+of the graph and other models are untouched:
 - an APPLY_MODEL wrapper (the hook ComfyUI's own torch.compile helper uses) that installs the chosen families
   before each model call and restores the stock forwards in `finally`; none where every family stays stock;
 - the attention family's `optimized_attention_override` in the clone's options;
@@ -13,7 +13,9 @@ untouched:
 The families and the fp8_weights policies, with their earlier names, are data in fused_dit/families.py.
 
 The node module imports no torch (applier's node-pack tools read its inputs in a bare interpreter): the registry is
-imported when the node first runs, and ComfyUI's own modules only where they exist (tests use fakes).
+imported when the node first runs, and ComfyUI's own modules only where they exist (tests use fakes). Its toggles
+default off where their family cannot run on the ComfyUI loaded in the process (`runs_here`: the loaded modules'
+code and SDPA order, read without torch), and keep their defaults where none is loaded.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def _load_carried_fused_dit() -> None:
 
 _load_carried_fused_dit()
 
-from fused_dit import families  # noqa: E402  (found by the lines above where the folder carries it; no torch)
+# found by the lines above where the folder carries it; none of these imports torch
+from fused_dit import families, fingerprint, state, variants  # noqa: E402
 
 WRAPPER_KEY = "fused_dit"
 log = logging.getLogger("fused_dit")
@@ -108,17 +111,96 @@ def apply(model, selection):
     return patched
 
 
-def _toggle(name: str) -> tuple:
+BLOCKS_KEY = "{blocks}:"                 # variants.json's key prefix for code in the module of the model's blocks
+_LOADED_VERDICTS: dict = {}             # (variant, verdict epoch, ids of the objects fingerprinted) -> bool
+
+
+def _block_forward_here(spec) -> bool | None:
+    """Whether a block-forward variant's code is in the loaded ComfyUI: True where a comfy.ldm module defines its
+    blocks with code one verified release has, False where its blocks are loaded and none has it, None where none
+    is loaded. The live objects of the module, fingerprinted as eras.py does for a model's blocks (no torch)."""
+    keys = [key for key in spec.depends_on if key.startswith(BLOCKS_KEY)]
+    block_class = keys[0][len(BLOCKS_KEY):].split(".")[0]
+    verdicts = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("comfy.ldm.") or not isinstance(getattr(module, block_class, None), type):
+            continue
+        objects = {}
+        for key in keys:
+            path = key[len(BLOCKS_KEY):].split(".")
+            if not hasattr(module, path[0]):
+                continue                # not in this module: not compared (as a model without single blocks)
+            obj = module
+            for part in path:
+                obj = getattr(obj, part, None)
+            objects[key] = obj
+        cache_key = (spec.name, state.STATE.verdict_epoch, tuple((k, id(v)) for k, v in objects.items()))
+        if cache_key not in _LOADED_VERDICTS:
+            found = {}
+            for key, obj in objects.items():
+                try:
+                    found[key] = fingerprint.of_object(obj) if callable(obj) else None
+                except (OSError, TypeError, ValueError, SyntaxError):
+                    found[key] = None
+            _LOADED_VERDICTS[cache_key] = variants.match(spec, found).matched
+        verdicts.append(_LOADED_VERDICTS[cache_key])
+    return any(verdicts) if verdicts else None
+
+
+def _sdpa_order_here(implementation) -> bool | None:
+    """Whether the loaded release's SDPA order leaves the attention override a gain (attention.release_order and
+    registry.order_refusal read the same list, with torch); None where no ComfyUI is loaded."""
+    ops = sys.modules.get("comfy.ops")
+    if ops is None:
+        return None
+    order = getattr(ops, "SDPA_BACKEND_PRIORITY", None)
+    if not isinstance(order, list) or not order:
+        return False                    # no CUDA, or a release before the list: nothing to reorder
+    return getattr(order[0], "name", str(order[0])) in implementation.needs.gains_after
+
+
+def runs_here(name: str) -> bool | None:
+    """Whether family `name` can run on the ComfyUI loaded in this process, decided cheaply and without torch for
+    the node's default toggles: False where it cannot (every implementation refused: a block forward whose code
+    this ComfyUI does not have, an op seam off by default, an SDPA order the override gains nothing on), True or
+    None (not known: no ComfyUI loaded, or code only the registry checks) where it may. The registry still decides
+    at each run, on the model it is given."""
     family = families.FAMILIES[name]
-    return ("BOOLEAN", {"default": family.node_default, "tooltip": family.tooltip})
+    implementations = ((families.ATTENTION_MODE_IMPLEMENTATIONS[families.EXACT],) if name == "attention"
+                       else family.implementations)
+    verdicts = []
+    for implementation in implementations:
+        spec = state.all_variants().get(implementation.needs.verified_code or "")
+        if implementation.needs.gains_after:
+            verdicts.append(_sdpa_order_here(implementation))
+        elif spec is not None and spec.switched_off():
+            verdicts.append(False)
+        elif spec is not None and implementation.kind == families.BLOCK_FORWARD:
+            verdicts.append(_block_forward_here(spec))
+        else:
+            verdicts.append(None)
+    if any(verdicts):
+        return True
+    return False if verdicts and all(v is False for v in verdicts) else None
+
+
+def _toggle(name: str) -> tuple:
+    """A family's toggle: on by default where the family is, unless it cannot run on the loaded ComfyUI."""
+    family = families.FAMILIES[name]
+    default = family.node_default and runs_here(name) is not False
+    return ("BOOLEAN", {"default": default, "tooltip": family.tooltip})
 
 
 class FusedDiTOps:
     CATEGORY = "advanced/model"
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "patch"
-    DESCRIPTION = ("Fused Triton kernels for Flux and Wan blocks: QK RMSNorm+RoPE, AdaLN, gated residual, and "
-                   "optionally FP8 linear layers (sm_89+). Falls back to stock math where a kernel cannot run.")
+    DESCRIPTION = ("Speeds up sampling where it can on this ComfyUI and says what runs in one console line per "
+                   "model. Attention: ComfyUI's own, with the fastest exact SDPA backend for each shape, on releases "
+                   "whose SDPA order puts FLASH first (0.29+ on Linux). Fused Triton kernels for Flux and Wan blocks "
+                   "(QK RMSNorm+RoPE, AdaLN, gated residual): only on the block code they were written for (ComfyUI "
+                   "0.3.64); later releases fuse these themselves. Optional, lossy, sm_89+: FP8 Linears and FP8 "
+                   "attention. Everything else stays ComfyUI's own code.")
 
     @classmethod
     def INPUT_TYPES(cls):

@@ -7,7 +7,8 @@ block through integration/eras.py, by `recognition` and the install plan), the l
 the VRAM mode, capture-safety where ComfyUI's model compiler captures blocks in CUDA graphs, and for the attention
 override the release's SDPA backend order (it runs where the order's first backend leaves it a gain: `order_refusal`).
 The FP8 family also gets its weight mechanism here (families.FP8_WEIGHTS). Every line goes through the pack's
-once-only log (state.say_once).
+once-only log (state.say_once): per model one INFO line (what runs, what stays stock, a short reason each), the
+long reasons per family at DEBUG.
 
 Per op call, dispatch.py still chooses Triton or eager for the tensors it is given; the installer
 (integration/__init__.py) puts the chosen families in around each model call (`enable`, `disable`).
@@ -15,6 +16,7 @@ Per op call, dispatch.py still chooses Triton or eager for the tensors it is giv
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +34,9 @@ from .integration import enable as _enable
 from .ops import fp8_linear
 from .ops.fp8_linear import OP as FP8_OP
 
-NODE_LINE = "Fused DiT Ops: %s"          # the node's lines on ComfyUI's console, said once each
+NODE_LINE = "Fused DiT Ops on %s"        # the node's one line per model on ComfyUI's console (INFO), said once
+DETAIL_LINE = "Fused DiT Ops: %s"        # the long reason of each family (DEBUG), said once each
+UNKNOWN_MODEL = "no Flux or Wan blocks"
 
 
 def enable(model: torch.nn.Module, ops=OP_FAMILIES, fp8_weights: str = CODES_BESIDE_WEIGHTS) -> dict:
@@ -97,9 +101,10 @@ class Selection:
     wrap: bool                                   # whether that changes anything the model runs
     attention: bool                              # put the attention override into the clone's options
     fp8_weights: str | None                      # the weight mechanism (families.FP8_WEIGHTS); None: FP8 off
-    lines: tuple[str, ...]                       # what runs per family, or why it stays stock
+    lines: tuple[str, ...]                       # what runs per family, or why it stays stock (DEBUG)
     attention_mode: str = EXACT                  # the override put in where `attention` (families.ATTENTION_MODES)
     attention_exact_fallback: bool = False       # fp8: the exact mode takes the calls FP8 refuses (else ComfyUI's)
+    summary: str = ""                            # the one line (INFO): what runs, what stays stock and why, briefly
 
     @property
     def keep_resident_codes(self) -> bool:
@@ -155,23 +160,26 @@ def _runs_on_order(implementation: Implementation, order: list[str] | None) -> s
 
 
 def choose(patcher, request: Request) -> Selection:
-    """The implementation of each family asked for on `patcher`'s diffusion model, or why it stays stock; each line
-    said once (logger `fused_dit`, shown on ComfyUI's console)."""
+    """The implementation of each family asked for on `patcher`'s diffusion model, or why it stays stock: one line
+    per model said once at INFO (logger `fused_dit`, shown on ComfyUI's console), each family's long reason at
+    DEBUG."""
     model = patcher.model.diffusion_model
     policy = fp8_weight_policy(request.fp8_weights)
     asked = set(request.families)
     ops = tuple(name for name in OP_FAMILIES if name in asked)
     lines: list[str] = []
+    stock: dict[str, str] = {}                   # family -> why it stays stock, in a few words
     try:
         supported_blocks(model)
     except UnsupportedModelError as unknown:
-        ops, lines = _on_unknown_model(model, ops, unknown)
+        ops, lines, stock = _on_unknown_model(model, ops, unknown)
     lines += [f"{family}: {line}" for family, line in recognition(model, ops).items()]
     kept = []
     for name in ops:
         refused = [capture_refusal(impl, request) for impl in FAMILIES[name].implementations]
         if all(refused):
             lines.append(f"{name}: stock ({'; '.join(refused)})")
+            stock[name] = CAPTURE_SHORT
         else:
             kept.append(name)
     ops = tuple(kept)
@@ -180,54 +188,109 @@ def choose(patcher, request: Request) -> Selection:
         # a wrapper that installs nothing still costs a call per step: the model runs as ComfyUI's own
         lines.append(f"{', '.join(ops)}: every one stays stock on {type(model).__name__} (above), so the node adds "
                      f"no wrapper to its model calls")
+    runs: dict[str, str] = {}                    # family -> what runs, in a few words
+    for name in ops:
+        if wrap and (len(ops) == 1 or is_active(model, (name,))):
+            runs[name] = "FP8 Linears" if name == "fp8_linear" else "fused Triton kernels"
+        else:
+            stock[name] = _code_differs(name)
     mechanism = None
     if "fp8_linear" in ops:
         mechanism, line = _fp8_weights(patcher, policy)
         lines.append(line)
+        if mechanism and "fp8_linear" in runs:
+            runs["fp8_linear"] = f"FP8 Linears, {mechanism}"
     use_attention, mode, exact_fallback = False, EXACT, False
     if "attention" in asked:
-        use_attention, mode, exact_fallback, line = _attention(patcher, request)
+        use_attention, mode, exact_fallback, line, brief = _attention(patcher, request)
         lines.append(line)
+        (runs if use_attention else stock)["attention"] = brief
+    off = [name for name in FAMILIES if name not in asked]
+    summary = summary_line(type(model).__name__, runs, stock, off)
     for line in lines:
-        state.say_once(NODE_LINE, line)
-    return Selection(ops, wrap, use_attention, mechanism, tuple(lines), mode, exact_fallback)
+        state.say_once(DETAIL_LINE, line, level=logging.DEBUG)
+    state.say_once(NODE_LINE, summary)
+    return Selection(ops, wrap, use_attention, mechanism, tuple(lines), mode, exact_fallback, summary)
 
 
-def _attention(patcher, request: Request) -> tuple[bool, str, bool, str]:
-    """(whether an override goes in, its mode, whether fp8's refused calls take the exact mode, the line)."""
+CAPTURE_SHORT = "not safe under the model compiler's CUDA graphs"
+
+
+def summary_line(model_name: str, runs: dict[str, str], stock: dict[str, str], off: list[str]) -> str:
+    """The node's one line for a model: the families that run and what, those that stay stock and why (families
+    sharing a reason named together), those switched off."""
+    def grouped(by_family: dict[str, str]) -> str:
+        groups: dict[str, list[str]] = {}
+        for family, words in by_family.items():
+            groups.setdefault(words, []).append(family)
+        return "; ".join(f"{', '.join(families)} ({words})" for words, families in groups.items())
+    parts = [f"runs {grouped(runs)}" if runs else "runs nothing of its own: the model is ComfyUI's as loaded"]
+    parts += [f"Stock: {grouped(stock)}"] if stock else []
+    parts += [f"Off: {', '.join(off)}"] if off else []
+    return f"{model_name}: {'. '.join(parts)}. Details at DEBUG."
+
+
+def _code_differs(family: str) -> str:
+    """Why a family whose code the model has stays stock, in a few words: the code it was verified on is not this
+    ComfyUI's (the long reason, with the differing code, is the family's DEBUG line)."""
+    if state.STATE.variants_problem:
+        return state.STATE.variants_problem
+    variants = state.all_variants()
+    names = [impl.needs.verified_code for impl in FAMILIES[family].implementations if impl.needs.verified_code]
+    legacy = [name for name, impl in zip(names, FAMILIES[family].implementations) if impl.legacy]
+    releases = sorted({release.split(":")[0] for name in (legacy or names) if name in variants
+                       for release in variants[name].verified_on})
+    releases = ", ".join(releases) or "none"
+    if legacy:
+        return f"written for ComfyUI {releases}'s blocks, not this release's"
+    return f"verified on ComfyUI {releases}, not on this code"
+
+
+def _attention(patcher, request: Request) -> tuple[bool, str, bool, str, str]:
+    """(whether an override goes in, its mode, whether fp8's refused calls take the exact mode, the line, in a few
+    words what runs or why it stays stock)."""
     if request.attention_mode not in ATTENTION_MODES:
         raise ValueError(f"attention_mode={request.attention_mode!r}; expected one of {', '.join(ATTENTION_MODES)}")
     order = attention.release_order()
     another = attention.stays_stock(patcher.model_options)
-    exact_refused = capture_refusal(FASTEST_SDPA, request) or another or order_refusal(FASTEST_SDPA, order)
+    refusals = ((capture_refusal(FASTEST_SDPA, request), CAPTURE_SHORT), (another, another),
+                (order_refusal(FASTEST_SDPA, order),
+                 f"{order[0]} is first in this release's SDPA order" if order else "no SDPA order to change"))
+    exact_refused, brief = next(((long, short) for long, short in refusals if long), (None, attention.RUNS))
     exact_line = _runs_on_order(FASTEST_SDPA, order) if exact_refused is None else f"stock: {exact_refused}"
     if request.attention_mode == FP8:
         fp8_refused = (another or capture_refusal(FP8_ATTENTION, request)
                        or runs_on(getattr(patcher, "load_device", None), FP8_ATTENTION.needs))
         if fp8_refused is None:
             behind = "the exact mode" if exact_refused is None else "ComfyUI's own attention"
-            return True, FP8, exact_refused is None, f"attention: {attention_fp8.RUNS} (refused calls: {behind})"
+            return (True, FP8, exact_refused is None, f"attention: {attention_fp8.RUNS} (refused calls: {behind})",
+                    f"fp8 mode, lossy; refused calls: {behind}")
         exact_line = f"fp8 -> exact ({fp8_refused}): {exact_line}"
-    return exact_refused is None, EXACT, False, f"attention: {exact_line}"
+        brief = f"fp8 mode cannot run here; {brief}"
+    return exact_refused is None, EXACT, False, f"attention: {exact_line}", brief
 
 
-def _on_unknown_model(model, ops: tuple[str, ...], unknown: UnsupportedModelError) -> tuple[tuple, list[str]]:
+def _on_unknown_model(model, ops: tuple[str, ...], unknown: UnsupportedModelError
+                      ) -> tuple[tuple, list[str], dict[str, str]]:
     """A model whose blocks the block families do not know (Qwen-Image, Lumina, SD3, ...): they stay stock; FP8
-    takes the Linear seam in its transformer stacks' blocks where it has some (integration.generic_blocks)."""
+    takes the Linear seam in its transformer stacks' blocks where it has some (integration.generic_blocks).
+    Returns (the families left to run, their long lines, {family: why it stays stock, briefly})."""
     lines = []
     block_families = [name for name in ops if name != "fp8_linear"]
+    stock = dict.fromkeys(block_families, UNKNOWN_MODEL)
     if block_families:
         lines.append(f"{', '.join(block_families)}: stock ({unknown})")
     if "fp8_linear" not in ops:
-        return (), lines
+        return (), lines, stock
     if not generic_blocks(model):
         lines.append(f"fp8_linear: stock ({unknown}, and no stack of {GENERIC_MIN_BLOCKS} or more blocks of one "
                      f"class)")
-        return (), lines
+        stock["fp8_linear"] = f"{UNKNOWN_MODEL}, and no stack of blocks of one class"
+        return (), lines, stock
     lines.append("fp8_linear on a model the block families do not know was measured on Qwen-Image only, where "
                  f"its text stream's short Linears cost more than FP8 saves ({GENERIC_FP8_EVIDENCE.cite()}). Turn "
                  "it on there for memory, not speed")
-    return ("fp8_linear",), lines
+    return ("fp8_linear",), lines, stock
 
 
 def _fp8_weights(patcher, policy: str) -> tuple[str | None, str]:

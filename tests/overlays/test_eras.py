@@ -91,7 +91,7 @@ def test_the_comfy_kitchen_seam_the_model_calls_is_left_as_it_was():
 def test_a_block_whose_code_matches_no_verified_release_stays_stock_and_says_why(caplog):
     model, inputs = era_blocks.make_flux(depth=2)
     eras.clear_caches()
-    with caplog.at_level(logging.WARNING, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         report = fused_dit.enable(model, ops=("norm_rope", "adaln", "gate"))
         fused_dit.disable(model)
         fused_dit.enable(model, ops=("norm_rope", "adaln", "gate"))
@@ -114,14 +114,20 @@ def test_the_0_3_64_shaped_fixtures_run_their_verified_variant():
 def test_the_node_says_once_per_family_what_runs_and_what_stays_stock(caplog, cudnn_first):
     model, _ = era_blocks.make_flux()
     state.forget_said()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         for _ in range(2):
-            node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops:")]
-    # norm_rope, adaln, gate and attention (fp8_linear is off by default), each said once
-    assert len(lines) == 4
+            node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
+    records = [r for r in caplog.records if r.getMessage().startswith("Fused DiT Ops:")]
+    lines = [r.getMessage() for r in records]
+    # norm_rope, adaln, gate and attention (fp8_linear is off by default), each said once, at DEBUG
+    assert len(lines) == 4 and {r.levelno for r in records} == {logging.DEBUG}
     assert all("stock (code differs from every release" in line for line in lines[:3])
     assert lines[3].startswith("Fused DiT Ops: attention: stock: the release's SDPA order puts CUDNN_ATTENTION first")
+    # and one line at INFO for the model: what runs, what stays stock, a short reason each
+    [summary] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert summary.startswith("Fused DiT Ops on Flux: runs norm_rope (fused Triton kernels). Stock: adaln, gate (")
+    assert summary.endswith("attention (CUDNN_ATTENTION is first in this release's SDPA order). Off: fp8_linear. "
+                            "Details at DEBUG.")
 
 
 def test_the_node_keeps_other_nodes_model_wrappers():
@@ -243,7 +249,7 @@ def test_the_rope_seam_stays_out_where_the_functions_around_it_differ(caplog):
     state.remove_verified("rope_ck_seam", "tests/overlays/era_blocks.py")
     eras.clear_caches()
     try:
-        with caplog.at_level(logging.WARNING, logger="fused_dit"):
+        with caplog.at_level(logging.DEBUG, logger="fused_dit"):
             report = fused_dit.enable(model, ops=("norm_rope",))
             left_stock = era_blocks.CK.apply_rope is stock_rope
             fused_dit.disable(model)
@@ -312,7 +318,7 @@ def test_the_rope_seam_is_off_by_default_with_its_measured_reason(monkeypatch, c
     monkeypatch.delenv("FUSED_DIT_SEAMS")
     model, inputs = era_blocks.make_flux()
     stock_rope = era_blocks.CK.apply_rope
-    with caplog.at_level(logging.WARNING, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         report = fused_dit.enable(model, ops=("norm_rope",))
         left_stock = era_blocks.CK.apply_rope is stock_rope
         fused_dit.disable(model)

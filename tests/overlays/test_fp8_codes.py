@@ -253,7 +253,7 @@ def test_no_extra_memory_registers_nothing_where_the_fp8_forward_cannot_run(capl
     # CPU without the test's FP8 emulation: dispatch declines fp8_linear, codes would only lose precision
     model, _ = blocks.make_flux_stack(dtype=torch.bfloat16)
     state.forget_said()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         patched = _node(LifecyclePatcher(model))
     assert not patched.object_patches
     selection = registry.choose(LifecyclePatcher(model), registry.Request(("fp8_linear",)))

@@ -77,7 +77,7 @@ def test_fp8_gemms_run_under_dynamic_vram_on_weights_comfys_cast_streams_in(name
 def test_replace_under_dynamic_vram_swaps_nothing_and_says_why(fp8_calls, caplog):
     model, _ = _model("flux")
     state.forget_said()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         patched = _node(ops.DynamicPatcher(model))
     assert not patched.object_patches
     assert "DynamicVRAM" in caplog.text
@@ -177,7 +177,7 @@ def test_the_node_says_once_how_fp8_holds_weights_under_dynamic_vram_and_where_i
     monkeypatch.setattr(registry, "runs_on", lambda device, needs: None)
     model, _ = _model(sorted(MAKERS)[0])
     state.forget_said()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         first = _node(ops.DynamicPatcher(model))
         _node(ops.DynamicPatcher(model))
     assert not first.object_patches

@@ -115,9 +115,12 @@ def test_block_families_on_an_unknown_model_are_still_refused_by_enable():
 def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stock(caplog):
     state.forget_said()
     model, inputs = toy()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), fp8_linear=True, fp8_weights="alongside")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops:")]
+    [summary] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops on ")]
+    assert summary.startswith("Fused DiT Ops on ToyModel: runs fp8_linear (FP8 Linears, cached_codes). Stock: "
+                              "norm_rope, adaln, gate (no Flux or Wan blocks)")
     assert any(line.startswith("Fused DiT Ops: norm_rope, adaln, gate: stock") for line in lines)
     assert any(line.startswith("Fused DiT Ops: fp8_linear:") and "blocks the other families do not know" in line
                for line in lines)

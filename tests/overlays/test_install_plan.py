@@ -131,7 +131,7 @@ def test_disable_without_a_plan_still_restores_everything():
 def test_node_adds_no_wrapper_when_every_family_stays_stock(caplog):
     model, _ = era_blocks.make_flux("2026")            # 2026 blocks: no block-forward variant matches
     state.forget_said()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), False, True, True, False)
     assert not patched.wrappers.get("apply_model")
     assert "adds no wrapper" in caplog.text

@@ -88,15 +88,81 @@ def test_node_leaves_a_model_it_does_not_know_stock_and_says_why_once(caplog, fl
     seam, model-agnostic) still applies."""
     state.forget_said()
     unknown = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True, attention=True)
         node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True)
     said = [r.getMessage() for r in caplog.records if "supports ComfyUI's Flux" in r.getMessage()]
     assert len(said) == len(set(said)) == 2 and all("stock" in line and "Sequential" in line for line in said)
     assert any(line.startswith("Fused DiT Ops: fp8_linear: stock") for line in said)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert line == ("Fused DiT Ops on Sequential: runs attention (fastest exact SDPA backend per shape, measured "
+                    "once). Stock: norm_rope, adaln, gate (no Flux or Wan blocks); fp8_linear (no Flux or Wan "
+                    "blocks, and no stack of blocks of one class). Details at DEBUG.")
     assert not patched.wrappers.get("apply_model") and not patched.callbacks.get("on_cleanup")
     assert "forward" not in unknown[0].__dict__
     assert "optimized_attention_override" in patched.model_options["transformer_options"]
+
+
+def test_on_a_current_release_the_node_says_one_info_line_per_model_and_never_warns(caplog, flash_first,
+                                                                                    monkeypatch):
+    """ComfyUI's blocks are not the ones the block forwards were written for (era_blocks: a 2026-shaped Flux): the
+    normal state of a current install. One INFO line says what runs, what stays stock and why in a few words; the
+    long reasons (the differing code) are DEBUG; nothing is a WARNING."""
+    import era_blocks
+    from fused_dit.integration import eras
+    monkeypatch.delenv("FUSED_DIT_SEAMS")             # the RoPE seam off, as shipped
+    eras.clear_caches()
+    model, _ = era_blocks.make_flux(depth=2)
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
+        node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
+        node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
+    info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert info == [f"Fused DiT Ops on {type(model).__name__}: runs attention (fastest exact SDPA backend per shape, "
+                    "measured once). Stock: norm_rope, adaln, gate (written for ComfyUI 0.3.64, "
+                    "tests/overlays/blocks.py's blocks, not this release's). Off: fp8_linear. Details at DEBUG."]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("differs from every release it was verified on" in line for line in debug)
+
+
+def test_the_description_names_attention_first_and_the_fused_kernels_by_their_era():
+    description = node_pack.FusedDiTOps.DESCRIPTION
+    assert description.index("Attention") < description.index("Fused Triton kernels")
+    assert "only on the block code they were written for (ComfyUI 0.3.64)" in description
+    assert "Optional" in description and "FP8" in description
+
+
+def _defaults() -> dict:
+    inputs = node_pack.FusedDiTOps.INPUT_TYPES()
+    return {name: spec[1]["default"] for group in ("required", "optional") for name, spec in inputs[group].items()
+            if spec[0] == "BOOLEAN"}
+
+
+def _loaded_flux_layers(monkeypatch, module) -> None:
+    """A ComfyUI whose comfy.ldm.flux.layers is `module` (the node reads the loaded blocks' code, no torch)."""
+    monkeypatch.setitem(sys.modules, "comfy.ldm.flux.layers", module)
+
+
+def test_toggles_of_families_that_cannot_run_on_the_loaded_comfyui_default_off(monkeypatch, cudnn_first):
+    import era_blocks
+    from fused_dit.integration import eras
+    monkeypatch.delenv("FUSED_DIT_SEAMS")             # the RoPE seam off, as shipped
+    eras.clear_caches()
+    _loaded_flux_layers(monkeypatch, era_blocks)      # 2026-shaped blocks: no block forward's code
+    assert _defaults() == {"norm_rope": False, "adaln": False, "gate": False, "fp8_linear": False,
+                           "attention": False}    # cuDNN first: the attention override gains nothing
+    monkeypatch.setenv("FUSED_DIT_SEAMS", "rope_ck_seam")
+    assert _defaults()["norm_rope"] is True           # the RoPE seam asked for: it may run
+
+
+def test_toggles_keep_their_defaults_where_the_family_may_run_or_no_comfyui_is_loaded(monkeypatch, flash_first):
+    from fused_dit.integration import eras
+    eras.clear_caches()
+    _loaded_flux_layers(monkeypatch, blocks)          # the fixture era: verified blocks
+    assert _defaults() == {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": False, "attention": True}
+    monkeypatch.delitem(sys.modules, "comfy.ldm.flux.layers")
+    monkeypatch.delitem(sys.modules, "comfy.ops")
+    assert _defaults() == {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": False, "attention": True}
 
 
 def test_node_with_every_toggle_off_adds_no_wrapper():

@@ -168,17 +168,21 @@ def test_the_nodes_defaults_run_attention_where_the_release_puts_flash_first(fla
 def test_the_nodes_defaults_leave_attention_stock_where_the_release_puts_cudnn_first(cudnn_first, caplog):
     model, _ = blocks.make_flux_stack()
     state.forget_said()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
-        selection = registry.choose(_Patcher(model), registry.Request(_node_default_families()))
-        registry.choose(_Patcher(model), registry.Request(_node_default_families()))
+    assert "attention" not in _node_default_families()        # its toggle defaults off on this release
+    asked = (*_node_default_families(), "attention")           # and switched on by hand, it stays stock
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
+        selection = registry.choose(_Patcher(model), registry.Request(asked))
+        registry.choose(_Patcher(model), registry.Request(asked))
     assert not selection.attention
     [line] = [line for line in selection.lines if line.startswith("attention: ")]
     assert line.startswith("attention: stock: the release's SDPA order puts CUDNN_ATTENTION first")
     assert families.FASTEST_SDPA.no_gain.cite() in line
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops: attention")]
     assert said == [f"Fused DiT Ops: {line}"]
-    (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
-    assert "optimized_attention_override" not in patched.model_options["transformer_options"]
+    assert "Stock: attention (CUDNN_ATTENTION is first in this release's SDPA order)" in selection.summary
+    for toggles in ({}, {"attention": True}):
+        (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), **toggles)
+        assert "optimized_attention_override" not in patched.model_options["transformer_options"]
 
 
 def test_attention_stays_stock_where_the_release_orders_no_sdpa_backends(monkeypatch):
@@ -211,12 +215,15 @@ def test_another_nodes_attention_override_keeps_its_choice(flash_first):
 def test_each_line_is_said_once_in_the_packs_one_log(caplog):
     model, _ = blocks.make_flux_stack()
     state.forget_said()
-    with caplog.at_level(logging.INFO, logger="fused_dit"):
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         first = registry.choose(_Patcher(model), registry.Request(("norm_rope", "fp8_linear")))
         registry.choose(_Patcher(model), registry.Request(("norm_rope", "fp8_linear")))
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops: ")]
-    assert said == [f"Fused DiT Ops: {line}" for line in first.lines]
+    assert said == [f"Fused DiT Ops: {line}" for line in first.lines]       # the long lines, at DEBUG
     assert all(("Fused DiT Ops: %s", (line,)) in state.STATE.said for line in first.lines)
+    info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO and "Fused DiT Ops" in r.getMessage()]
+    assert info == [f"Fused DiT Ops on {first.summary}"]                    # one line for the model
+    assert first.summary.startswith("Flux: runs norm_rope (fused Triton kernels); fp8_linear (FP8 Linears")
 
 
 def test_the_node_applies_the_selection_and_nothing_else(monkeypatch):

@@ -132,7 +132,7 @@ class FastestSdpa:
         release = timings["release order"]
         if best is not None and (best_ms > (1 - MIN_GAIN) * release or getattr(ops_module, PRIORITY)[:1] == [best]):
             best = None                      # within noise of the release's order, or first there already
-        log.info("fused_dit: attention %s -> %s first (%s)", key[0], best or "the release's order", timings)
+        log.debug("fused_dit: attention %s -> %s first (%s)", key[0], best or "the release's order", timings)
         return best
 
 

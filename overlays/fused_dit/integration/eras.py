@@ -156,8 +156,9 @@ def seam_match(variant_name: str, objects: dict[str, object]) -> variants.Match:
 
 
 def say_once(subject: str, reason: str) -> None:
-    """Say once, as a warning, that `subject` stays stock and why."""
-    state.say_once(STAYS_STOCK, subject, reason, level=logging.WARNING)
+    """Say once, at DEBUG, that `subject` stays stock and why: on every release since the one a variant was written
+    for that is the normal state, and the registry's one line per model says it briefly at INFO."""
+    state.say_once(STAYS_STOCK, subject, reason, level=logging.DEBUG)
 
 
 def epoch() -> int:
