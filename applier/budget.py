@@ -23,6 +23,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from applier.errors import RefusedError
+from applier.resources import load_pack_module
 from applier.strenum import StrEnum
 
 GIB = 1024 ** 3
@@ -571,12 +572,6 @@ def caps_verdict(canvas: Canvas, caps: TargetCaps | None) -> dict:
 
 # ---------------------------------------------------------------- the budget
 
-def tiles_along(length: int, tile: int, overlap: int) -> int:
-    if length <= tile:
-        return 1
-    return math.ceil((length - overlap) / (tile - overlap))
-
-
 @dataclass(frozen=True)
 class Request:
     model: Model
@@ -672,26 +667,66 @@ def plan_budget(data: BudgetData, request: Request, caps: TargetCaps | None = No
     return report
 
 
+def _tiling():
+    """The overlay pack's planner and its table of the models the Tiled Sampling node tiles (fused_dit/tiling, loaded
+    by path: torch-free), so that the budget prices the tiles, the batch and the memory the node plans."""
+    return load_pack_module("tiling.plan"), load_pack_module("tiling.models")
+
+
+def tile_shape(model: Model, tile_px: int, overlap_px: int, plan_module, known) -> object:
+    """The planner's ModelShape of a budget model: the node's own entry where it tiles the model, else one made of
+    the budget's numbers (batch of 1: nothing measured)."""
+    text_in_stream = bool(model.groups) and model.groups[0].stream == "all"
+    mine = next((shape for shape in known.MODELS.values() if shape.key == model.key), None)
+    return plan_module.ModelShape(model.key, model.patch, model.vae.factor, model.hidden, model.activation_widths,
+                                  model.text_tokens, text_in_stream, tile_px, overlap_px,
+                                  mine.max_batch if mine else 1)
+
+
 def tiled_routes(data: BudgetData, request: Request, era: Era) -> list[dict]:
-    """Each tile size of the model's list smaller than the canvas: tiles, and the fastest config's cost."""
+    """Each tile size of the model's list smaller than the canvas, as the Tiled Sampling node would run it: the tiles
+    and the batch its planner chooses in the memory beside the weights, and the fastest config's cost."""
+    plan_module, known = _tiling()
     canvas, overlap = request.canvas, data.measured.tile_overlap_px
+    tokens = token_counts(request.model, canvas)
+    memory = (request.memory_mib or request.gpu.memory_mib) * 1024 * 1024
+    node = any(shape.key == request.model.key for shape in known.MODELS.values())
     routes = []
     for tile in request.model.tile_px:
         if tile >= max(canvas.width, canvas.height) or tile <= overlap:
             continue
         tile_canvas = Canvas(min(tile, canvas.width), min(tile, canvas.height), canvas.frames)
-        count = tiles_along(canvas.width, tile, overlap) * tiles_along(canvas.height, tile, overlap)
-        _, priced = _price_all(request, data, era, tile_canvas)
+        work, priced = _price_all(request, data, era, tile_canvas)
         runnable = _runnable(priced)
-        route = {"tile_px": tile, "overlap_px": overlap, "tiles": count, "fits": bool(runnable)}
-        if runnable:
-            best = min(runnable, key=lambda p: p.forward_s)
+        best = min(runnable, key=lambda p: p.forward_s) if runnable else None
+        weights = best.weights_bytes if best else weight_bytes(request.model, work, True)
+        shape = tile_shape(request.model, tile, overlap, plan_module, known)
+        settings = plan_module.choose(shape, tokens.latent_height, tokens.latent_width,
+                                      max(0, memory - weights - data.measured.reserve_bytes),
+                                      frames=tokens.latent_frames)
+        route = {"node": "Tiled Sampling" if node else None, "tile_px": tile, "overlap_px": overlap,
+                 "tiles": settings.plan.count, "batch": settings.batch,
+                 "tile_activation_bytes": settings.tile_bytes,
+                 "peak_bytes": weights + settings.batch * settings.tile_bytes + data.measured.reserve_bytes,
+                 "fits": bool(runnable) and weights + settings.tile_bytes + data.measured.reserve_bytes <= memory,
+                 "settings": {"tile_px": tile, "overlap_px": overlap, "tile_batch": settings.batch}}
+        if route["fits"]:
             per_tile = best.forward_s * request.cfg_forwards * request.steps
+            count = settings.plan.count
             route.update({"config": best.config, "seconds_per_tile": per_tile, "seconds": per_tile * count,
                           "stock_seconds": (priced[0].forward_s * request.cfg_forwards * request.steps * count
                                             if priced[0] in runnable else None)})
         routes.append(route)
     return routes
+
+
+def route_words(route: dict) -> str:
+    """How a tiled route is run: the node and the settings it would plan, or that no node of the pack tiles it."""
+    if route["node"] is None:
+        return (f"{route['tiles']} tiles of {route['tile_px']} px (no node of the pack tiles this model: Tiled "
+                "Sampling knows Flux, Qwen-Image and Wan 2.1)")
+    return (f"Tiled Sampling, tile_px {route['tile_px']}, overlap_px {route['overlap_px']}, tile_batch "
+            f"{route['batch']}: {route['tiles']} tiles")
 
 
 class VerdictKind(StrEnum):
@@ -725,13 +760,13 @@ def verdict(report: dict, request: Request) -> dict:
     if in_time:
         route = in_time[0]          # the largest tile that finishes in time: fewest seams
         return {"kind": VerdictKind.TILED, "config": route["config"], "seconds": route["seconds"], "tile": route,
-                "reasons": reasons + [f"{route['tiles']} tiles of {route['tile_px']} px finish in "
-                                      f"{human_seconds(route['seconds'])} with {route['config']}"]
+                "reasons": reasons + [f"{route_words(route)} finish in {human_seconds(route['seconds'])} with "
+                                      f"{route['config']}"]
                 + _cap_reasons(report)}
     if routes:
         cheapest = min(routes, key=lambda r: r["seconds"])
-        reasons.append(f"tiled: the cheapest route ({cheapest['tiles']} tiles of {cheapest['tile_px']} px, "
-                       f"{cheapest['config']}) takes {human_seconds(cheapest['seconds'])}")
+        reasons.append(f"tiled: the cheapest route ({route_words(cheapest)}, {cheapest['config']}) takes "
+                       f"{human_seconds(cheapest['seconds'])}")
     elif report["tiled_routes"]:
         reasons.append("tiled: no tile size of the model's fits in memory")
     else:
@@ -821,10 +856,9 @@ def report_lines(report: dict) -> list[str]:
         lines += [f"  node cap: {c['cap']} = {c['value']} at {c['where']}: {c['effect']}" for c in caps["node_caps"]]
         lines += [f"  {note}" for note in caps["notes"]]
     for route in report["tiled_routes"]:
-        cost = (f"{human_seconds(route['seconds'])} with {route['config']}" if route["fits"]
-                else "does not fit in memory")
-        lines.append(f"tiled route    {route['tiles']} tiles of {route['tile_px']} px ({route['overlap_px']} px "
-                     f"overlap): {cost}")
+        cost = (f"{human_seconds(route['seconds'])} with {route['config']}, peak "
+                f"{human_bytes(route['peak_bytes'])}" if route["fits"] else "does not fit in memory")
+        lines.append(f"tiled route    {route_words(route)}: {cost}")
     result = report["verdict"]
     lines.append(f"verdict        {result['kind'].upper()}"
                  + (f" with {result['config']}, {human_seconds(result['seconds'])}" if result["config"] else "")

@@ -18,16 +18,14 @@ another version than the one judged here.
 from __future__ import annotations
 
 import ast
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from applier.errors import BadTargetError, RefusedError
 from applier.fsutil import read_inside_or_none
-from applier.resources import OVERLAYS_DIR, load_module
+from applier.resources import OVERLAYS_DIR, PACK_PACKAGE, load_pack_module
 
-PACK_PACKAGE = "fused_dit"
 BLOCKS = "{blocks}"
 FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")       # the families a variant of ComfyUI code serves
 ATTENTION = "attention"                 # the family that needs no code of ComfyUI's, only its SDPA order
@@ -62,18 +60,6 @@ MODEL_FAMILIES = (
                 "families have no seam there and stay stock (fp8_linear and attention reach it through ComfyUI's "
                 "Linear and attention seams, checked on the assembled 0.38.1 tree)"),
 )
-
-
-def load_pack_module(name: str, overlays_dir: Path = OVERLAYS_DIR) -> ModuleType:
-    """One torch-free module of the overlay pack (fingerprint, variants) by path, under a name of applier's own."""
-    qualified = f"applier_overlay_{name}"
-    loaded = sys.modules.get(qualified)
-    path = overlays_dir / PACK_PACKAGE / f"{name}.py"
-    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-        return loaded
-    if not path.is_file():
-        raise RefusedError(f"the overlay pack is missing {path}", hint="reinstall applier")
-    return load_module(qualified, path)
 
 
 class SourceTree:

@@ -92,3 +92,27 @@ def load_module(name: str, path: Path, *, package_dir: Path | None = None) -> Mo
         sys.modules.pop(name, None)
         raise
     return module
+
+
+PACK_PACKAGE = "fused_dit"
+
+
+def load_pack_module(name: str, overlays_dir: Path | None = None) -> ModuleType:
+    """One torch-free module of the overlay pack by path, under a name of applier's own: `fingerprint`, or a module
+    of a torch-free subpackage, `tiling.plan` (the subpackage is loaded as a package first, so that its relative
+    imports resolve inside it)."""
+    folder = (overlays_dir or OVERLAYS_DIR) / PACK_PACKAGE
+    parts = name.split(".")
+    qualified = "applier_overlay_" + "_".join(parts[:-1]) + ("." if len(parts) > 1 else "") + parts[-1]
+    path = folder.joinpath(*parts).with_suffix(".py")
+    loaded = sys.modules.get(qualified)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded
+    if not path.is_file():
+        raise RefusedError(f"the overlay pack is missing {path}", hint="reinstall applier")
+    if len(parts) > 1:
+        package = "applier_overlay_" + "_".join(parts[:-1])
+        init = folder.joinpath(*parts[:-1], "__init__.py")
+        if package not in sys.modules or getattr(sys.modules[package], "__file__", None) != str(init):
+            load_module(package, init, package_dir=init.parent)
+    return load_module(qualified, path)

@@ -189,6 +189,24 @@ def test_a_canvas_whose_activations_do_not_fit_is_never_native_and_within_flips_
     assert report(comfy, *args, "--within", "1s")["verdict"]["kind"] == "out of reach"
 
 
+def test_the_tiled_route_is_the_tiled_sampling_node_as_its_planner_plans_it(comfy):
+    """The route names the pack's node and the settings its planner (overlays/fused_dit/tiling/plan.py, loaded by
+    path) chooses: the same tile count and batch, the batch from the memory beside the weights."""
+    from applier.resources import load_pack_module
+    plan, models = load_pack_module("tiling.plan"), load_pack_module("tiling.models")
+    small = report(comfy, "--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090", "--within", "1000h")
+    route = next(r for r in small["tiled_routes"] if r["tile_px"] == 1024)
+    assert route["node"] == "Tiled Sampling" and route["fits"]
+    layout = plan.plan(18432 // 8, 32768 // 8, 1024 // 8, route["overlap_px"] // 8, align=2)
+    assert route["tiles"] == layout.count
+    assert route["settings"] == {"tile_px": 1024, "overlap_px": route["overlap_px"], "tile_batch": route["batch"]}
+    assert route["tile_activation_bytes"] == models.MODELS["Flux"].tile_bytes(1024)
+    assert route["peak_bytes"] <= small["gpu"]["memory_bytes"]
+    assert any("Tiled Sampling, tile_px" in reason for reason in small["verdict"]["reasons"])
+    sdxl = report(comfy, "--model", "sdxl", "--size", "16384x16384", "--gpu", KNOWN_GPU, "--within", "1000h")
+    assert all(r["node"] is None for r in sdxl["tiled_routes"])
+
+
 def test_fp8_is_not_offered_where_the_gpu_has_no_fp8_tensor_cores(comfy):
     configs = {c["config"]: c for c in report(comfy, "--model", "flux-dev", "--size", "1024x1024",
                                               "--gpu", "rtx-3090")["configs"]}
