@@ -3,8 +3,12 @@
 Per shape (Flux-dev at 1024, 2048 and 4096, Wan 2.1 14B 480x832x81 self-attention): TFLOPS (4 B H Lq Lkv D / time)
 of torch's SDPA backends (cuDNN, FLASH, EFFICIENT, each forced through torch.nn.attention.sdpa_kernel), of the
 pack's FP8 kernel (fused_dit.ops.attention_fp8, quantisers included) at every launch of a small sweep (tiles,
-warps, stages, V's layout; the best recorded) and of SageAttention 1.0.6 where it is importable, as ComfyUI's
-`--use-sage-attention` calls it; as fractions of the H200's dense bf16 and FP8 peaks. And per call, against fp32
+warps, stages, V's layout; the best recorded), of SageAttention where it is importable, as ComfyUI's
+`--use-sage-attention` calls it (`sage`: whichever version is installed), of SageAttention 2's sm90 path
+(`sage2`: `sageattn_qk_int8_pv_fp8_cuda_sm90` with its defaults, INT8 Q K^T per thread with smoothed K, FP8 P V,
+fp32+fp32 accumulation; what `sageattn` runs on an sm_90 GPU) and of FlashAttention-4 (`fa4`: `flash_attn.cute`, bf16,
+exact) where they are importable (else recorded as skipped, with the reason); as fractions of the H200's dense bf16
+and FP8 peaks. And per call, against fp32
 attention on the same inputs (a fixed subset of query rows against all keys): relative Frobenius error and cosine
 similarity of the outputs of the FP8 kernel, sage and bf16 SDPA, on plain Gaussian inputs and on DiT-like ones (a
 few large-magnitude channels and a per-channel key offset, then RMSNorm with a learned-looking scale).
@@ -13,16 +17,20 @@ few large-magnitude channels and a per-channel key offset, then RMSNorm with a l
     python -m benchmarks attention-kernels --compile-only --out benchmarks/results/attention-fp8-compile.json
     TRITON_INTERPRET=1 python -m benchmarks attention-kernels --smoke --out /tmp/smoke.json   # CPU, tiny shape
 
+`bash scripts/sage2_for_device.sh` builds SageAttention 2 on the device and runs this command with `--no-sweep`
+(the first pass alone: the rows that decide the mode and its yardstick).
+
 The JSON is rewritten after every measurement, and each measurement records its error instead of stopping the
 run, so a run cut off by its time limit still leaves what it measured. Measurements run in order of importance
-(the exact backends ComfyUI picks, the FP8 kernel's default launch, sage, the errors; then the sweep; EFFICIENT
-last) and stop when --budget-s is spent, the rest recorded as skipped. `--compile-only` builds the FP8 kernels
+(the exact backends ComfyUI picks, SageAttention 2 and FlashAttention-4, the FP8 kernel's default launch, sage,
+the errors; then the sweep; EFFICIENT last) and stop when --budget-s is spent, the rest recorded as skipped. `--compile-only` builds the FP8 kernels
 for sm_89 and sm_90 without a GPU (Triton's ahead-of-time compile) at every launch of the sweep.
 """
 from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +51,11 @@ REFERENCE_ROWS = 1024          # query rows compared against fp32 attention (all
 OUTLIER_CHANNELS = 4           # large-magnitude channels per head in DiT-like q and k
 OUTLIER_GAIN = 10.0
 SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+INPUT_KINDS = ("gaussian", "dit_like")
+
+
+class Unavailable(Exception):
+    """A row whose package (or GPU) is not here: recorded as skipped with this reason, not as an error."""
 
 
 def sweep_launches(smoke: bool = False) -> list:
@@ -70,6 +83,9 @@ def add_arguments(parser) -> None:
                         help="build the FP8 kernels for sm_89 and sm_90 without a GPU, every launch of the sweep")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny shape on the CPU under TRITON_INTERPRET=1 (the code paths, no figures)")
+    parser.add_argument("--no-sweep", action="store_true",
+                        help="the first pass alone (exact backends, SageAttention, FlashAttention-4, the FP8 kernel's "
+                             "default launch, cuDNN's FP8 SDPA, the errors): no FP8 sweep, no EFFICIENT")
 
 
 def import_paths(options) -> list[Path]:
@@ -144,6 +160,8 @@ class Run:
         else:
             try:
                 slot[key] = fn()
+            except Unavailable as why:
+                slot[key] = {"skipped": str(why)[:400]}
             except Exception as error:
                 slot[key] = {"error": f"{type(error).__name__}: {error}"[:400]}
             finally:
@@ -229,10 +247,35 @@ class Run:
         from sageattention import sageattn     # ComfyUI's binding passes smooth_k=False
         return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, smooth_k=smooth_k)
 
+    def on_gpu(self, what: str, capability: tuple | None = None) -> None:
+        if self.device != "cuda":
+            raise Unavailable(f"{what} needs a CUDA GPU")
+        if capability is not None and self.torch.cuda.get_device_capability() != capability:
+            raise Unavailable(f"{what} is measured on sm_{capability[0]}{capability[1]} only")
+
+    def sage2(self, q, k, v):
+        """SageAttention 2's sm90 kernel with its defaults (per-thread INT8 Q K^T, smoothed K, FP8 P V, fp32+fp32)."""
+        module = sage2_module()
+        self.on_gpu("SageAttention 2's sm90 path", (9, 0))
+        return lambda: module.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False)
+
+    def fa4(self, q, k, v):
+        """FlashAttention-4 (CuTe DSL) on the `[B, L, H, D]` layout it takes; its output back as `[B, H, L, D]`."""
+        attend = fa4_function()
+        self.on_gpu("FlashAttention-4")
+        qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))   # as a model's [B, L, H * D] view
+
+        def call():
+            out = attend(qs, ks, vs, causal=False)
+            return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+        return call
+
     # the run
     def all(self) -> int:
         from fused_dit.ops import attention_fp8 as af
         self.report["sageattention"] = sage_version()
+        self.report["sageattention_source"] = os.environ.get("SAGEATTENTION_SOURCE")
+        self.report["flash_attn_4"] = fa4_version()
         default = af.launch_for_device(self.torch.device(self.device)) if not self.smoke else sweep_launches(True)[0]
         self.report["fp8_default_launch"] = default.label
         launches = [default] + [l for l in sweep_launches(self.smoke) if l != default]
@@ -241,14 +284,18 @@ class Run:
             q, k, v = self.qkv(name, "dit_like")
             for backend in exact_backends:
                 self.measure(name, "speed", f"sdpa_{backend}", lambda: self.speed(name, self.sdpa(backend, q, k, v)))
+            self.measure(name, "speed", "sage2", lambda: self.speed(name, self.sage2(q, k, v), fp8=True))
+            self.measure(name, "speed", "fa4", lambda: self.speed(name, self.fa4(q, k, v)))
             self.measure(name, "speed", "fp8_default", lambda: {"launch": default.label, **self.speed(
                 name, self.fp8(default, q, k, v), fp8=True)})
             self.measure(name, "speed", "sage", lambda: self.speed(name, self.sage(q, k, v)))
             self.measure(name, "speed", "cudnn_fp8", lambda: self.speed(name, self.cudnn_fp8(q, k, v), fp8=True))
             self.measure(name, "speed", "fp8_quantize_kv", lambda: {"ms": round(self.time_ms(
                 lambda: quantize_kv(af, k, v, default)), 3)})
-            for kind in ("gaussian", "dit_like"):
+            for kind in INPUT_KINDS:
                 qk = self.qkv(name, kind)
+                self.measure(name, f"error_{kind}", "sage2", lambda: self.error(name, kind, self.sage2(*qk)()))
+                self.measure(name, f"error_{kind}", "fa4", lambda: self.error(name, kind, self.fa4(*qk)()))
                 self.measure(name, f"error_{kind}", "fp8", lambda: self.error(name, kind, self.fp8(default, *qk)()))
                 self.measure(name, f"error_{kind}", "sage", lambda: self.error(name, kind, self.sage(*qk)()))
                 self.measure(name, f"error_{kind}", "cudnn_fp8",
@@ -257,13 +304,15 @@ class Run:
                              lambda: self.error(name, kind, self.sage(*qk, smooth_k=True)()))
                 self.measure(name, f"error_{kind}", "sdpa_bf16", lambda: self.error(name, kind, self.sdpa(None, *qk)()))
         for name in self.shapes:                          # second pass: the FP8 sweep
+            if self.options.no_sweep:
+                break
             q, k, v = self.qkv(name, "dit_like")
             for launch in launches:
                 self.measure(name, "fp8_sweep", launch.label, lambda: self.sweep_point(name, launch, q, k, v))
             self.report["shapes"][name]["fp8_best"] = best_of(self.report["shapes"][name]["fp8_sweep"])
             self.write()
         for name in self.shapes:                          # last: the slow exact backend
-            if self.smoke:
+            if self.smoke or self.options.no_sweep:
                 break
             q, k, v = self.qkv(name, "dit_like")
             self.measure(name, "speed", "sdpa_EFFICIENT_ATTENTION",
@@ -332,6 +381,41 @@ def best_of(sweep: dict) -> dict | None:
         return None
     label = max(timed, key=lambda name: timed[name]["tflops"])
     return {"launch": label, **timed[label]}
+
+
+def sage2_module():
+    """The `sageattention` module where it is SageAttention 2 or later with its sm90 path built; else Unavailable."""
+    try:
+        import sageattention
+    except Exception as error:
+        raise Unavailable(f"sageattention not importable: {type(error).__name__}: {error}") from None
+    if not hasattr(sageattention, "sageattn_qk_int8_pv_fp8_cuda_sm90"):
+        raise Unavailable(f"sageattention {sage_version()} has no sm90 path (SageAttention 2 has)")
+    if getattr(sys.modules.get("sageattention.core"), "SM90_ENABLED", True) is False:
+        raise Unavailable("sageattention was built without its sm90 extension (_qattn_sm90)")
+    return sageattention
+
+
+def fa4_function():
+    """FlashAttention-4's `flash_attn.cute.flash_attn_func`; Unavailable where it does not import."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as error:
+        raise Unavailable(f"flash_attn.cute (FlashAttention-4) not importable: {type(error).__name__}: {error}") \
+            from None
+    return flash_attn_func
+
+
+def fa4_version() -> str | None:
+    try:
+        import importlib.metadata
+        return importlib.metadata.version("flash-attn-4")
+    except Exception:
+        try:
+            fa4_function()
+            return "importable, version unknown"
+        except Unavailable as why:
+            return str(why)[:200]
 
 
 def sage_version() -> str | None:

@@ -3,6 +3,7 @@ section a GPU run writes, records what it cannot run as an error instead of stop
 budget leaves out as skipped; the committed compile check reads as the command writes it."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,11 +32,17 @@ def test_the_smoke_run_writes_every_section_and_records_what_it_cannot_run(tmp_p
     assert shape["speed"]["fp8_default"]["launch"] == report["fp8_default_launch"]
     for kind in ("gaussian", "dit_like"):
         errors = shape[f"error_{kind}"]
-        assert set(errors) == {"fp8", "cudnn_fp8", "sage", "sage_smooth_k", "sdpa_bf16"}
+        assert set(errors) == {"fp8", "cudnn_fp8", "sage", "sage_smooth_k", "sdpa_bf16", "sage2", "fa4"}
         assert "error" in errors["cudnn_fp8"]        # no cuDNN FP8 SDPA on the CPU: recorded, not raised
+        for row in ("sage2", "fa4"):                 # a package (or GPU) that is not here: skipped, with the reason
+            assert set(errors[row]) == {"skipped"}, errors[row]
         assert {"relative_frobenius", "cosine", "max_abs"} <= set(errors["fp8"])
         if report["sageattention"].startswith("not importable"):
             assert "error" in errors["sage"]
+    for row, package in (("sage2", "sageattention"), ("fa4", "flash_attn")):
+        assert set(shape["speed"][row]) == {"skipped"}
+        if importlib.util.find_spec(package) is None:
+            assert "not importable" in shape["speed"][row]["skipped"]
     assert report["fp8_default_launch"] in shape["fp8_sweep"] and len(shape["fp8_sweep"]) > 1
     assert shape["fp8_best"]["launch"] in shape["fp8_sweep"]
     assert report["peaks_tflops"] == {"bf16_dense": attention_kernels.H200_BF16_DENSE_TFLOPS,
@@ -47,6 +54,12 @@ def test_past_the_time_budget_measurements_are_recorded_as_skipped(tmp_path):
     shape = report["shapes"]["smoke"]
     assert all("skipped" in entry for entry in shape["speed"].values())
     assert all("skipped" in entry for entry in shape["fp8_sweep"].values()) and shape["fp8_best"] is None
+
+
+def test_no_sweep_runs_the_first_pass_alone(tmp_path):
+    shape = _smoke(tmp_path, "--no-sweep")["shapes"]["smoke"]
+    assert "fp8_sweep" not in shape and "fp8_best" not in shape
+    assert {"fp8_default", "sage2", "fa4"} <= set(shape["speed"]) and "sage2" in shape["error_dit_like"]
 
 
 def test_the_flop_count_and_the_best_launch():
