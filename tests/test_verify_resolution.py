@@ -239,7 +239,8 @@ def build_tree(root: Path) -> None:
     (extras / "nodes_images.py").write_text("import nodes\nMAX_RESOLUTION = nodes.MAX_RESOLUTION\n")
     broken = root / "custom_nodes" / "old-pack"
     broken.mkdir()
-    (broken / "legacy.py").write_text('print "py2"\nMAX_RESOLUTION = 8192\n')
+    # the statement that holds the cap does not parse (only those that can hold one are parsed): read by lines
+    (broken / "legacy.py").write_text('class Old:\n    print "py2"\n    MAX_RESOLUTION = 8192\n')
 
 
 def test_caps_are_reported_as_file_line_value_and_only_below_the_patched_cap(tmp_path):
@@ -250,7 +251,7 @@ def test_caps_are_reported_as_file_line_value_and_only_below_the_patched_cap(tmp
     assert result.numbers["cap"] == PATCHED
     assert sorted(result.numbers["caps"]) == sorted([
         "comfy_extras/nodes_load_3d.py:1:4096",
-        "custom_nodes/old-pack/legacy.py:2:8192",          # found by the line-match fallback
+        "custom_nodes/old-pack/legacy.py:3:8192",          # found by the line-match fallback
         "custom_nodes/resize-pack/nodes.py:3:16384",
         "custom_nodes/resize-pack/nodes.py:10:8192",
         "custom_nodes/resize-pack/nodes.py:18:4096",
@@ -431,3 +432,72 @@ def test_a_scanned_folder_that_is_a_link_out_of_the_tree_is_skipped_not_walked(t
     assert result.numbers["caps"] == [] and result.numbers["files_scanned"] == 0
     assert result.numbers["skipped"] == [f"{folder}/: a link leading outside the ComfyUI folder"]
     assert result.outcome is Outcome.WARN
+
+
+# ---------------------------------------------------------------- the scan parses only what can hold a cap
+
+HEADER = '''\
+"""A node file.
+width = {"max": 333}
+"""
+import nodes
+
+MAX_RESOLUTION_HERE = nodes.MAX_RESOLUTION
+if nodes:
+    pass
+else:
+    LOCAL_MAX_RESOLUTION = (
+        1 << 11)
+'''
+NODE_FILE = '''
+
+@some.decorator
+class Plain{n}:
+    @classmethod
+    def INPUT_TYPES(s):
+        return {{"required": {{"width": ("INT", {{"default": 512, "max": nodes.MAX_RESOLUTION}}),
+                              "strength": ("FLOAT", {{"max": 100.0}})}}
+}}
+'''
+CAPPED = '''
+
+class Capped:
+    def define_schema(cls):
+        return io.Schema(inputs=[io.Int.Input("height", default=512, max=2048),
+                                 io.Int.Input("resolution", max=16 * 64)])
+'''
+
+
+def test_only_the_statements_that_can_hold_a_cap_are_parsed_and_the_caps_are_those_of_the_whole_file(monkeypatch):
+    source = HEADER + "".join(NODE_FILE.format(n=n) for n in range(20)) + CAPPED
+    whole = resolution._caps_in_tree(resolution.ast.parse(source), "x.py", 4096)
+    parsed = []
+    real_parse = resolution.ast.parse
+    monkeypatch.setattr(resolution.ast, "parse", lambda text, *a, **kw: parsed.append(text) or real_parse(text))
+    caps, by_regex = resolution.caps_in_source(source.encode(), "x.py", 4096)
+    assert caps == sorted(set(whole), key=lambda c: c.line) and not by_regex
+    assert [(c.what, c.value, c.node) for c in caps] == [("MAX_RESOLUTION", 2048, ""), ("height", 2048, "Capped"),
+                                                          ("resolution", 1024, "Capped")]
+    # the 20 node classes hold names and floats after "max", never a number: only the docstring (its text looks
+    # like a cap), the if statement and the class with caps are parsed
+    assert len(parsed) == 3 and sum(len(text.strip()) for text in parsed) < len(source) / 5
+    assert not resolution.worth_parsing(NODE_FILE.format(n=0).encode(), 1 << 30)
+
+
+def test_a_cut_that_goes_wrong_parses_the_whole_file_instead(monkeypatch):
+    # a column-0 line inside a string that counting triple quotes does not see: the cut statement does not parse
+    source = 'x = """\\\nclass Fake:\n    "width": {"max": 512}\n"""\nwidth = {"w": ("INT", {"max": 1024})}\n'
+    caps, _ = resolution.caps_in_source(source.encode(), "x.py", 4096)
+    assert caps == resolution._caps_in_tree(resolution.ast.parse(source), "x.py", 4096)
+
+
+@pytest.mark.parametrize("size", [300, 1024, 4096, 1 << 30])
+def test_the_quick_patterns_never_skip_a_file_the_parser_finds_a_cap_in(size):
+    sources = [HEADER + NODE_FILE.format(n=1) + CAPPED, 'W = {"width": ("INT", {"max":\n    (2 ** 10)})}\n',
+               "X_MAX_RESOLUTION: int = 0x400\n", 'io.Int.Input("width", max=8_192)\n']
+    for source in sources:
+        whole = resolution._caps_in_tree(resolution.ast.parse(source), "x.py", size)
+        assert resolution.worth_parsing(source.encode(), size) or not whole, source
+        if whole:
+            assert resolution.caps_in_source(source.encode(), "x.py", size)[0] == sorted(set(whole),
+                                                                                       key=lambda c: c.line)

@@ -44,9 +44,14 @@ OUTSIDE = "a link leading outside the ComfyUI folder"
 DIMENSION_INPUT = re.compile(r"width|height|resolution", re.IGNORECASE)
 # A "max" below this on a width/height input is a line or border thickness, not an image size.
 MIN_PLAUSIBLE_CAP = 256
-# Cheap byte searches decide which files are worth parsing: a literal-prefixed pattern (fast in `re`) finds each
-# `"max":` / `max=`, and only one with a dimension word in the text just before it makes the file a candidate.
-_QUICK_MAX = re.compile(rb"max[\"']?\s*[:=]")
+# Cheap byte searches decide which files are worth parsing. A cap is an integer constant expression (int_value):
+# after `"max":` / `max=` (with a dimension word in the text just before it) or after the `=` of an assignment to a
+# name ending in MAX_RESOLUTION, it starts with a digit, maybe inside parentheses; a name (`nodes.MAX_RESOLUTION`)
+# or a float is never one. Where the first number stands alone (no operator after it) its value must be a cap below
+# the size asked for; where an operator follows, the file is parsed. Each pattern starts with a literal (fast in `re`).
+_QUICK_MAX = re.compile(rb"max[\"']?\s*[:=][\s(]*(\d[\w.]*)\s*(\S?)")
+_QUICK_DEFINITION = re.compile(rb"MAX_RESOLUTION(?:[^\n]|\\\n)*?=[\s(]*(\d[\w.]*)\s*(\S?)")
+_OPERATOR_START = frozenset(b"*+-/<%")
 _DIMENSION_WORDS = (b"width", b"height", b"resolution")
 _LOOKBACK_BYTES = 400     # an input's name and its options dict sit within a few lines of its "max"
 _REGEX_DEFINITION = re.compile(r"^\s*(?:[\w.]*\.)?(\w*MAX_RESOLUTION)\s*(?::\s*[\w.]+\s*)?=\s*(\d+)\s*(?:#.*)?$")
@@ -171,20 +176,77 @@ def _max_in_options(node: ast.AST) -> tuple[int, int] | None:
 
 
 def caps_in_source(data: bytes, relpath: str, cap: int) -> tuple[list[Cap], bool]:
-    """The caps below `cap` in one file's source, and whether the regex fallback had to be used."""
+    """The caps below `cap` in one file's source, and whether the regex fallback had to be used. Only the top-level
+    statements a quick pattern points at are parsed (a node file is one class per node: parsing all of them was
+    most of `applier budget`'s time); where one of them does not parse alone, the whole file is."""
+    statements = candidate_statements(data, cap)
+    if statements is not None:
+        try:
+            found = []
+            for first_line, text in statements:      # the blank lines first keep the file's line numbers
+                found += _caps_in_tree(ast.parse("\n" * (first_line - 1) + text), relpath, cap)
+            return sorted(set(found), key=lambda c: c.line), False
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            pass                        # a statement cut where it should not be: the whole file below
     try:
         tree = ast.parse(data)
     except (SyntaxError, ValueError, RecursionError, MemoryError):   # deep nesting: the regex reads lines
         return _caps_by_regex(_decode(data), relpath, cap), True
-    found: list[Cap] = []
-    classes = class_spans(tree)
+    return sorted(set(_caps_in_tree(tree, relpath, cap)), key=lambda c: c.line), False
+
+
+_CONTINUES = re.compile(r"(?:else|elif|except|finally)\b|[)\]}#\s]|$")     # a column-0 line that starts no statement
+
+
+def candidate_statements(data: bytes, cap: int | None) -> list[tuple[int, str]] | None:
+    """(first line, text) of each top-level statement holding a place where a quick pattern says a cap below `cap`
+    may be, in file order; None where the file cannot be cut so (not UTF-8, or a coding line). A statement starts at
+    a column-0 line that is not inside a triple-quoted string, does not continue one (a closing bracket, else,
+    except, a comment) and follows no decorator or backslash."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+    lines = text.splitlines(keepends=True)
+    if any(re.match(r"[ \t\f]*#.*coding[:=]", line) for line in lines[:2]):
+        return None
+    marks = [m for m in _QUICK_DEFINITION.finditer(data) if _could_be_cap(m, cap)]
+    marks += [m for m in _QUICK_MAX.finditer(data) if _could_be_cap(m, cap) and any(
+        word in data[max(0, m.start() - _LOOKBACK_BYTES):m.start()].lower() for word in _DIMENSION_WORDS)]
+    wanted = sorted({data.count(b"\n", 0, m.start()) + 1 for m in marks})
+    if not wanted:
+        return []
+    starts, in_string, follows_decorator, continued = [], None, False, False
+    for number, line in enumerate(lines, start=1):
+        if in_string is None and not follows_decorator and not continued and not _CONTINUES.match(line):
+            starts.append(number)
+        if in_string is None and line[:1] not in (" ", "\t"):
+            follows_decorator = line.startswith("@") or (follows_decorator and not line.strip())
+        for quote in re.findall(r'"""|\'\'\'', line):     # which triple quote is open at the end of the line
+            in_string = quote if in_string is None else (None if quote == in_string else in_string)
+        continued = line.rstrip("\r\n").endswith("\\")
+    statements, bounds = [], starts + [len(lines) + 1]
+    for first, end in zip(bounds, bounds[1:]):
+        if any(first <= line < end for line in wanted):
+            statements.append((first, "".join(lines[first - 1:end - 1])))
+    if wanted[0] < bounds[0]:           # before the first statement (a cut gone wrong): let the whole file decide
+        return None
+    return statements
+
+
+def _caps_in_tree(tree: ast.AST, relpath: str, cap: int) -> list[Cap]:
+    """The caps below `cap` in a parsed file or top-level statement (line numbers as in the file)."""
+    found: list[tuple[int, int, str]] = []
+    classes: list[tuple[int, int, str]] = []        # class_spans, gathered in the same walk
 
     def keep(value: int, line: int, what: str) -> None:
         if MIN_PLAUSIBLE_CAP <= value < cap:
-            found.append(Cap(relpath, line, value, what, enclosing_class(classes, line)))
+            found.append((line, value, what))
 
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        if isinstance(node, ast.ClassDef):
+            classes.append((node.lineno, node.end_lineno or node.lineno, node.name))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             if any(name.endswith("MAX_RESOLUTION") for name in _assigned_names(node)):
                 value = int_value(node.value)
                 if value is not None:
@@ -203,7 +265,7 @@ def caps_in_source(data: bytes, relpath: str, cap: int) -> tuple[list[Cap], bool
                         value = int_value(keyword.value)
                         if value is not None:
                             keep(value, keyword.value.lineno, name)
-    return sorted(set(found), key=lambda c: c.line), False
+    return [Cap(relpath, line, value, what, enclosing_class(classes, line)) for line, value, what in found]
 
 
 def class_spans(tree: ast.AST) -> list[tuple[int, int, str]]:
@@ -229,15 +291,26 @@ def _caps_by_regex(text: str, relpath: str, cap: int) -> list[Cap]:
     return found
 
 
-def worth_parsing(data: bytes) -> bool:
-    """Whether a file can hold a cap at all; parsing every file of a large custom_nodes/ takes too long."""
-    if b"MAX_RESOLUTION" in data:
+def worth_parsing(data: bytes, cap: int | None = None) -> bool:
+    """Whether a file can hold a cap below `cap` (None: of any size); parsing every file of a comfy_extras/ or a large
+    custom_nodes/ takes most of `applier budget`'s time. Never false for a file caps_in_source finds a cap in."""
+    if any(_could_be_cap(match, cap) for match in _QUICK_DEFINITION.finditer(data)):
         return True
     for match in _QUICK_MAX.finditer(data):
         window = data[max(0, match.start() - _LOOKBACK_BYTES):match.start()].lower()
-        if any(word in window for word in _DIMENSION_WORDS):
+        if any(word in window for word in _DIMENSION_WORDS) and _could_be_cap(match, cap):
             return True
     return False
+
+
+def _could_be_cap(match: re.Match, cap: int | None) -> bool:
+    """Whether the number a quick pattern found (its first token, and the character after it) can start a cap."""
+    token, after = match.group(1), match.group(2)
+    if after and after[0] in _OPERATOR_START:
+        return True                     # an expression (`16 * 1024`, `1 << 14`): int_value decides
+    if not token.isdigit():             # 8_192, 0x2000: parse; 100.0, 1e4: a float, never a cap
+        return not any(c in token for c in b".eE") or token[:2].lower() in (b"0x", b"0b", b"0o")
+    return MIN_PLAUSIBLE_CAP <= int(token) and (cap is None or int(token) < cap)
 
 
 def _python_files(root: Path, recursive: bool, scan: CapScan):
@@ -323,7 +396,7 @@ def scan_resolution_caps(comfyui_root: Path, cap: int) -> CapScan:
                 scan.skipped.append((relpath, why))
                 continue
             scan.files_scanned += 1
-            if not worth_parsing(data):
+            if not worth_parsing(data, cap):
                 continue
             caps, by_regex = caps_in_source(data, relpath, cap)
             scan.caps += caps
