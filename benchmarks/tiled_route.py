@@ -192,6 +192,15 @@ def parse_tiled_lines(log_text: str) -> list[dict]:
     return found
 
 
+LOAD_MARKERS = ("Requested to load", "loaded completely", "loaded partially", "lowvram", "Unloaded", "offload")
+
+
+def model_load_lines(log_text: str) -> list[str]:
+    """What ComfyUI said of loading models in a stretch of its log (a full canvas's memory estimate can make it
+    load the model partially: the tiled refinement should load it as a tile needs)."""
+    return [line for line in log_lines(log_text) if any(marker in line for marker in LOAD_MARKERS)][:20]
+
+
 def memory_nodes(answer: dict | None) -> dict:
     """/generation_probe/memory's answer as {node id: {"torch_peak_allocated_gib", "torch_peak_reserved_gib"}} (the
     highest where a node ran twice), plus the device's free/total and the memory fraction, under "_device"."""
@@ -374,7 +383,7 @@ def conditions(report: dict) -> str:
     server = report.get("server") or {}
     comfyui = report.get("comfyui") or {}
     fused = report.get("fused_dit_ops")
-    return (f"ComfyUI {comfyui.get('version')} ({(comfyui.get('revision') or '')[:8]}), VRAM mode "
+    return (f"ComfyUI {comfyui.get('comfyui_version')} ({(comfyui.get('commit') or '')[:8]}), VRAM mode "
             f"{server.get('vram_mode')}, server args {report.get('server_args')!r}, memory fraction "
             f"{report.get('memory_fraction')}, UNETLoader weight_dtype {report.get('weight_dtype')}, FusedDiTOps "
             f"{json.dumps(fused, sort_keys=True) if fused is not None else 'none'}, gpu {report.get('gpu')}")
@@ -483,7 +492,9 @@ def run(options, parser) -> int:
             memory = memory_nodes(_memory(base))
             with open(log_path, errors="replace") as log:
                 log.seek(offset)
-                found["tiled_sampling_log"] = parse_tiled_lines(log.read())
+                said = log.read()
+            found["tiled_sampling_log"] = parse_tiled_lines(said)
+            found["model_load_log"] = model_load_lines(said)
             found.update(extra, device=memory.pop("_device", None))
             for node in found.get("nodes", []):
                 node.update(memory.get(node["node"], {}))

@@ -72,18 +72,20 @@ mkdir -p "$site" "$trees" "$ckpt"
     echo "== $(date -u +%T) benchmarks ${COMMAND:-comfy-server} on $era"
     if [ "${COMMAND:-comfy-server}" = tiled-route ]; then
         # one detached harness per machine (setsid: it lives until the machine goes back); each call waits for it
-        # up to TIME_LIMIT (540 s) and copies what it wrote so far. The harness's own limit: ROUTE_LIMIT (1700 s).
-        run="$work/tiled-route"; mkdir -p "$run"
+        # up to TIME_LIMIT (480 s: the first call also unpacks the kit; 540 fits a later 600 s call) and copies what
+        # it wrote so far. The harness's own limit: ROUTE_LIMIT (1700 s). RUN=NAME: another run beside the first (its
+        # own folder and tiled-route-ERA-NAME.json; the kit and the checkpoint are shared); NO_PEER=1: no peer.
+        run="$work/tiled-route${RUN:+-$RUN}"; mkdir -p "$run"
         if [ ! -e "$run/pid" ]; then
-            rm -rf "$work/peers" && mkdir -p "$work/peers"
             peer_arg=()
-            if [ -f "$kit/tiled-diffusion.tar.xz" ]; then
-                tar xJf "$kit/tiled-diffusion.tar.xz" -C "$work/peers" &&
-                    peer_arg=(--peer "tiled-diffusion=$work/peers/ComfyUI-TiledDiffusion")
+            if [ -f "$kit/tiled-diffusion.tar.xz" ] && [ -z "${NO_PEER:-}" ]; then
+                mkdir -p "$run/peers" && tar xJf "$kit/tiled-diffusion.tar.xz" -C "$run/peers" &&
+                    peer_arg=(--peer "tiled-diffusion=$run/peers/ComfyUI-TiledDiffusion")
             fi
             harness=(timeout -k 20 "${ROUTE_LIMIT:-1700}" python3 -m benchmarks tiled-route --comfyui "$trees/$era"
-                     --work "$work/route" --make-checkpoint "$ckpt" --startup-timeout 150 "${peer_arg[@]}"
-                     ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-} --out "$run/tiled-route-$era.json")
+                     --work "$run/work" --make-checkpoint "$ckpt" --startup-timeout 150 "${peer_arg[@]}"
+                     ${SERVER_ARGS:+--server-args="$SERVER_ARGS"} ${EXTRA:-}
+                     --out "$run/tiled-route-$era${RUN:+-$RUN}.json")
             echo "detached: ${harness[*]}"
             setsid bash -c '"$@" > "$0/harness.log" 2>&1; echo $? > "$0/rc"' "$run" "${harness[@]}" \
                 < /dev/null > /dev/null 2>&1 &
@@ -91,7 +93,7 @@ mkdir -p "$site" "$trees" "$ckpt"
         else
             echo "a tiled-route run is there already (pid $(cat "$run/pid")): waiting for it"
         fi
-        deadline=$((SECONDS + ${TIME_LIMIT:-540}))
+        deadline=$((SECONDS + ${TIME_LIMIT:-480}))
         while [ ! -e "$run/rc" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 5; done
         cp "$run"/*.json "$run"/*.log "$out/" 2>/dev/null
         tail -n 40 "$run/harness.log"

@@ -112,6 +112,11 @@ def test_the_nodes_log_line_gives_its_tiles_and_batch(line, expected):
     assert found[0]["line"].startswith(line.split("Tiled Sampling:")[1].strip()[:20])
 
 
+def test_the_model_loading_lines_are_kept():
+    log = "a\nRequested to load Flux\nmodel weight dtype torch.bfloat16\nloaded partially; 20000.0 MB usable\n"
+    assert tiled_route.model_load_lines(log) == ["Requested to load Flux", "loaded partially; 20000.0 MB usable"]
+
+
 def test_the_probes_memory_answer_gives_each_nodes_torch_peak():
     gib = 2 ** 30
     answer = {"cuda": True, "memory_fraction": 0.17, "device_free": 100 * gib, "device_total": 140 * gib,
@@ -239,3 +244,16 @@ def test_a_peer_that_failed_is_recorded_with_its_error():
               "peer_tiled": TILED, "peers": {"tiled-diffusion": {"registered": True}}, "conditions": "c"}
     peer = tiled_route.summarise(report, argparse.Namespace(limit_gib=24.0))["peer"]["tiled-diffusion"]
     assert peer["peer_error"] == [failed, failed] and "speedup" not in peer
+
+
+def test_every_figure_names_the_release_its_vram_mode_and_the_servers_arguments():
+    from benchmarks import comfy_release
+    comfyui = comfy_release.Release("0.33.0", "fb7e2de42af54f55a762aefa6b8abc2edb661f75", "2026-08-21", True, True,
+                                    True).as_dict()   # as run() records it
+    line = tiled_route.conditions({"comfyui": comfyui, "server": {"vram_mode": "dynamic"},
+                                   "server_args": "--reserve-vram 116", "memory_fraction": 0.1717,
+                                   "weight_dtype": "fp8_e4m3fn", "fused_dit_ops": {"fp8_linear": True},
+                                   "gpu": "cuda:0 NVIDIA H200"})
+    for said in ("ComfyUI 0.33.0 (fb7e2de4)", "VRAM mode dynamic", "'--reserve-vram 116'", "memory fraction 0.1717",
+                 "weight_dtype fp8_e4m3fn", '{"fp8_linear": true}', "NVIDIA H200"):
+        assert said in line
