@@ -16,6 +16,7 @@ few large-magnitude channels and a per-channel key offset, then RMSNorm with a l
     python -m benchmarks attention-kernels --out benchmarks/results/attention-kernels-h200.json --budget-s 210
     python -m benchmarks attention-kernels --compile-only --out benchmarks/results/attention-fp8-compile.json
     TRITON_INTERPRET=1 python -m benchmarks attention-kernels --smoke --out /tmp/smoke.json   # CPU, tiny shape
+    python -m benchmarks attention-kernels --from FILE --write-table [PATH]   # the fp8 mode's yardstick table
 
 `bash scripts/sage2_for_device.sh` builds SageAttention 2 on the device and runs this command with `--no-sweep`
 (the first pass alone: the rows that decide the mode and its yardstick).
@@ -25,9 +26,16 @@ run, so a run cut off by its time limit still leaves what it measured. Measureme
 (the exact backends ComfyUI picks, SageAttention 2 and FlashAttention-4, the FP8 kernel's default launch, sage,
 the errors; then the sweep; EFFICIENT last) and stop when --budget-s is spent, the rest recorded as skipped. `--compile-only` builds the FP8 kernels
 for sm_89 and sm_90 without a GPU (Triton's ahead-of-time compile) at every launch of the sweep.
+
+`--write-table` derives the `fp8` attention mode's yardstick from a run with SageAttention 2 in it
+(fused_dit/attention_yardstick.json, citing the run's keys): per measured shape with `sage2` errors on both input
+kinds, a band of key lengths (from the geometric midpoint with the next smaller measured shape, or half its own
+length, to the midpoint with the next larger, or twice its length) at that head dim, SageAttention 2's errors there,
+and `within`: the pack's lossy rows (`fp8`, `cudnn_fp8`) whose error was at most SageAttention 2's on every kind.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -52,6 +60,8 @@ OUTLIER_CHANNELS = 4           # large-magnitude channels per head in DiT-like q
 OUTLIER_GAIN = 10.0
 SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 INPUT_KINDS = ("gaussian", "dit_like")
+YARDSTICK = results.REPO / "overlays" / "fused_dit" / "attention_yardstick.json"
+LOSSY_ROWS = ("fp8", "cudnn_fp8")   # the pack's lossy candidates, as the fp8 mode's table names them
 
 
 class Unavailable(Exception):
@@ -73,7 +83,11 @@ def sweep_launches(smoke: bool = False) -> list:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="the JSON to write (rewritten after each measurement)")
+    parser.add_argument("--out", type=Path, help="the JSON to write (rewritten after each measurement)")
+    parser.add_argument("--from", dest="source", type=Path, help="derive the yardstick from this run, measure nothing")
+    parser.add_argument("--write-table", nargs="?", const=YARDSTICK, type=Path, default=None,
+                        help=f"with --from: write the fp8 mode's yardstick (default "
+                             f"{YARDSTICK.relative_to(results.REPO)})")
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), metavar="SHAPE",
                         help=f"shapes to run (default all: {', '.join(SHAPES)})")
     parser.add_argument("--budget-s", type=float, default=210.0,
@@ -93,6 +107,18 @@ def import_paths(options) -> list[Path]:
 
 
 def run(options, parser) -> int:
+    if options.source is not None:
+        report = json.loads(options.source.read_text(encoding="utf-8"))
+        table = derive_yardstick(report)
+        if not table["bands"]:
+            parser.error(f"{options.source}: no shape with SageAttention 2's error on both input kinds")
+        if options.write_table is None:
+            print(json.dumps(table["bands"], indent=1))
+        else:
+            print(f"wrote {write_yardstick(report, options.source, options.write_table)}")
+        return 0
+    if options.out is None:
+        parser.error("--out is required to measure (or --from FILE to derive the yardstick)")
     if options.compile_only:
         return compile_only(options)
     return Run(options).all()
@@ -381,6 +407,53 @@ def best_of(sweep: dict) -> dict | None:
         return None
     label = max(timed, key=lambda name: timed[name]["tflops"])
     return {"launch": label, **timed[label]}
+
+
+def _error_of(shape: dict, kind: str, row: str) -> float | None:
+    entry = shape.get(f"error_{kind}", {}).get(row)
+    value = entry.get("relative_frobenius") if isinstance(entry, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def derive_yardstick(report: dict) -> dict:
+    """{"bands": [...]} from a run's `sage2` errors (see the module): one band per shape measured on both kinds."""
+    measured = []
+    for name, shape in report.get("shapes", {}).items():
+        errors = {kind: _error_of(shape, kind, "sage2") for kind in INPUT_KINDS}
+        if None in errors.values():
+            continue
+        _, _, _, lkv, d = shape["b_h_lq_lkv_d"]
+        within = [row for row in LOSSY_ROWS if all(
+            (e := _error_of(shape, kind, row)) is not None and e <= errors[kind] for kind in INPUT_KINDS)]
+        speed = shape.get("speed", {}).get("sage2", {})
+        measured.append({"shape": name, "head_dim": d, "tokens": lkv, "sage2_error": errors, "within": within,
+                         "sage2_tflops": speed.get("tflops"),
+                         "evidence": f"shapes.{name}"})
+    bands = []
+    for d in sorted({m["head_dim"] for m in measured}):
+        row = sorted((m for m in measured if m["head_dim"] == d), key=lambda m: m["tokens"])
+        for i, m in enumerate(row):
+            low = math.isqrt(row[i - 1]["tokens"] * m["tokens"]) + 1 if i else m["tokens"] // 2
+            high = math.isqrt(m["tokens"] * row[i + 1]["tokens"]) if i + 1 < len(row) else m["tokens"] * 2
+            bands.append({"shape": m["shape"], "head_dim": d, "min_tokens": low, "max_tokens": high,
+                          **{k: m[k] for k in ("sage2_error", "within", "sage2_tflops", "evidence")}})
+    return {"bands": bands}
+
+
+def write_yardstick(report: dict, source: Path, path: Path) -> Path:
+    try:
+        cited = str(source.resolve().relative_to(results.RESULTS))
+    except ValueError:
+        cited = source.name
+    about = json.loads(YARDSTICK.read_text(encoding="utf-8"))["about"] if YARDSTICK.exists() else ""
+    data = {"about": about, "measured": True,
+            "derived": f"python -m benchmarks attention-kernels --from benchmarks/results/{cited} --write-table (the "
+                       f"GPU of that run: {report.get('environment', {}).get('gpu')})",
+            "evidence": {"file": cited, "key": "shapes"},
+            "kernel": {"sageattention": report.get("sageattention"), "source": report.get("sageattention_source")},
+            **derive_yardstick(report)}
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return path
 
 
 def sage2_module():

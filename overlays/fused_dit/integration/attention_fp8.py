@@ -14,10 +14,13 @@ honours), a head dim, dtype, device or GPU the kernel does not cover (ops.attent
 
 Faster than exact, or exact: the first call of each shape (an eager call) times the pack's kernel, cuDNN's FP8 SDPA
 (ops/attention_cudnn_fp8, where it takes the call) and the exact mode on that call's own inputs, and the shape keeps
-the fastest. cuDNN's candidate must also be as accurate as the kernel on those inputs (relative error against the
-exact output no more than `ERROR_SLACK` times the kernel's): the kernel holds SageAttention 1's error by design, and
-cuDNN's per-tensor e4m3 Q K^T did not on DiT-like inputs (attention-kernels-h200.json). Where exact attention is
-faster (cuDNN's bf16 SDPA on the H200), `fp8` runs exact: never slower than the exact mode, said once per shape.
+the fastest. A lossy candidate must also be as accurate as the yardstick, SageAttention 2
+(integration/attention_yardstick.py): where the table has a band for the shape, only the kernels the band lists run,
+and only where their relative error against the exact output on the call is at most the band's `limit()`. Where no
+band covers the shape the earlier rule holds: the kernel runs (it holds SageAttention 1's error by design), and
+cuDNN's candidate only where its error is at most `ERROR_SLACK` times the kernel's (cuDNN's per-tensor e4m3 Q K^T was
+not, on DiT-like inputs: attention-kernels-h200.json). Where exact attention is faster (cuDNN's bf16 SDPA on the
+H200), `fp8` runs exact: never slower than the exact mode, said once per shape.
 
 Capture-safe (ComfyUI's model compiler captures blocks in CUDA graphs): that measurement happens on a shape's first
 call, outside the compiler's recorded allocations (model_compiler); after it the choice reads only shapes, dtypes
@@ -28,17 +31,22 @@ refused one is ComfyUI's own call, traced as it is, with nothing said while trac
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import state
 from ..ops import attention_cudnn_fp8 as cudnn_fp8
 from ..ops import attention_fp8 as kernel
+from . import attention_yardstick as yardstick
 from . import model_compiler
 from .attention import cuda_timer
 
 CHOICE_LINE = "Fused DiT Ops: attention fp8 for %s: %s (%s)"
 KERNEL, CUDNN_FP8, EXACT = "fp8 kernel", "cuDNN FP8 SDPA", "exact"
 ERROR_SLACK = 1.05
+# the candidates as the yardstick table names them (the rows of benchmarks/attention_kernels.py)
+TABLE_ROWS = {KERNEL: "fp8", CUDNN_FP8: "cudnn_fp8"}
 
 FALLBACK_LINE = "Fused DiT Ops: attention fp8 -> exact for %s"
 RUNS = ("low-precision attention (INT8 Q K^T, P V in the model's dtype, fp32 accumulation, scales on the GPU) "
@@ -117,29 +125,51 @@ class Fp8Attention:
         return self.exact(func, *args, **kwargs)
 
     def _measure(self, key, func, args, call, qkv4) -> str:
-        """The fastest of the kernel, cuDNN's FP8 SDPA (as accurate as the kernel on these inputs) and exact."""
+        """The fastest of exact and the lossy candidates within the yardstick on these inputs (see the module)."""
         skip_output_reshape, scale = call["skip_output_reshape"], call.get("scale")
-        candidates = {KERNEL: lambda: self._kernel(*qkv4, scale, skip_output_reshape),
-                      EXACT: lambda: self._exact(func, *args, **call)}
-        notes = {}
+        exact = functools.partial(self._exact, func, *args, **call)
+        lossy = {KERNEL: lambda: self._kernel(*qkv4, scale, skip_output_reshape)}
         if scale is None and cudnn_fp8.refusal(*qkv4) is None:
-            exact_out, kernel_out = candidates[EXACT]().float(), candidates[KERNEL]().float()
-            try:
-                cudnn_out = _output(cudnn_fp8.attention_cudnn_fp8(*qkv4), skip_output_reshape).float()
-            except Exception as error:       # a shape this cuDNN builds no graph for
-                notes[CUDNN_FP8] = f"unavailable ({type(error).__name__})"
-            else:
-                limit = ERROR_SLACK * relative_error(kernel_out, exact_out)
-                if relative_error(cudnn_out, exact_out) <= limit:
-                    candidates[CUDNN_FP8] = lambda: _output(cudnn_fp8.attention_cudnn_fp8(*qkv4),
-                                                            skip_output_reshape)
-                else:
-                    notes[CUDNN_FP8] = "less accurate than the kernel"
+            lossy[CUDNN_FP8] = lambda: _output(cudnn_fp8.attention_cudnn_fp8(*qkv4), skip_output_reshape)
+        notes: dict[str, str] = {}
+        band = yardstick.band_for(qkv4[0].shape[-1], qkv4[1].shape[-2])
+        candidates = {**self._accurate_enough(lossy, exact, band, notes), EXACT: exact}
         timings = {name: self.timer(fn) for name, fn in candidates.items()}
         best = min(timings, key=timings.get)
         said = [f"{name} {ms:.3f} ms" for name, ms in timings.items()] + [f"{n}: {w}" for n, w in notes.items()]
         state.say_once(CHOICE_LINE, key[0], best, "; ".join(said))
         return best
+
+
+    @staticmethod
+    def _accurate_enough(lossy: dict, exact, band, notes: dict) -> dict:
+        """The lossy candidates that may run for this shape: within the band's yardstick where a band covers it,
+        else the earlier rule (the kernel; cuDNN's FP8 SDPA as accurate as the kernel). Why the others may not, in
+        `notes`."""
+        if band is None and len(lossy) == 1:
+            return lossy                     # the kernel alone, as before: nothing to compare
+        reference = exact().float()
+        errors = {}
+        for name, fn in lossy.items():
+            try:
+                errors[name] = relative_error(fn().float(), reference)
+            except Exception as error:       # a shape this cuDNN builds no graph for
+                notes[name] = f"unavailable ({type(error).__name__})"
+        if band is not None:
+            kept = {name: lossy[name] for name, error in errors.items()
+                    if band.admits(TABLE_ROWS[name]) and error <= band.limit()}
+            for name in errors.keys() - kept.keys():
+                notes[name] = (f"error {errors[name]:.3g} beyond SageAttention 2's at this shape"
+                               if band.admits(TABLE_ROWS[name]) else "not within SageAttention 2's error here") + \
+                    f" ({band.evidence.cite()})"
+            return kept
+        kept = {KERNEL: lossy[KERNEL]}
+        if CUDNN_FP8 in errors and KERNEL in errors:
+            if errors[CUDNN_FP8] <= ERROR_SLACK * errors[KERNEL]:
+                kept[CUDNN_FP8] = lossy[CUDNN_FP8]
+            else:
+                notes[CUDNN_FP8] = "less accurate than the kernel"
+        return kept
 
 
 def _output(out: torch.Tensor, skip_output_reshape: bool) -> torch.Tensor:

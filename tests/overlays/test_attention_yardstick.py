@@ -1,0 +1,151 @@
+"""The `fp8` attention mode's yardstick (issue 38): SageAttention 2's measured error per band of shapes, derived from
+a benchmark run by `attention-kernels --write-table`, read by integration/attention_yardstick.py.
+
+Pinned here: the derivation's bands (boundaries between measured shapes, `within` only for rows at most SageAttention
+2's error on every input kind) load back into the pack; where a band covers a shape a lossy kernel runs only if the
+band lists it and its error on the call is within the band's limit, said once with the results key; a shape in no
+band, the shipped table (no bands until the device run) and an unreadable table keep the earlier rule.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import attention_kernels
+from fused_dit import state
+from fused_dit.integration import attention_fp8, attention_yardstick
+
+HEADS, D, TOKENS = 2, 64, 8
+
+
+def run_report(shapes: dict) -> dict:
+    """A benchmark report as attention-kernels writes it: {name: (tokens, head_dim, {kind: {row: error}})}."""
+    report = {"environment": {"gpu": "test GPU"}, "sageattention": "2.2.0", "sageattention_source": "test",
+              "shapes": {}}
+    for name, (tokens, d, errors) in shapes.items():
+        entry = {"b_h_lq_lkv_d": [1, HEADS, tokens, tokens, d], "speed": {"sage2": {"tflops": 1.0}}}
+        for kind, rows in errors.items():
+            entry[f"error_{kind}"] = {row: {"relative_frobenius": e} for row, e in rows.items()}
+        report["shapes"][name] = entry
+    return report
+
+
+def errors(sage2, fp8, cudnn):
+    return {kind: {"sage2": sage2[i], "fp8": fp8[i], "cudnn_fp8": cudnn[i]} for i, kind in
+            enumerate(attention_kernels.INPUT_KINDS)}
+
+
+def test_the_derivation_bands_the_measured_shapes_and_lists_rows_within_on_every_kind():
+    report = run_report({
+        "small": (4, D, errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3))),
+        "large": (16, D, errors((0.04, 0.06), (0.01, 0.07), (0.03, 0.05))),
+        "no sage2": (64, D, {"gaussian": {"fp8": {"relative_frobenius": 0.01}}}),
+        "sage2 failed": (256, D, {kind: {"sage2": {"error": "RuntimeError"}} for kind in ("gaussian", "dit_like")}),
+    })
+    bands = attention_kernels.derive_yardstick(report)["bands"]
+    assert [(b["shape"], b["min_tokens"], b["max_tokens"]) for b in bands] == [("small", 2, 8), ("large", 9, 32)]
+    assert bands[0]["within"] == ["fp8"]              # cuDNN beyond SageAttention 2 on both kinds
+    assert bands[1]["within"] == ["cudnn_fp8"]        # the kernel beyond it on DiT-like inputs only
+    assert bands[0]["sage2_error"] == {"gaussian": 0.04, "dit_like": 0.05}
+    assert bands[0]["evidence"] == "shapes.small"
+
+
+@pytest.fixture
+def table(tmp_path):
+    """Write a table from a run (as `--write-table` does) and have the pack read it; the shipped one after."""
+    def write(shapes: dict):
+        source = tmp_path / "attention-kernels-test.json"
+        source.write_text(json.dumps(run_report(shapes)))
+        path = attention_kernels.write_yardstick(run_report(shapes), source, tmp_path / "yardstick.json")
+        attention_yardstick.use_table(path)
+        return path
+    state.forget_said()
+    yield write
+    attention_yardstick.use_table(None)
+    state.forget_said()
+
+
+def test_the_written_table_loads_back_with_its_citation(table):
+    path = table({"flux-like": (TOKENS, D, errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)))})
+    data = json.loads(path.read_text())
+    assert data["measured"] is True and data["evidence"] == {"file": "attention-kernels-test.json", "key": "shapes"}
+    band = attention_yardstick.band_for(D, TOKENS)
+    assert band.admits("fp8") and not band.admits("cudnn_fp8") and band.limit() == 0.05
+    assert band.evidence.cite() == "see benchmarks/results/attention-kernels-test.json: shapes.flux-like"
+    assert attention_yardstick.band_for(D, TOKENS * 100) is None and attention_yardstick.band_for(128, TOKENS) is None
+
+
+def test_the_shipped_table_has_no_bands_until_the_device_run():
+    """No band from the issue's figures: until a device run with SageAttention 2 writes the table, every shape keeps
+    the earlier rule."""
+    attention_yardstick.use_table(None)
+    data = json.loads(attention_yardstick.TABLE_FILE.read_text())
+    assert data["bands"] == [] and data["measured"] is False
+    assert attention_yardstick.bands() == ()
+
+
+class Candidates:
+    """ComfyUI's exact function (returns q) and the pack's kernel (returns q * (1 + kernel_error)), recording which
+    ran; a timer that makes the kernel the faster."""
+
+    def __init__(self, monkeypatch, kernel_error: float):
+        self.ran: list[str] = []
+        monkeypatch.setattr(attention_fp8.kernel, "attention_fp8",
+                            lambda q, k, v, scale=None: self.ran.append("kernel") or q * (1 + kernel_error))
+        self.times = {"kernel": 1.0, "exact": 2.0}
+
+    def exact(self, q, k, v, heads, **kwargs):
+        self.ran.append("exact")
+        return q
+
+    def timer(self, fn):
+        fn()
+        return self.times[self.ran[-1]]
+
+    def choose(self) -> str:
+        override = attention_fp8.Fp8Attention(timer=self.timer, devices=("cpu",))
+        q = torch.randn(1, TOKENS, HEADS * D, dtype=torch.bfloat16)
+        override(self.exact, q, q, q, HEADS)
+        return override.choices.popitem()[1]
+
+
+def test_where_a_band_lists_the_kernel_and_its_error_is_within_it_runs(table, monkeypatch):
+    table({"flux-like": (TOKENS, D, errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)))})
+    assert Candidates(monkeypatch, kernel_error=0.03).choose() == attention_fp8.KERNEL
+
+
+def test_where_the_kernels_error_on_the_call_is_beyond_the_band_exact_runs_and_it_is_said_once(table, monkeypatch,
+                                                                                                 caplog):
+    table({"flux-like": (TOKENS, D, errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)))})
+    with caplog.at_level("INFO", logger="fused_dit"):
+        assert Candidates(monkeypatch, kernel_error=0.2).choose() == attention_fp8.EXACT
+    said = [r.getMessage() for r in caplog.records if "attention fp8 for" in r.getMessage()]
+    assert len(said) == 1 and "beyond SageAttention 2's" in said[0]
+    assert "attention-kernels-test.json: shapes.flux-like" in said[0]
+
+
+def test_where_a_band_does_not_list_the_kernel_exact_runs_however_small_its_error_on_the_call(table, monkeypatch):
+    table({"wan-like": (TOKENS, D, errors((0.04, 0.05), (0.01, 0.07), (0.06, 0.3)))})
+    assert Candidates(monkeypatch, kernel_error=0.001).choose() == attention_fp8.EXACT
+
+
+def test_a_shape_in_no_band_keeps_the_earlier_rule(table, monkeypatch):
+    table({"far": (TOKENS * 100, D, errors((0.04, 0.05), (0.01, 0.07), (0.06, 0.3)))})
+    assert Candidates(monkeypatch, kernel_error=0.2).choose() == attention_fp8.KERNEL
+
+
+def test_an_unreadable_table_keeps_the_earlier_rule_and_says_so_once(tmp_path, monkeypatch, caplog):
+    bad = tmp_path / "yardstick.json"
+    bad.write_text('{"bands": [{"shape": "x"}]}')
+    state.forget_said()
+    attention_yardstick.use_table(bad)
+    try:
+        with caplog.at_level("INFO", logger="fused_dit"):
+            assert Candidates(monkeypatch, kernel_error=0.2).choose() == attention_fp8.KERNEL
+            assert attention_yardstick.band_for(D, TOKENS) is None
+        assert sum("no readable yardstick table" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        attention_yardstick.use_table(None)
+        state.forget_said()
