@@ -141,7 +141,7 @@ def node_timeline(events: list, samples: list, prompt_id: str, started: float) -
                       "peak_gpu_used_gib": gib(max(gpu)) if gpu else None, "samples": len(during)})
         progress = [(t, data) for t, kind, data in mine if kind == "progress" and data.get("node") == node]
         if progress:   # the node's progress bar (a sampler: one per step, or per tile and step)
-            nodes[-1]["progress"] = {"events": len(progress), "max": progress[-1][1].get("max"),
+            nodes[-1]["progress"] = {"events": len(progress), "max": max(d.get("max") or 0 for _, d in progress),
                                      "first_s": round(progress[0][0] - begin, 2),
                                      "span_s": round(progress[-1][0] - progress[0][0], 2)}
     return nodes

@@ -293,7 +293,7 @@ def test_the_node_wraps_a_known_model_and_hands_back_an_unknown_one(caplog):
     flux = _patcher(Flux())
     (patched,) = node.patch(flux, tile_px=512, overlap_px=64, tile_batch=2)
     assert patched is not flux
-    assert set(patched.wrappers) == {"sampler_sample", "calc_cond_batch"}
+    assert set(patched.wrappers) == {"prepare_sampling", "sampler_sample", "calc_cond_batch"}
     other = _patcher(torch.nn.Linear(2, 2))
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         (same,) = node.patch(other)
@@ -332,6 +332,28 @@ def test_a_sampling_run_plans_once_says_one_line_and_can_keep_the_canvas_on_the_
     assert torch.allclose(out, noise * 2)
     lines = [r.getMessage() for r in caplog.records if "Tiled Sampling" in r.getMessage()]
     assert len(lines) == 1 and "tiles of 256 px, overlap 64 px" in lines[0] and "canvas on the host" in lines[0]
+
+
+def test_comfyui_sizes_its_memory_for_a_batch_of_tiles_not_the_canvas():
+    """PREPARE_SAMPLING: ComfyUI's estimate (and so how much of the weights it keeps in VRAM) sees one batch of
+    tiles; the run then uses the same plan."""
+    hooks = wrappers.TiledSampling(models.MODELS["Flux"], wrappers.Request(1024, 128, 3), torch.device("cpu"))
+
+    class Model:
+        def model_size(self):
+            return 10 ** 9
+
+        def loaded_size(self):
+            return 0
+
+    seen = []
+    hooks.prepare_sampling(lambda m, shape, conds, *a, **k: seen.append(shape), Model(), (1, 16, 1024, 2048), [],
+                           model_options={})
+    assert seen == [[3, 16, 128, 128]]
+    assert hooks.settings_for((1, 16, 1024, 2048)) is hooks.prepared[1]
+    small = []
+    hooks.prepare_sampling(lambda m, shape, conds, *a, **k: small.append(shape), Model(), (1, 16, 64, 64), [])
+    assert small == [(1, 16, 64, 64)]                                  # one tile: ComfyUI's own estimate
 
 
 def test_the_table_is_applier_budgets():

@@ -1,11 +1,14 @@
 """The Tiled Sampling node's hooks on a ModelPatcher clone: two of ComfyUI's wrappers.
 
+- PREPARE_SAMPLING (before the model loads): ComfyUI sizes the memory it keeps free for the forward from the
+  latent's shape (sampler_helpers.estimate_memory), which for a canvas would push the weights out of VRAM; the
+  wrapper hands it the shape of one batch of tiles instead, planned in the memory the weights leave.
 - SAMPLER_SAMPLE (once per sampling run, around the sampler): plans the run's tiles from the latent's shape and the
   free memory (plan.choose, the memory model applier budget prices with), says so in one INFO line, opens one
   progress bar that counts tiles x steps, and decides where the canvas lives. Where the canvas's tensors (the
-  sampler's latent, noise and steps, and the blender's sums: `CANVAS_COPIES` latents) would take more memory than
-  one batch of tiles, they stay on the host and the sampler steps there: only a batch of tiles goes to the GPU, so
-  the device's peak tracks a tile, not the canvas.
+  sampler's latent, noise and steps, and the blender's sums: `CANVAS_COPIES` latents) would take more than a tenth
+  of one batch of tiles' memory, they stay on the host and the sampler steps there: only a batch of tiles goes to
+  the GPU, so the device's peak tracks a tile (within that tenth), not the canvas.
 - CALC_COND_BATCH (every model call): sampling.tiled_calc_cond_batch with the run's plan; a call outside a run
   (a sampler path without SAMPLER_SAMPLE) plans from the latent it is given.
 
@@ -24,7 +27,9 @@ from .plan import ModelShape, Plan, PlanError, Settings, choose
 from .sampling import Progress, tiled_calc_cond_batch
 
 KEY = "fused_dit_tiled"
-SAMPLER_SAMPLE, CALC_COND_BATCH = "sampler_sample", "calc_cond_batch"   # comfy.patcher_extension.WrappersMP's
+# comfy.patcher_extension.WrappersMP's values, used where that module is not importable (tests)
+PREPARE_SAMPLING, SAMPLER_SAMPLE, CALC_COND_BATCH = "prepare_sampling", "sampler_sample", "calc_cond_batch"
+HOST_SHARE = 0.1          # the canvas on the host when its tensors exceed this share of a batch's activations
 # the sampler's x, noise, denoised, its step's d and the latent image, and the blender's sum and result
 CANVAS_COPIES = 7
 CANVAS_PLACES = ("auto", "gpu", "host")
@@ -103,18 +108,38 @@ class TiledSampling:
     def __init__(self, shape: ModelShape, request: Request, device: torch.device):
         self.shape, self.request, self.device = shape, request, device
         self.run: Run | None = None
+        self.prepared: tuple | None = None      # (latent shape, Settings) planned before the model loaded
 
-    def settings_for(self, latent_shape) -> Settings:
+    def settings_for(self, latent_shape, weights_to_load: int = 0) -> Settings:
+        latent_shape = tuple(latent_shape)
+        if self.prepared is not None and self.prepared[0] == latent_shape:
+            return self.prepared[1]
         frames = latent_shape[2] if len(latent_shape) == 5 else 1
-        return choose(self.shape, latent_shape[-2], latent_shape[-1], free_bytes(self.device),
+        return choose(self.shape, latent_shape[-2], latent_shape[-1],
+                      max(0, free_bytes(self.device) - weights_to_load),
                       tile_px=self.request.tile_px, overlap_px=self.request.overlap_px, batch=self.request.batch,
                       frames=frames)
+
+    def prepare_sampling(self, executor, model, noise_shape, conds, *args, **kwargs):
+        """ComfyUI's memory estimate for one batch of tiles, not the canvas; planned in what the weights leave."""
+        self.prepared = None
+        try:
+            unloaded = int(model.model_size()) - int(getattr(model, "loaded_size", lambda: 0)())
+            settings = self.settings_for(noise_shape, max(0, unloaded))
+        except (PlanError, AttributeError, TypeError):
+            return executor(model, noise_shape, conds, *args, **kwargs)
+        self.prepared = (tuple(noise_shape), settings)
+        if settings.plan.single:
+            return executor(model, noise_shape, conds, *args, **kwargs)
+        box = settings.plan.boxes[0]
+        tiles_shape = [noise_shape[0] * settings.batch, *noise_shape[1:-2], box.y1 - box.y0, box.x1 - box.x0]
+        return executor(model, tiles_shape, conds, *args, **kwargs)
 
     def on_host(self, latent: torch.Tensor, settings: Settings) -> bool:
         if self.request.canvas != "auto" or self.device.type != "cuda":
             return self.request.canvas == "host"
         canvas_bytes = CANVAS_COPIES * latent.numel() * 4
-        return not settings.plan.single and canvas_bytes > settings.batch * settings.tile_bytes
+        return not settings.plan.single and canvas_bytes > HOST_SHARE * settings.batch * settings.tile_bytes
 
     def sampler_sample(self, executor, guider, sigmas, extra_args, callback, noise, latent_image=None,
                        denoise_mask=None, disable_pbar=False):
@@ -127,7 +152,8 @@ class TiledSampling:
         steps = max(1, len(sigmas) - 1)
         self.run = Run(settings, sigmas.detach().float().cpu(), host, self.device)
         layout = settings.plan
-        log.info("Tiled Sampling: %s", describe(settings, self.shape, noise.shape, host))
+        where = "host" if host else str(self.device)
+        log.info("Tiled Sampling: %s", describe(settings, self.shape, noise.shape, where))
         if not layout.single:
             self.run.bar = _progress_bar(steps * layout.count)
         if host:
@@ -137,7 +163,7 @@ class TiledSampling:
         try:
             out = executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
         finally:
-            self.run = None
+            self.run, self.prepared = None, None
         return out.to(self.device) if host else out
 
     def calc_cond_batch(self, executor, model, conds, x_in, timestep, model_options):
@@ -154,7 +180,7 @@ class TiledSampling:
                                      progress=progress, device=self.device)
 
 
-def describe(settings: Settings, shape: ModelShape, latent_shape, host: bool) -> str:
+def describe(settings: Settings, shape: ModelShape, latent_shape, where: str) -> str:
     """The run's one INFO line: tiles, their size and overlap, the batch and why, where the canvas lives."""
     layout = settings.plan
     canvas = f"{latent_shape[-1] * shape.vae_factor}x{latent_shape[-2] * shape.vae_factor}"
@@ -163,8 +189,7 @@ def describe(settings: Settings, shape: ModelShape, latent_shape, host: bool) ->
     planned = f" (planned: {', '.join(settings.planned)})" if settings.planned else ""
     return (f"{layout.count} tiles of {settings.tile_px} px, overlap {settings.overlap_px} px, on a {canvas} canvas "
             f"({len(layout.ys)} x {len(layout.xs)}), {settings.batch} per batch, "
-            f"{settings.tile_bytes / 2 ** 30:.2f} GiB of activations a tile{planned}; canvas on the "
-            f"{'host' if host else 'GPU'}")
+            f"{settings.tile_bytes / 2 ** 30:.2f} GiB of activations a tile{planned}; canvas on the {where}")
 
 
 def apply(patcher, request: Request):
@@ -178,15 +203,15 @@ def apply(patcher, request: Request):
         return patcher
     try:
         from comfy.patcher_extension import WrappersMP
-        names = (WrappersMP.SAMPLER_SAMPLE, WrappersMP.CALC_COND_BATCH)
+        names = (WrappersMP.PREPARE_SAMPLING, WrappersMP.SAMPLER_SAMPLE, WrappersMP.CALC_COND_BATCH)
     except ImportError:
-        names = (SAMPLER_SAMPLE, CALC_COND_BATCH)
+        names = (PREPARE_SAMPLING, SAMPLER_SAMPLE, CALC_COND_BATCH)
     except AttributeError:
         state.say_once("Tiled Sampling: this ComfyUI has no CALC_COND_BATCH wrapper: the model runs untiled")
         return patcher
     hooks = TiledSampling(shape, request, torch.device(patcher.load_device))
     clone = patcher.clone()
-    for name, wrapper in zip(names, (hooks.sampler_sample, hooks.calc_cond_batch)):
+    for name, wrapper in zip(names, (hooks.prepare_sampling, hooks.sampler_sample, hooks.calc_cond_batch)):
         clone.remove_wrappers_with_key(name, KEY)
         clone.add_wrapper_with_key(name, KEY, wrapper)
     return clone
