@@ -21,6 +21,8 @@ import json
 import shutil
 from pathlib import Path
 
+from . import results
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 BASE_SOURCE = "github:jwijaya83/ComfyUI"
@@ -136,7 +138,7 @@ def run(args, parser=None) -> int:
         sources = json.loads(args.record.read_text())
         data = record(args.base, args.files, sources, args.base_commit, args.version, args.base_version,
                       args.missing_from_base)
-        args.provenance.write_text(json.dumps(data, indent=1) + "\n")
+        results.write_json(data, args.provenance)       # one line per file of the tree
         print(f"{args.provenance}: {len(data['files'])} files, {data['index_files']} from the index")
         return 0
     if not args.out:

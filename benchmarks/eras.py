@@ -31,6 +31,12 @@ from pathlib import Path
 
 from applier import overlay_check
 
+from .results import write_json
+
+# levels of overlay-eras.json written one member per line: down to each variant's verdict and code (per tree, model
+# and family); what is below stays on one line
+ERAS_EXPANDED_DEPTH = 5
+
 REPO = Path(__file__).resolve().parents[1]
 DEPS = REPO / ".cache" / "eras-deps"      # comfy-kitchen and friends for the child (pip --target), never committed
 
@@ -439,6 +445,6 @@ def run(args, parser=None) -> int:
                   "gpu": "none (CPU)", "eras": eras}
         if args.with_gpu:
             result["rope_seam_on_gpu"] = json.loads(args.with_gpu.read_text())
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(result, args.out, expanded_depth=ERAS_EXPANDED_DEPTH)
     return 0
 

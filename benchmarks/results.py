@@ -88,23 +88,24 @@ INLINE_WIDTH = 120
 EXPANDED_DEPTH = 2
 
 
-def dumps(value, *, _depth: int = 0, _indent: str = "") -> str:
+def dumps(value, *, expanded_depth: int = EXPANDED_DEPTH, _depth: int = 0, _indent: str = "") -> str:
     """JSON for a committed result: containers whose one-line form is short, or that sit deeper than
-    EXPANDED_DEPTH, stay on one line; others get one member per line. A table of cases is then one line per case
-    (readable in a diff) instead of one line per number."""
+    expanded_depth, stay on one line; others get one member per line. A table of cases is then one line per case
+    (readable in a diff) instead of one line per number. A report nested deeper (a check report per tree) asks for
+    more levels, so that no line holds a whole tree."""
     inline = json.dumps(value, separators=(", ", ": "), default=str)
-    if not isinstance(value, (dict, list)) or not value or len(inline) <= INLINE_WIDTH or _depth >= EXPANDED_DEPTH:
+    if not isinstance(value, (dict, list)) or not value or len(inline) <= INLINE_WIDTH or _depth >= expanded_depth:
         return inline
     inner = _indent + " "
+    deeper = {"expanded_depth": expanded_depth, "_depth": _depth + 1, "_indent": inner}
     if isinstance(value, dict):
-        members = [f"{inner}{json.dumps(str(k))}: {dumps(v, _depth=_depth + 1, _indent=inner)}"
-                   for k, v in value.items()]
+        members = [f"{inner}{json.dumps(str(k))}: {dumps(v, **deeper)}" for k, v in value.items()]
         return "{\n" + ",\n".join(members) + "\n" + _indent + "}"
-    members = [inner + dumps(v, _depth=_depth + 1, _indent=inner) for v in value]
+    members = [inner + dumps(v, **deeper) for v in value]
     return "[\n" + ",\n".join(members) + "\n" + _indent + "]"
 
 
-def write_json(report: dict, out: Path, stem: str | None = None) -> Path:
+def write_json(report: dict, out: Path, stem: str | None = None, *, expanded_depth: int = EXPANDED_DEPTH) -> Path:
     """Write report (paths as placeholders) to `out` (a file), or to `out/<stem>.json` when out is a folder; the
     file is replaced whole, so a command that writes after every run leaves a readable file when it is cut off.
 
@@ -112,7 +113,7 @@ def write_json(report: dict, out: Path, stem: str | None = None) -> Path:
     path = out / f"{stem}.json" if stem and out.is_dir() else out
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(dumps(scrub(report)) + "\n")
+    partial.write_text(dumps(scrub(report), expanded_depth=expanded_depth) + "\n")
     partial.replace(path)
     return path
 
@@ -137,15 +138,6 @@ KINDS: dict[str, Kind] = {
         "the RECORD check; a ComfyUI-shaped tree with `--real-import` and a real out-of-memory; overlay install and "
         "kernel parity. The report's torch and ComfyUI sections",
         "python3 benchmarks/gpu_evidence.py --out DIR", "h200-2026-11-30-run10/evidence.json"),
-    "gpu-fp8-gates.json": Kind(
-        "FP8 gates: quantisation codes byte-exact against eager, ComfyUI's fp8 module bit-identical, the FP8 GEMM's "
-        "error against bf16",
-        "PYTHONPATH=overlays:. python benchmarks/gpu_fp8_gates.py --out DIR", "h200-2026-11-30-run10/gpu_fp8_gates.json"),
-    "norm-order.json": Kind(
-        "torch's LayerNorm/RMSNorm reduction order reproduced bit for bit (the 128-thread emulation against "
-        "`native_layer_norm` and `F.rms_norm`)",
-        "PYTHONPATH=overlays:. python benchmarks/norm_order_probe.py --out DIR/norm-order.json",
-        "h200-2026-11-30-run10/norm-order.json"),
     "kernels.json": Kind(
         "every overlay kernel at L=4096 and 16384 against eager, torch.compile, comfy-kitchen's CUDA backend and the "
         "copy ceiling, with the launch defaults; the report's and the README's kernel table",
@@ -192,16 +184,6 @@ KINDS: dict[str, Kind] = {
         "host microseconds of a Triton launch, the direct launcher, the FP8 quantiser and an FP8 linear forward",
         "PYTHONPATH=overlays:. python benchmarks/launch_overhead.py --out DIR/launch-overhead.json",
         "h200-2026-11-30-run33/launch-overhead.json"),
-    "ncu-adaln.json": Kind(
-        "AdaLN under Nsight Compute beside comfy-kitchen's CUDA kernel: occupancy, registers, DRAM throughput",
-        "ncu ... python3 benchmarks/ncu_adaln.py", "h200-2026-11-30-run32/ncu-summary.json", H200),
-    "adaln-registers.json": Kind(
-        "AdaLN's registers and spills per launch setting, from Triton's sm_90a compile and ptxas -v (no GPU needed)",
-        "PYTHONPATH=overlays python scripts/adaln_registers.py --out benchmarks/results/adaln-registers.json",
-        "adaln-registers-sm90a-2026-11-30-held.json", CPU),
-    "gpu-tests.txt": Kind(
-        "pytest's summary of tests/overlays on the GPU for the code of gates.json and blocks.json",
-        "python -m pytest tests/overlays -q -rs", "h200-2026-11-30-run34/pytest-overlays.txt", H200),
     "fp8-eras.json": Kind(
         "the FP8 seam on real ComfyUI trees (0.3.64 to 0.33.0): ComfyUI's cast found, LoRA weight functions kept, "
         "mixed-precision fp8 layers run on their own codes and scale (CPU, FP8 GEMM emulated)", "", "", CPU),
@@ -212,18 +194,6 @@ KINDS: dict[str, Kind] = {
     "fp8-host-calls.json": Kind(
         "aten ops, launches and host microseconds per FP8 Linear call, and FP8 plans rebuilt per step through the "
         "node, before and after issue 21.3 (CPU, the GPU work stubbed)", "", "", CPU),
-    "fp8-host-overhead.json": Kind(
-        "host microseconds per FP8 linear call before and after trimming its Python, and the block stack in fresh "
-        "processes (an earlier FP8 path)",
-        "PYTHONPATH=overlays:. python benchmarks/fp8_host_overhead.py", "fp8-host-overhead-2026-11-30.json"),
-    "fp8-stack-profile.json": Kind(
-        "the FP8 block stack in three fresh processes and a profiler pass per variant (an earlier FP8 path)",
-        "PYTHONPATH=overlays:. python benchmarks/fp8_stack_profile.py", "h200-2026-11-30-fp8-stack-profile.json"),
-    "rms-rope-sweep.json": Kind(
-        "launch configurations of the first rewritten rms_rope kernels against torch.compile and the copy ceiling "
-        "(before the kernels.py sweeps)",
-        "PYTHONPATH=overlays:. python benchmarks/rms_rope_sweep.py --out DIR/rms-rope-sweep.json",
-        "rms_rope-sweep-2026-11-30.json"),
     "torch-probes.json": Kind(
         "each torch patch's effect probe (verify/probes/, run by hand) on stock and patched copies of torch/cuda, "
         "against both expectations, on the GPU", "",
@@ -232,10 +202,6 @@ KINDS: dict[str, Kind] = {
         "`applier detect` against `python -c \"import torch\"` with the same interpreter, whole commands",
         "python benchmarks/detect_speed.py --target VENV --out benchmarks/results/detect-speed.json",
         "detect-speed-2026-11-30.json", CPU),
-    "real-comfyui.json": Kind(
-        "six real ComfyUI commits (2023-04 to 0.3.64): apply, the real server's width max, revert, git status",
-        "python3 scripts/validate_real_comfyui.py --repo MIRROR --python VENV/bin/python --commits ... --out "
-        "benchmarks/results/real-comfyui.json", "real-comfyui-2026-11-30.json", CPU),
     "comfyui-sweep.json": Kind(
         "apply / status / revert on ComfyUI commits spread over a mirror's history plus every release tag, with "
         "byte identity after revert: every commit where a patch refuses, and why",
@@ -280,11 +246,6 @@ KINDS: dict[str, Kind] = {
     "demo-disk.json": Kind(
         "disk used by `make test` and `make demo` inside a fresh clone (du of .venv, .cache and sandbox)",
         "git clone REPO CLONE && cd CLONE && .ci/run && make demo && du -sh .venv .cache sandbox", "", CPU),
-    "conflict-report.json": Kind(
-        "the diff engine's conflict report (best near-match) on 100 kB files and 150-line hunks, before and after "
-        "the linear search: seconds per case (pytest durations on a loaded 2-core machine: upper bounds)",
-        ".venv/bin/python -m pytest -q -p no:cacheprovider tests/test_engine_conflict_report.py --durations=10",
-        "", CPU),
     "reliability-*.json": Kind(
         "the reliability suite's figures (tests/reliability: failpoints, random SIGKILLs, concurrent writers, "
         "confinement, bad inputs, fuzzing): tests tried and passed per section",
@@ -321,27 +282,37 @@ KINDS: dict[str, Kind] = {
 
 # results whose script is retired (the question it asked is answered): the script, as it was at RETIRED_AT
 RETIRED = {
-    "adaln-registers.json": "scripts/adaln_registers.py",
     "blocks.json": "benchmarks/blocks.py",
     "detect-speed.json": "benchmarks/detect_speed.py",
     "fp8-codes-comfyui.json": "scripts/validate_fp8_codes.py",
     "fp8-host-calls.json": "scripts/fp8_host_calls.py",
-    "fp8-host-overhead.json": "benchmarks/fp8_host_overhead.py",
-    "fp8-stack-profile.json": "benchmarks/fp8_stack_profile.py",
     "gates.json": "benchmarks/gpu_gates.py",
     "gpu-evidence.json": "benchmarks/gpu_evidence.py",
-    "gpu-fp8-gates.json": "benchmarks/gpu_fp8_gates.py",
     "host-overhead.json": "benchmarks/host_overhead.py",
     "kernels-sweep.json": "benchmarks/kernels.py",
     "kernels.json": "benchmarks/kernels.py",
     "launch-overhead.json": "benchmarks/launch_overhead.py",
-    "ncu-adaln.json": "benchmarks/ncu_adaln.py",
-    "norm-order.json": "benchmarks/norm_order_probe.py",
     "real-blocks-cpu.json": "scripts/validate_real_blocks.py",
     "real-blocks-h200.json": "scripts/validate_real_blocks.py",
-    "real-comfyui.json": "scripts/validate_real_comfyui.py",
     "real-torch-envs.json": "scripts/validate_torch_env.py",
-    "rms-rope-sweep.json": "benchmarks/rms_rope_sweep.py",
+}
+
+
+# results retired from the folder (issue 39: at most 40 files, under 15% of the repository's lines): the question each
+# asked is answered and no message or test reads it; each is in git history at RESULTS_RETIRED_AT
+RESULTS_RETIRED_AT = "8db9900"
+RETIRED_RESULTS = {
+    "adaln-registers.json": "AdaLN's registers per launch setting (sm_90a compile): the shipped setting chose from it",
+    "conflict-report.json": "the conflict report's speed before and after the linear search",
+    "fp8-host-overhead.json": "host time per FP8 linear call of an earlier FP8 path, before and after trimming it",
+    "fp8-stack-profile.json": "the FP8 block stack of an earlier FP8 path, profiled",
+    "gpu-fp8-gates.json": "the first FP8 gates (codes byte-exact, ComfyUI's fp8 module bit-identical)",
+    "gpu-tests.txt": "tests/overlays on the GPU for the code of gates.json and blocks.json: 175 passed, 0 failed",
+    "ncu-adaln.json": "AdaLN under Nsight Compute: why it stops at 75% of the copy ceiling",
+    "norm-order.json": "torch's LayerNorm/RMSNorm reduction order reproduced bit for bit",
+    "real-comfyui.json": "six real ComfyUI commits (2023-04 to 0.3.64) through apply, the server and revert; "
+                         "comfyui-sweep.json applies and reverts on every release tag",
+    "rms-rope-sweep.json": "the first rms_rope kernels' launch configurations (before the kernels.py sweeps)",
 }
 
 
@@ -402,6 +373,11 @@ def render(found: list[dict]) -> str:
                   f"(`scripts/gpu_report.py`, which wrote docs/gpu-report.md from these files, went with them).", "",
               "| file | written by (at " + RETIRED_AT + ") |", "|---|---|"]
     lines += [f"| `{row['file']}` | `{RETIRED[row['file']]}` |" for row in found if row["file"] in RETIRED]
+    lines += ["", f"Retired results: their question is answered and no message or test reads them (a doc that cites "
+                  f"one says it is in git history), so they left the folder. Read one from git: "
+                  f"`git show {RESULTS_RETIRED_AT}:benchmarks/results/<file>`.", "",
+              "| file | what it answered |", "|---|---|"]
+    lines += [f"| `{name}` | {cell(what)} |" for name, what in sorted(RETIRED_RESULTS.items())]
     return "\n".join(lines) + "\n"
 
 

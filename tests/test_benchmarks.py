@@ -84,6 +84,27 @@ def test_the_results_index_is_current_and_describes_every_file(capsys):
     assert results.run(argparse.Namespace(check=True)) == 0, capsys.readouterr().err
 
 
+def test_a_deeper_report_asks_for_more_levels_one_member_per_line():
+    report = {"eras": [{"check": {"models": [{"model": f"m{i}", "note": "x" * 60} for i in range(2)]}}]}
+    assert results.dumps(report).count("\n") == 4                      # each era one line, however large
+    deep = results.dumps(report, expanded_depth=5)
+    assert json.loads(deep) == report and [line.strip()[:11] for line in deep.splitlines()][5:7] == \
+        ['{"model": "', '{"model": "']                               # one line per model
+
+
+def test_results_keep_within_their_rule():
+    """At most 40 files in benchmarks/results/ and under 15% of the repository's tracked lines (issue 39)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode or not listed.stdout:
+        pytest.skip("not a git checkout")
+    tracked = [REPO / name for name in listed.stdout.split("\0") if name and (REPO / name).is_file()]
+    lines = {path: path.read_bytes().count(b"\n") for path in tracked}
+    in_results = [path for path in tracked if RESULTS in path.parents]
+    assert len(in_results) <= 40, len(in_results)
+    share = sum(lines[path] for path in in_results) / sum(lines.values())
+    assert share < 0.15, f"{share:.1%} of the tracked lines"
+
+
 # ----------------------------------------------------------------------------- a release, read from its files
 def write_release(root: Path, *, version: str, dynamic: bool, eval_in_base: bool, txt_ids: bool) -> Path:
     (root / "comfy" / "ldm" / "flux").mkdir(parents=True)
