@@ -9,13 +9,14 @@ band, the shipped table (no bands until the device run) and an unreadable table 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
-import torch
 
 from benchmarks import attention_kernels
 from fused_dit import state
 from fused_dit.integration import attention_fp8, attention_yardstick
+from test_attention_optional import Fp8Call
 
 HEADS, D, TOKENS = 2, 64, 8
 
@@ -86,28 +87,17 @@ def test_the_shipped_table_has_no_bands_until_the_device_run():
     assert attention_yardstick.bands() == ()
 
 
-class Candidates:
-    """ComfyUI's exact function (returns q) and the pack's kernel (returns q * (1 + kernel_error)), recording which
-    ran; a timer that makes the kernel the faster."""
+class Candidates(Fp8Call):
+    """ComfyUI's exact function and the pack's kernel with `kernel_error`, the kernel the faster; no SageAttention
+    (its live yardstick would take the table's place)."""
 
     def __init__(self, monkeypatch, kernel_error: float):
-        self.ran: list[str] = []
-        monkeypatch.setattr(attention_fp8.kernel, "attention_fp8",
-                            lambda q, k, v, scale=None: self.ran.append("kernel") or q * (1 + kernel_error))
-        self.times = {"kernel": 1.0, "exact": 2.0}
-
-    def exact(self, q, k, v, heads, **kwargs):
-        self.ran.append("exact")
-        return q
-
-    def timer(self, fn):
-        fn()
-        return self.times[self.ran[-1]]
+        super().__init__(monkeypatch, kernel_error, {"kernel": 1.0, "exact": 2.0})
+        monkeypatch.setitem(sys.modules, "sageattention", None)
 
     def choose(self) -> str:
         override = attention_fp8.Fp8Attention(timer=self.timer, devices=("cpu",))
-        q = torch.randn(1, TOKENS, HEADS * D, dtype=torch.bfloat16)
-        override(self.exact, q, q, q, HEADS)
+        self.run(override)
         return override.choices.popitem()[1]
 
 

@@ -11,6 +11,11 @@ Each shape (q, k, v shapes, dtype, device, mask or not) is measured once, on its
 a backend that is first in the release's order already, or beats that order by less than MIN_GAIN, leaves the
 call as ComfyUI makes it (stock bits, no reorder per call).
 
+Where the user's environment imports FlashAttention-4 (`flash_attn.cute`, integration/attention_optional.py; never
+required), it is one more exact candidate for the calls it takes (no mask, bf16 / fp16, its head dims), timed on the
+same first call and kept only where its output is within `TOLERANCE` of the release's order; chosen, it runs the call
+in ComfyUI's function's place. Where it is absent, that is said once.
+
 Everything else is ComfyUI's call as it was: another attention function (sage, flash-attn, split, sub-quadratic),
 CPU tensors, a release without the priority list, or another node's override already in place (then this one
 steps aside, so that node's choice stands). With the toggle off nothing is installed: stock bits.
@@ -27,6 +32,7 @@ import sys
 
 import torch
 
+from . import attention_optional as optional
 from . import model_compiler
 
 log = logging.getLogger("fused_dit")
@@ -78,7 +84,8 @@ class FastestSdpa:
     def __init__(self, timer=cuda_timer, devices=("cuda",)):
         self.timer = timer
         self.devices = devices
-        self.choices: dict[tuple, object] = {}      # shape key -> backend moved first (None: the release's order)
+        self.choices: dict[tuple, object] = {}      # shape key -> backend moved first (None: the release's order;
+        self.fa4 = None                             # optional.FA4: FlashAttention-4 in the function's place)
 
     def _applies(self, func, args) -> object | None:
         ops_module = _ops_module(func)
@@ -105,6 +112,8 @@ class FastestSdpa:
         backend = self.choices[key]
         if backend is None:
             return func(*args, **kwargs)
+        if backend == optional.FA4:
+            return optional.fa4_call(self.fa4, *args[:4], kwargs)
         with first_in_priority(ops_module, backend):
             return func(*args, **kwargs)
 
@@ -129,11 +138,38 @@ class FastestSdpa:
             timings[str(backend)] = ms
             if ms < best_ms:
                 best, best_ms = backend, ms
+        ms = self._measure_fa4(args, kwargs, stock, scale, timings)
+        if ms is not None and ms < best_ms:
+            best, best_ms = optional.FA4, ms
         release = timings["release order"]
         if best is not None and (best_ms > (1 - MIN_GAIN) * release or getattr(ops_module, PRIORITY)[:1] == [best]):
             best = None                      # within noise of the release's order, or first there already
         log.debug("fused_dit: attention %s -> %s first (%s)", key[0], best or "the release's order", timings)
         return best
+
+
+    def _measure_fa4(self, args, kwargs, stock, scale, timings) -> float | None:
+        """FlashAttention-4's milliseconds on this call where it imports, takes the call and is exact (else None,
+        the reason in `timings`)."""
+        attend = optional.fa4()
+        if attend is None:
+            return None
+        why = optional.fa4_refusal(*args[:4], kwargs) if len(args) >= 4 else "a call without its heads argument"
+        if why is not None:
+            timings[optional.FA4] = f"refuses {why}"
+            return None
+        try:
+            out = optional.fa4_call(attend, *args[:4], kwargs)
+            if out.shape != stock.shape or float((out.float() - stock.float()).abs().max()) > TOLERANCE * scale:
+                timings[optional.FA4] = "not exact"
+                return None
+            ms = self.timer(lambda: optional.fa4_call(attend, *args[:4], kwargs))
+        except Exception as exc:              # a shape or GPU it does not build for
+            timings[optional.FA4] = f"unavailable ({type(exc).__name__})"
+            return None
+        self.fa4 = attend
+        timings[optional.FA4] = ms
+        return ms
 
 
 def release_order() -> list[str] | None:

@@ -21,6 +21,9 @@ band covers the shape the earlier rule holds: the kernel runs (it holds SageAtte
 cuDNN's candidate only where its error is at most `ERROR_SLACK` times the kernel's (cuDNN's per-tensor e4m3 Q K^T was
 not, on DiT-like inputs: attention-kernels-h200.json). Where exact attention is faster (cuDNN's bf16 SDPA on the
 H200), `fp8` runs exact: never slower than the exact mode, said once per shape.
+Where the user's environment imports SageAttention 2 (integration/attention_optional.py) it is one more lossy
+candidate, timed the same way, and the yardstick itself measured on the call: every lossy candidate whose error there
+is at most SageAttention 2's may run, the table is not consulted. Where it is absent, that is said once.
 
 Capture-safe (ComfyUI's model compiler captures blocks in CUDA graphs): that measurement happens on a shape's first
 call, outside the compiler's recorded allocations (model_compiler); after it the choice reads only shapes, dtypes
@@ -38,15 +41,17 @@ import torch
 from .. import state
 from ..ops import attention_cudnn_fp8 as cudnn_fp8
 from ..ops import attention_fp8 as kernel
+from . import attention_optional as optional
 from . import attention_yardstick as yardstick
 from . import model_compiler
 from .attention import cuda_timer
 
 CHOICE_LINE = "Fused DiT Ops: attention fp8 for %s: %s (%s)"
 KERNEL, CUDNN_FP8, EXACT = "fp8 kernel", "cuDNN FP8 SDPA", "exact"
+SAGE2 = optional.SAGE2
 ERROR_SLACK = 1.05
 # the candidates as the yardstick table names them (the rows of benchmarks/attention_kernels.py)
-TABLE_ROWS = {KERNEL: "fp8", CUDNN_FP8: "cudnn_fp8"}
+TABLE_ROWS = {KERNEL: "fp8", CUDNN_FP8: "cudnn_fp8", SAGE2: "sage2"}
 
 FALLBACK_LINE = "Fused DiT Ops: attention fp8 -> exact for %s"
 RUNS = ("low-precision attention (INT8 Q K^T, P V in the model's dtype, fp32 accumulation, scales on the GPU) "
@@ -86,7 +91,8 @@ class Fp8Attention:
         self.exact = exact          # the exact mode's override for refused calls; None: ComfyUI's own function
         self.timer = timer
         self.devices = devices      # where a shape's first call measures (elsewhere the kernel runs: interpreter)
-        self.choices: dict[tuple, str] = {}      # shape key -> KERNEL | CUDNN_FP8 | EXACT
+        self.choices: dict[tuple, str] = {}      # shape key -> KERNEL | CUDNN_FP8 | SAGE2 | EXACT
+        self.sageattn = None                     # SageAttention 2's function, where a shape measured it
 
     def __call__(self, func, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
                  skip_output_reshape=False, **kwargs):
@@ -113,6 +119,8 @@ class Fp8Attention:
             return self._exact(func, q, k, v, heads, **call)
         if choice == CUDNN_FP8:
             return _output(cudnn_fp8.attention_cudnn_fp8(q4, k4, v4), skip_output_reshape)
+        if choice == SAGE2:
+            return _output(optional.sage2_call(self.sageattn, q4, k4, v4, kwargs.get("scale")), skip_output_reshape)
         return self._kernel(q4, k4, v4, kwargs.get("scale"), skip_output_reshape)
 
     @staticmethod
@@ -131,6 +139,10 @@ class Fp8Attention:
         lossy = {KERNEL: lambda: self._kernel(*qkv4, scale, skip_output_reshape)}
         if scale is None and cudnn_fp8.refusal(*qkv4) is None:
             lossy[CUDNN_FP8] = lambda: _output(cudnn_fp8.attention_cudnn_fp8(*qkv4), skip_output_reshape)
+        sageattn = optional.sage2()
+        if sageattn is not None:
+            self.sageattn = sageattn
+            lossy[SAGE2] = lambda: _output(optional.sage2_call(sageattn, *qkv4, scale), skip_output_reshape)
         notes: dict[str, str] = {}
         band = yardstick.band_for(qkv4[0].shape[-1], qkv4[1].shape[-2])
         candidates = {**self._accurate_enough(lossy, exact, band, notes), EXACT: exact}
@@ -143,9 +155,9 @@ class Fp8Attention:
 
     @staticmethod
     def _accurate_enough(lossy: dict, exact, band, notes: dict) -> dict:
-        """The lossy candidates that may run for this shape: within the band's yardstick where a band covers it,
-        else the earlier rule (the kernel; cuDNN's FP8 SDPA as accurate as the kernel). Why the others may not, in
-        `notes`."""
+        """The lossy candidates that may run for this shape: at most SageAttention 2's error on this call where it
+        ran, else within the band's yardstick where a band covers the shape, else the earlier rule (the kernel;
+        cuDNN's FP8 SDPA as accurate as the kernel). Why the others may not, in `notes`."""
         if band is None and len(lossy) == 1:
             return lossy                     # the kernel alone, as before: nothing to compare
         reference = exact().float()
@@ -155,6 +167,11 @@ class Fp8Attention:
                 errors[name] = relative_error(fn().float(), reference)
             except Exception as error:       # a shape this cuDNN builds no graph for
                 notes[name] = f"unavailable ({type(error).__name__})"
+        if SAGE2 in errors:                  # the yardstick on these very inputs
+            kept = {name: lossy[name] for name, error in errors.items() if error <= errors[SAGE2]}
+            for name in errors.keys() - kept.keys():
+                notes[name] = f"error {errors[name]:.3g} beyond SageAttention 2's {errors[SAGE2]:.3g} on this call"
+            return kept
         if band is not None:
             kept = {name: lossy[name] for name, error in errors.items()
                     if band.admits(TABLE_ROWS[name]) and error <= band.limit()}
