@@ -329,6 +329,7 @@ def test_a_sampling_run_plans_once_says_one_line_and_can_keep_the_canvas_on_the_
         out = hooks.sampler_sample(sampler, None, torch.tensor([1.0, 0.5, 0.0]), {}, None, noise,
                                    torch.zeros_like(noise))
     assert hooks.run is None                                         # the run's plan does not outlive it
+    assert seen["device"].type == "cpu"
     assert torch.allclose(out, noise * 2)
     lines = [r.getMessage() for r in caplog.records if "Tiled Sampling" in r.getMessage()]
     assert len(lines) == 1 and "tiles of 256 px, overlap 64 px" in lines[0] and "canvas on the host" in lines[0]

@@ -157,9 +157,12 @@ class TiledSampling:
         if not layout.single:
             self.run.bar = _progress_bar(steps * layout.count)
         if host:
-            noise, sigmas = noise.cpu(), sigmas.cpu()
-            latent_image = latent_image.cpu() if latent_image is not None else None
-            denoise_mask = denoise_mask.cpu() if isinstance(denoise_mask, torch.Tensor) else denoise_mask
+            # in place: ComfyUI's outer_sample moved these canvases to the GPU and still holds them; their storage
+            # moves to the host, so the GPU keeps no copy of the canvas while the tiles run
+            for canvas in (noise, latent_image, denoise_mask):
+                if isinstance(canvas, torch.Tensor) and canvas.device.type != "cpu":
+                    canvas.data = canvas.data.cpu()
+            sigmas = sigmas.cpu()
         try:
             out = executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
         finally:
