@@ -297,6 +297,43 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+TILED_FILES = ("tiled-route-0.33.0.json", "tiled-route-0.33.0-mem32.json")
+
+
+def tiled_rows(data: budget.BudgetData) -> list[dict]:
+    """The budget's tiled route (the Tiled Sampling node's plan, one step) against each measured refinement of the
+    tiled-route results: seconds per step (1 step: the sampler's set-up for the canvas included; the memory check:
+    the difference of its two step counts, steady), tiles and batch, and the predicted peak against the device's."""
+    rows = []
+    gpu = data.gpus[data.measured.gpu]
+    era, _ = budget.era_for(data.measured, "0.33.0")
+    for name in TILED_FILES:
+        summary = load(name)["summary"]
+        measured = [(f"{name}: summary.routes[{i}]", r["size"], r.get("refine_s_per_step"), r.get("tiles"),
+                     r.get("batch"), (r.get("refine_peaks") or {}).get("peak_gpu_used_gib"), "one step")
+                    for i, r in enumerate(summary.get("routes", []))]
+        check = summary.get("memory_check") or {}
+        if check.get("s_per_step"):
+            measured.append((f"{name}: summary.memory_check", check["size"], check["s_per_step"], check["tiles"],
+                             check["same_tiles"]["memory"]["batch"], check["peaks"]["peak_gpu_used_gib"],
+                             "steady (two step counts)"))
+        for where, size, seconds, tiles, batch, device_gib, how in measured:
+            if not seconds:
+                continue
+            width, height = (int(v) for v in size.split("x"))
+            request = budget.Request(budget.find_model(data, "flux-dev"), gpu, budget.Canvas(width, height), 1, 1,
+                                     comfyui_version="0.33.0")
+            route = next(r for r in budget.tiled_routes(data, request, era) if r["tile_px"] == 1024)
+            error = (route["seconds"] - seconds) / seconds
+            rows.append({"measured": where, "canvas": size, "how": how, "measured_s_per_step": seconds,
+                         "predicted_s_per_step": round(route["seconds"], 2), "config": route["config"],
+                         "error_pct": round(100 * error, 1), "within_target": abs(error) <= TARGET_ERROR,
+                         "tiles": [tiles, route["tiles"]], "batch": [batch, route["batch"]],
+                         "device_peak_gib": device_gib,
+                         "predicted_peak_gib": round(route["peak_bytes"] / 2 ** 30, 2)})
+    return rows
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="only recompute efficiency.toml's figures; exit 1 where they disagree")
@@ -341,6 +378,10 @@ def run(args, parser=None) -> int:
                     "spread": "rows measured more than once (the generation file's repeats) give every measurement "
                               "and whether the prediction lies inside their range"},
         "summary": summary(rows),
+        "tiled": {"about": "the tiled route (Tiled Sampling, tile 1024, overlap 128, the batch its planner picks) "
+                           "against the tiled-route results: [measured, predicted] tiles and batch, seconds per "
+                           "step, the device's peak during the refinement against the predicted peak",
+                  "rows": tiled_rows(data)},
         "rows": rows,
         "missing": missing_points(data, rows),
         "not_compared": skipped,
