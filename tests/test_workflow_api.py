@@ -59,7 +59,7 @@ def test_the_32k_example_becomes_the_route_prompt():
     kinds = {node["class_type"] for node in prompt.values()}
     assert "Note" not in kinds and {"TiledSampling", "FusedDiTOps", "VAEEncodeTiled", "VAEDecodeTiled"} <= kinds
     refine = next(n for n in prompt.values() if n["class_type"] == "KSampler" and n["inputs"]["denoise"] < 1)
-    assert refine["inputs"]["seed"] == 42 and refine["inputs"]["steps"] == 20 and refine["inputs"]["denoise"] == 0.3
+    assert refine["inputs"]["seed"] == 42 and refine["inputs"]["steps"] == 8 and refine["inputs"]["denoise"] == 0.3
     tiled_id = refine["inputs"]["model"][0]
     assert prompt[tiled_id]["class_type"] == "TiledSampling"
     assert prompt[tiled_id]["inputs"]["tile_px"] == 1024 and prompt[tiled_id]["inputs"]["canvas"] == "auto"
