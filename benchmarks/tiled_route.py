@@ -59,8 +59,9 @@ from pathlib import Path
 from . import comfy_release, results
 from .canvas_pipeline import (PATCHES, PromptCutOff, apply_patches, gib, link, make_vae, max_of, parse_size,
                               png_size, prepare, run_prompt, serve, server_log)
-from .comfy_server import (MODELS, custom_node_import, http_json, install_overlay, log_lines, make_checkpoint,
-                           make_venv, link_checkpoint, write_probe)
+from .comfy_server import (REPO_ROOT, MODELS, custom_node_import, http_json, install_overlay, log_lines,
+                           make_checkpoint, make_venv, link_checkpoint, write_probe)
+from .workflow_api import to_prompt
 
 NOTE = ("Weights are seeded random numbers (Flux-dev and Flux's VAE in the release's key format): the figures are "
         "for time, memory and which code ran, never image quality.")
@@ -100,6 +101,38 @@ def model_chain(checkpoint: str, weight_dtype: str, fused: dict | None, tiled: d
         "model": model, "method": peer["method"], "tile_width": tiled["tile_px"], "tile_height": tiled["tile_px"],
         "tile_overlap": tiled["overlap_px"], "tile_batch_size": tiled["tile_batch"]}}
     return nodes, model, [ID["peer"], 0]
+
+
+EXAMPLE_WORKFLOW = REPO_ROOT / "overlays" / "comfyui_fused_dit" / "example_workflows" / "make_a_32k_image_flux.json"
+
+
+def workflow_prompt(workflow: dict, object_info: dict, checkpoint: str, vae: str, weight_dtype: str,
+                    fused: dict | None, base: tuple, size: tuple, base_steps: int, steps: int) -> dict:
+    """The pack's example workflow as the server's front end would queue it (workflow_api.to_prompt with the server's
+    own object_info), then fitted to this run: its model and VAE files, the zero conditioning in place of the text
+    encoders (DualCLIPLoader and CLIPTextEncode: no text encoder weights here), the base and canvas sizes and step
+    counts given, FusedDiTOps' inputs where a node config is given. Every other node and input is the template's."""
+    prompt = to_prompt(workflow, object_info)
+    zero = {key: MODELS["flux-dev"][key] for key in ("tokens", "pooled", "guidance")} | {"channels": 4096}
+    for node_id, node in list(prompt.items()):
+        kind, inputs = node["class_type"], node["inputs"]
+        if kind == "DualCLIPLoader":
+            del prompt[node_id]
+        elif kind == "CLIPTextEncode":
+            prompt[node_id] = {"class_type": "GenerationProbeZeroConditioning", "inputs": dict(zero)}
+        elif kind == "UNETLoader":
+            inputs.update(unet_name=checkpoint, weight_dtype=weight_dtype)
+        elif kind == "VAELoader":
+            inputs["vae_name"] = vae
+        elif kind == "EmptySD3LatentImage":
+            inputs.update(width=base[0], height=base[1])
+        elif kind == "ImageScale":
+            inputs.update(width=size[0], height=size[1])
+        elif kind == "KSampler":
+            inputs["steps"] = steps if inputs["denoise"] < 1 else base_steps
+        elif kind == "FusedDiTOps" and fused is not None:
+            inputs.update(fused)
+    return prompt
 
 
 def ksampler(model: list, latent: list, steps: int, denoise: float, seed: int) -> dict:
@@ -297,6 +330,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--denoise", type=float, default=0.3)
     parser.add_argument("--timing-steps", type=int, nargs=2, default=(1, 3), metavar=("LOW", "HIGH"),
                         help="the step counts of the warm-up/peer/memory prompts (seconds per step by difference)")
+    parser.add_argument("--workflow", nargs="?", const=str(EXAMPLE_WORKFLOW), default=None, metavar="FILE",
+                        help="also queue a saved workflow (default: the pack's example, make_a_32k_image_flux.json) "
+                             "through object_info as the front end does, at the first of --sizes")
     parser.add_argument("--memory-check", default=None,
                         help="WxH of the refinement-only prompt compared with the largest route (default 8192x8192; "
                              "'' for none)")
@@ -512,6 +548,14 @@ def run(options, parser) -> int:
             return found
 
         _memory(base)   # start the peaks afresh
+        if options.workflow:
+            workflow = json.loads(Path(options.workflow).read_text(encoding="utf-8"))
+            prompt = workflow_prompt(workflow, http_json(f"{base}/object_info") or {}, checkpoint_name, vae.name,
+                                     dtype, fused, setup["base"], setup["sizes"][0], options.base_steps,
+                                     options.steps)
+            found = one("workflow", prompt, role="example workflow", size="%dx%d" % setup["sizes"][0],
+                        workflow=Path(options.workflow).name)
+            found["every_node_ran"] = bool(found.get("nodes")) and all(n.get("ran") for n in found["nodes"])
         tiled, peer_tiled = setup["tiled"], setup["peer_tiled"]
         peer_size = setup["peer_size"]
         # another seed: the server would answer the same prompt later from its cache

@@ -74,3 +74,21 @@ def test_a_node_the_server_lacks_or_values_left_over_are_refused():
     workflow = {"nodes": [{"id": 1, "type": "VAELoader", "outputs": [], "widgets_values": ["a", "b"]}], "links": []}
     with pytest.raises(WorkflowError, match="left over"):
         to_prompt(workflow, {"VAELoader": _info({"vae_name": [["a"]]})})
+
+
+def test_the_harness_fits_the_example_to_a_run_without_text_encoders():
+    """benchmarks tiled-route --workflow: the template's own nodes and inputs, its files, sizes and steps replaced,
+    the text encoders replaced by the probe's zero conditioning."""
+    from benchmarks.tiled_route import EXAMPLE_WORKFLOW, workflow_prompt
+    workflow = json.loads(EXAMPLE_WORKFLOW.read_text(encoding="utf-8"))
+    prompt = workflow_prompt(workflow, core_object_info(), "tiny.safetensors", "vae.safetensors", "default",
+                             {"fp8_linear": False}, (128, 128), (256, 192), 2, 1)
+    kinds = [node["class_type"] for node in prompt.values()]
+    assert "DualCLIPLoader" not in kinds and "CLIPTextEncode" not in kinds
+    assert kinds.count("GenerationProbeZeroConditioning") == 1
+    by_kind = {node["class_type"]: node["inputs"] for node in prompt.values()}
+    assert by_kind["UNETLoader"] == {"unet_name": "tiny.safetensors", "weight_dtype": "default"}
+    assert (by_kind["ImageScale"]["width"], by_kind["ImageScale"]["height"]) == (256, 192)
+    assert by_kind["FusedDiTOps"]["fp8_linear"] is False and by_kind["TiledSampling"]["tile_px"] == 1024
+    steps = sorted(n["inputs"]["steps"] for n in prompt.values() if n["class_type"] == "KSampler")
+    assert steps == [1, 2]

@@ -143,6 +143,9 @@ def settings_problem(tile: int, overlap: int, align: int = 1, margin: int = 0) -
         return f"the overlap must not be negative (got {overlap})"
     if overlap >= tile:
         return f"the overlap ({overlap}) must be smaller than the tile ({tile})"
+    if 2 * overlap > tile:
+        return (f"the overlap ({overlap}) must be at most half the tile ({tile}): wider, three or more tiles meet at "
+                "a pixel and each step runs several times the model calls for the same canvas")
     if margin < 0 or 2 * margin > overlap:
         return f"the margin ({margin}) must be between 0 and half the overlap ({overlap})"
     return None
@@ -155,6 +158,8 @@ def pixel_settings_problem(tile_px: int, overlap_px: int, multiple: int) -> str 
                 f"try {max(multiple, tile_px // multiple * multiple)}")
     if tile_px and overlap_px >= tile_px:
         return f"overlap_px {overlap_px} must be smaller than tile_px {tile_px}"
+    if tile_px and 2 * overlap_px > tile_px:
+        return f"overlap_px {overlap_px} must be at most half of tile_px {tile_px}"
     if overlap_px > 0 and overlap_px % 8:
         return f"overlap_px {overlap_px} is not a multiple of 8 (one latent pixel is 8 image pixels)"
     return None
