@@ -14,7 +14,7 @@ from applier import __version__, settings
 from applier.catalog import COMPONENTS, Patch, load_catalog, select_patches
 from applier.errors import (EXIT_DRIFT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_VERIFY_FAILED,
                             ApplierError, RefusedError)
-from applier.fsutil import io_failure
+from applier.store.fsutil import io_failure
 from applier.strenum import assert_never
 from applier.target import Target
 
@@ -184,9 +184,9 @@ def target_options(func):
 
 def remember_interpreter(invocation: Invocation) -> None:
     """After a command that wrote with --python: record that interpreter for this install's later commands."""
-    from applier.allowlist import store_for
-    from applier.lock import target_lock
-    from applier.state import read_interpreter
+    from applier.catalog.allowlist import store_for
+    from applier.store.lock import target_lock
+    from applier.store.state import read_interpreter
     found = invocation.target()
     if invocation.python is None or found.python is None:
         return
@@ -294,10 +294,10 @@ def list_cmd(invocation):
 
 
 def compute_statuses(invocation: Invocation, only: tuple[str, ...] = ()):
-    from applier.allowlist import store_for
-    from applier.journal import recover, recover_if_pending
-    from applier.lock import target_lock
+    from applier.catalog.allowlist import store_for
     from applier.status import compute_status, needs_second_look
+    from applier.store.journal import recover, recover_if_pending
+    from applier.store.lock import target_lock
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, only)
@@ -463,7 +463,7 @@ def apply(invocation, only, skip, dry_run, fuzz):
 
 def plan_verb(action, dry_run: bool) -> str:
     """What apply did (or, in a dry run, would do) with a patch."""
-    from applier.planner import PlanAction
+    from applier.catalog.planner import PlanAction
     match action:
         case PlanAction.APPLY:
             return "would apply" if dry_run else "applied"
@@ -478,8 +478,8 @@ def plan_verb(action, dry_run: bool) -> str:
 def hunk_line(h, action, dry_run: bool) -> str:
     """One hunk of the apply report, worded for what happened: a hunk found not applied before a successful run
     is now applied; in a dry run it would be."""
+    from applier.catalog.planner import PlanAction
     from applier.diffengine import HunkState
-    from applier.planner import PlanAction
     where = f"line {h.line}" if h.line else "new file"
     # the engine's note already words offsets and fuzz when it has something to say
     extra = f" ({h.note})" if h.note else "".join(
@@ -671,9 +671,9 @@ def verify(invocation, only, kernels, device, real_import, timeout, size):
 
     Exit 6 when a check FAILs or every check SKIPs (SKIP is never PASS). Example: applier verify --target ComfyUI/
     """
-    from applier.allowlist import store_for
-    from applier.journal import recover_if_pending
+    from applier.catalog.allowlist import store_for
     from applier.resources import load_verify
+    from applier.store.journal import recover_if_pending
     verify_pkg = load_verify()
     found = invocation.target()
     catalog = invocation.catalog
@@ -726,7 +726,7 @@ def overlay_install(invocation):
 
     Example: applier overlay install --target ComfyUI/
     """
-    from applier import overlays
+    from applier.pack import overlays
     found = invocation.target()
     result = overlays.install(found, catalog=invocation.catalog)
     remember_interpreter(invocation)
@@ -746,7 +746,7 @@ def overlay_uninstall(invocation, force):
 
     Example: applier overlay uninstall --target ComfyUI/
     """
-    from applier import overlays
+    from applier.pack import overlays
     found = invocation.target()
     result = overlays.uninstall(found, catalog=invocation.catalog, force=force)
     if invocation.as_json:
@@ -762,7 +762,7 @@ def overlay_list(invocation):
 
     Example: applier overlay list --target ComfyUI/
     """
-    from applier import overlays
+    from applier.pack import overlays
     found = invocation.target()
     result = overlays.listing(found, catalog=invocation.catalog)
     if invocation.as_json:
@@ -771,7 +771,7 @@ def overlay_list(invocation):
     if result.get("recovered"):
         click.echo(result["recovered"])
     if not result["installed"]:
-        from applier.node_pack import Installer
+        from applier.pack.node_pack import Installer
         from applier.status import node_pack_installs, node_pack_lines
         by_hand = [i for i in node_pack_installs(found) if i["installed_by"] is not Installer.APPLIER]
         click.echo("no overlay installed by applier")
@@ -784,7 +784,7 @@ def overlay_list(invocation):
 
 def _registry_field(param, value):
     """--publisher / --repository as the Comfy Registry accepts them; a usage error (exit 2) before any write."""
-    from applier.node_pack import registry_field_problems
+    from applier.pack.node_pack import registry_field_problems
     problem = registry_field_problems(**{param.name: value}).get(param.name)
     if problem:
         raise click.BadParameter(problem)
@@ -805,7 +805,7 @@ def overlay_export(invocation, folder, publisher, repository):
 
     Example: applier overlay export dist/fused-dit --publisher me --repository https://github.com/me/fused-dit
     """
-    from applier.node_pack import export
+    from applier.pack.node_pack import export
     result = export(folder, publisher=publisher, repository=repository)
     if invocation.as_json:
         return out_json({"ok": True, **result})
@@ -825,8 +825,8 @@ def overlay_check(invocation, verbose):
     holds no ComfyUI code; 3 when the overlay pack's variants.json is unreadable.
     Example: applier overlay check --target ComfyUI/
     """
-    from applier.overlay_check import check_tree
     from applier.errors import BadTargetError
+    from applier.pack.check import check_tree
     found = invocation.target()
     if found.comfyui_root is None:
         raise BadTargetError(f"{invocation.target_path} has no ComfyUI folder",
@@ -880,8 +880,8 @@ def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, withi
     applier budget --target ComfyUI/ --model flux-dev --size 32768x18432 --gpu rtx-4090
     """
     from applier import budget
-    from applier.budget_caps import read_target_caps
-    from applier.budget_data import load_budget_data
+    from applier.budget.caps import read_target_caps
+    from applier.budget.data import load_budget_data
     try:
         width, height = budget.parse_size(size)
         within_s = budget.parse_duration(within)
@@ -928,7 +928,7 @@ def catalog_check(invocation, cache):
     """
     from dataclasses import asdict
 
-    from applier.catalog_check import check_catalog
+    from applier.catalog.check import check_catalog
     report = check_catalog(invocation.catalog, cache)
     if invocation.as_json:
         out_json({"ok": report.ok, "cache": str(report.cache_root), "problems": report.problems,
@@ -966,7 +966,7 @@ def catalog_refresh(invocation, patch_id, upstream, edited, relpath, versions, v
     Example: applier catalog refresh torch/stream-priority --upstream new/streams.py --edited mine/streams.py
     --path torch/cuda/streams.py --versions ">=2.16,<2.17" --name 2.16
     """
-    from applier.authoring import add_variant
+    from applier.catalog.authoring import add_variant
     from applier.resources import RESOURCE_ORIGIN
     if invocation.patches_dir is None and RESOURCE_ORIGIN == "installed":
         raise RefusedError("catalog refresh writes into the catalog, and this applier's is the copy inside its "

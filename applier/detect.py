@@ -23,10 +23,10 @@ from pathlib import Path
 from packaging.version import Version
 
 from applier.errors import ApplierError, BadInterpreterError, BadTargetError, ChildFailure
-from applier.fsutil import kind_of, read_inside
-from applier.paths import STATE_DIR_NAME, real_inside
 from applier.settings import detect_timeout, gpu_probe_off
-from applier.state import read_interpreter
+from applier.store.fsutil import kind_of, read_inside
+from applier.store.paths import STATE_DIR_NAME, real_inside
+from applier.store.state import read_interpreter
 from applier.subproc import PYTHON_FLAGS, child_env, path_from_child, run_bounded
 from applier.target import GPU, Target
 

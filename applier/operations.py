@@ -9,18 +9,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from applier import __version__, diffengine, journal
-from applier.allowlist import store_for
+from applier import __version__, diffengine
 from applier.catalog import Patch
-from applier.confine import Place
+from applier.catalog.allowlist import store_for
+from applier.catalog.planner import PatchPlan, PlanAction, load_file_patches, plan_apply, stale_advice
 from applier.diffengine import HunkState
 from applier.errors import DriftError, HunkConflict, RefusedError
-from applier.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
-from applier.journal import FileOp, place_sha
-from applier.lock import target_lock
-from applier.planner import PatchPlan, PlanAction, load_file_patches, plan_apply, stale_advice
-from applier.record import pristine_hashes
-from applier.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, private_mode
+from applier.store import journal
+from applier.store.confine import Place
+from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
+from applier.store.journal import FileOp, place_sha
+from applier.store.lock import target_lock
+from applier.store.record import pristine_hashes
+from applier.store.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, private_mode
 from applier.strenum import StrEnum, assert_never
 from applier.target import Target
 

@@ -5,7 +5,7 @@
     APPLIER_DETECT_TIMEOUT   seconds that lower the timeouts of detection's children (the interpreter, git,
                              nvidia-smi): a number above 0; it never raises one
     APPLIER_NO_GPU_PROBE     1: do not run nvidia-smi; 0: run it (the default)
-    APPLIER_FAILPOINT        a failpoint name (applier/failpoints.py): the crash tests' kill switch
+    APPLIER_FAILPOINT        a failpoint name (applier/store/failpoints.py): the crash tests' kill switch
     NO_COLOR                 any non-empty value: no colour in the output (https://no-color.org)
 
 Unset or empty is the default. Anything else that is not a valid value (`abc`, `nan`, `inf`, a negative number, a
@@ -19,13 +19,16 @@ import math
 import os
 
 from applier.errors import EXIT_USAGE, ApplierError
-from applier.failpoints import NAMES as FAILPOINT_NAMES
 
 LOCK_TIMEOUT = "APPLIER_LOCK_TIMEOUT"
 DETECT_TIMEOUT = "APPLIER_DETECT_TIMEOUT"
 NO_GPU_PROBE = "APPLIER_NO_GPU_PROBE"
 FAILPOINT = "APPLIER_FAILPOINT"
 NO_COLOR = "NO_COLOR"
+
+# the failpoints applier/store/failpoints.py defines, named here so that this leaf module reads the store's kill
+# switch without importing the store (the store reads its settings from here)
+FAILPOINT_NAMES = ("after-backups", "after-journal", "after-first-file", "after-files", "after-state")
 
 MAX_LOCK_WAIT_S = 24 * 3600.0      # a lock nobody releases within a day is not worth waiting for
 

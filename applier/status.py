@@ -6,18 +6,18 @@ from dataclasses import dataclass, field
 
 from applier import diffengine
 from applier.catalog import Patch
-from applier.allowlist import confinement_for
-from applier.confine import Confinement
+from applier.catalog.allowlist import confinement_for
+from applier.catalog.packmeta import read_pack
+from applier.catalog.planner import (PlanAction, load_file_patches, not_applicable_reason, plan_patch, reapply_plan,
+                             stale_advice)
 from applier.diffengine import FileState, HunkState
 from applier.errors import ApplierError, NoVariantError
-from applier.fsutil import MAX_READ_BYTES, sha256_bytes
-from applier.node_pack import Installer, find_copies
-from applier.overlays import manifest_pack
-from applier.pack import read_pack
-from applier.planner import (PlanAction, load_file_patches, not_applicable_reason, plan_patch, reapply_plan,
-                             stale_advice)
-from applier.record import pristine_hashes
-from applier.state import AppliedPatch, State
+from applier.pack.node_pack import Installer, find_copies
+from applier.pack.overlays import manifest_pack
+from applier.store.confine import Confinement
+from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
+from applier.store.record import pristine_hashes
+from applier.store.state import AppliedPatch, State
 from applier.strenum import StrEnum, assert_never
 from applier.target import Target
 

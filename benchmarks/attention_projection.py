@@ -27,7 +27,7 @@ FP8_KERNELS = ("cudnn_fp8",)
 
 def gpu_table() -> dict:
     """applier's GPU table (key -> applier.budget.Gpu)."""
-    from applier.budget_data import load_budget_data
+    from applier.budget.data import load_budget_data
     return load_budget_data().gpus
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from applier import budget
-from applier.budget_data import DATA_DIR, load_budget_data
+from applier.budget.data import DATA_DIR, load_budget_data
 
 if sys.version_info >= (3, 11):
     import tomllib

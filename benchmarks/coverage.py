@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from applier.catalog import load_catalog
+from applier.catalog.check import CellState, CoverageReport, check_catalog
 from applier.resources import PATCHES_DIR
-from applier.catalog_check import CellState, CoverageReport, check_catalog
 
 REPO = Path(__file__).resolve().parent.parent
 CELL_TEXT = {

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from applier import overlay_check
+from applier.pack import check as overlay_check
 
 from .results import write_json
 

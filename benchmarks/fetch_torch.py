@@ -1,4 +1,4 @@
-"""Fill the torch upstream cache that `applier.catalog_check` and docs/coverage.md are built from.
+"""Fill the torch upstream cache that `applier.catalog.check` and docs/coverage.md are built from.
 
 For each torch release, download the small macOS arm64 wheel (the pure-Python torch/cuda/*.py files are identical
 across platforms), keep only what the catalog's diffs and version detection need, and delete the wheel:

@@ -113,7 +113,7 @@ def main() -> None:
         print("DIFFERENT after revert:\n  " + "\n  ".join(changed))
         sys.exit(1)
     print(f"all {len(before)} files under the ComfyUI tree and torch/cuda are byte-identical to before apply")
-    from applier.record import pristine_hashes   # make demo runs .venv's python, where applier is installed
+    from applier.store.record import pristine_hashes   # make demo runs .venv's python, where applier is installed
     record = pristine_hashes(site)
     cuda_files = [p for p in (site / "torch" / "cuda").glob("*.py")]
     bad = [p for p in cuda_files

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from applier import budget
-from applier.budget_data import DATA_DIR, BudgetDataError, load_budget_data
+from applier.budget.data import DATA_DIR, BudgetDataError, load_budget_data
 from applier.cli import cli
 from applier.errors import EXIT_REFUSED, EXIT_USAGE
 from tests.fixtures.comfy_tree import build_comfy_tree
@@ -300,7 +300,7 @@ def test_patched_caps_are_read_from_the_files_as_they_are(tmp_path):
 
 
 def test_pillows_bound_comes_from_the_targets_own_pil(tmp_path):
-    from applier.budget_caps import pillow_bound, resolution_readers
+    from applier.budget.caps import pillow_bound, resolution_readers
     from applier.target import Target
     comfy = build_comfy_tree(tmp_path / "ComfyUI", era="latest", layout="plain")
     site = tmp_path / "site-packages"
@@ -411,7 +411,7 @@ def test_the_budget_imports_no_torch(comfy):
 # ---------------------------------------------------------------- data
 
 def test_the_budget_model_reads_no_file_and_prints_nothing():
-    tree = ast.parse((REPO / "applier" / "budget.py").read_text())
+    tree = ast.parse((REPO / "applier" / "budget" / "__init__.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

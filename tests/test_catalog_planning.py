@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from applier.catalog import load_catalog
+from applier.catalog.planner import clear_record_command, load_file_patches, plan_apply, plan_patch, reapply_plan
 from applier.detect import detect
 from applier.errors import EXIT_REFUSED, NoVariantError, RefusedError, UnsafePathError
-from applier.planner import clear_record_command, load_file_patches, plan_apply, plan_patch, reapply_plan
 from tests.shelltools import EXEC_DIFF, MAXRES_DIFF, cli_json, make_comfy, run_cli, tree_bytes, write_patch
 
 HELPER_DIFF = """\

@@ -11,7 +11,7 @@ from applier.catalog import load_catalog
 from applier.cli import cli
 from applier.detect import detect
 from applier.errors import DriftError, RefusedError
-from applier.overlays import install, listing, uninstall
+from applier.pack.overlays import install, listing, uninstall
 from shelltools import REPO, cli_json, make_comfy, make_torch_env, run_cli, tree_bytes, write_patch
 
 

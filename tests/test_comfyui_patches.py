@@ -19,11 +19,11 @@ import pytest
 
 from applier import diffengine
 from applier.catalog import load_catalog
-from applier.catalog_check import is_release_version
+from applier.catalog.check import is_release_version
+from applier.catalog.planner import choose_variant
 from applier.detect import detect
 from applier.diffengine import HunkState
 from applier.errors import HunkConflict
-from applier.planner import choose_variant
 from tests.fixtures.comfy_tree import ERAS, STOCK_PIL_LIMIT, build_comfy_tree, eras
 
 REPO = Path(__file__).resolve().parent.parent
@@ -391,7 +391,7 @@ def test_the_helper_is_shipped_once_and_each_variant_holds_only_its_call_line(co
 def test_a_release_between_the_ranges_is_served_by_a_clean_dry_run_or_not_applicable(tmp_path, comfy_patches):
     """0.3.76-0.14.x: no variant's range covers them (nobody has read their files yet). A clean dry run decides, as
     for a release past the catalog, and says so; a text no variant fits is not applicable, with the reason."""
-    from applier.planner import plan_patch
+    from applier.catalog.planner import plan_patch
     tree = build_comfy_tree(tmp_path / "t", era="0.38", layout="plain")
     (tree / "comfyui_version.py").write_text('__version__ = "0.5.0"\n')
     oom = comfy_patches["comfyui/oom-retry"]
@@ -405,8 +405,8 @@ def test_a_release_between_the_ranges_is_served_by_a_clean_dry_run_or_not_applic
 
 def test_pil_pixel_limit_is_refused_on_a_tree_without_max_resolution(tmp_path, comfy_patches):
     """Checkouts of 2023-01..03-21 had the hunk's context but no MAX_RESOLUTION: applying would break the import."""
+    from applier.catalog.planner import plan_apply
     from applier.errors import RefusedError
-    from applier.planner import plan_apply
     root = build_comfy_tree(tmp_path / "t", era="2023-04", layout="plain")
     nodes = root / "nodes.py"
     nodes.write_text(nodes.read_text().replace("MAX_RESOLUTION=8192\n", "").replace("MAX_RESOLUTION", "8192"))

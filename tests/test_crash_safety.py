@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from applier import failpoints
+from applier.store import failpoints
 from shelltools import REPO, cli_json, make_catalog, make_comfy, run_cli, tree_bytes, write_patch
 
 
@@ -59,8 +59,8 @@ def test_a_second_concurrent_run_waits_then_fails_clearly(tmp_path):
     comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time; from applier.lock import target_lock; from applier.state import StateStore\n"
-         "from applier.confine import Confinement; from pathlib import Path\n"
+         "import sys,time; from applier.store.lock import target_lock; from applier.store.state import StateStore\n"
+         "from applier.store.confine import Confinement; from pathlib import Path\n"
          f"d = Path({str(comfy / '.applier')!r})\n"
          "with target_lock(StateStore(d, Confinement({}, d))):\n"
          "    print('held', flush=True); time.sleep(30)"],
@@ -124,10 +124,11 @@ def test_verify_finishes_an_interrupted_apply_before_judging(tmp_path):
 def test_disk_full_mid_run_rolls_back_and_says_so(tmp_path, monkeypatch):
     import errno
 
-    from applier import journal, operations
+    from applier import operations
     from applier.catalog import load_catalog
     from applier.detect import detect
     from applier.errors import IOFailure
+    from applier.store import journal
 
     comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
     before = tree_bytes(comfy)

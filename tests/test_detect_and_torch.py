@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from applier.detect import detect
-from applier.record import pristine_hashes
+from applier.store.record import pristine_hashes
 from applier.target import GPU
 from shelltools import cli_json, make_catalog, make_comfy, make_torch_env, run_cli, write_patch
 
@@ -358,7 +358,7 @@ def test_a_folder_holding_two_comfyui_folders_is_refused_naming_both(tmp_path):
 
 
 def test_a_record_with_garbage_digests_or_a_nul_is_read_as_far_as_it_makes_sense(tmp_path):
-    from applier.record import read_record
+    from applier.store.record import read_record
     record = tmp_path / "RECORD"
     good = "torch/a.py,sha256=" + "A" * 43 + ",10\n"
     record.write_text("torch/x.py,sha256=!!!*,12\n" + good)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from applier import diffengine
-from applier.authoring import add_variant
 from applier.catalog import load_patch
+from applier.catalog.authoring import add_variant
 from applier.errors import RefusedError
 
 

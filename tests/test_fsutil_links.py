@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from applier import fsutil
-from applier.confine import Confinement, OverlayPrefixes
-from applier.fsutil import LeadsOutside, NotRegularFile, read_inside, read_regular, remove_stale_bytecode
-from applier.record import pristine_hashes
+from applier.store import fsutil
+from applier.store.confine import Confinement, OverlayPrefixes
+from applier.store.fsutil import LeadsOutside, NotRegularFile, read_inside, read_regular, remove_stale_bytecode
+from applier.store.record import pristine_hashes
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_a_record_a_link_leads_out_of_site_packages_is_no_record(tmp_path):
 
 
 def test_a_record_too_large_to_be_pips_is_no_record_either(tmp_path, monkeypatch):
-    from applier import record
+    from applier.store import record
     site = tmp_path / "site-packages"
     dist = site / "torch-2.0.dist-info"
     dist.mkdir(parents=True)
@@ -128,7 +128,7 @@ def test_a_record_too_large_to_be_pips_is_no_record_either(tmp_path, monkeypatch
 
 def test_a_file_where_a_folder_must_be_is_named_as_such_not_as_permission_denied(tmp_path):
     from applier.errors import IOFailure
-    from applier.fsutil import check_writable
+    from applier.store.fsutil import check_writable
     (tmp_path / "custom_nodes").write_text("not a folder\n")
     with pytest.raises(IOFailure, match="a folder on the way is a file"):
         check_writable(tmp_path / "custom_nodes" / "comfyui_fused_dit" / "__init__.py")

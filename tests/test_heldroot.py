@@ -1,4 +1,4 @@
-"""The held install handle (applier/heldroot.py): links resolved under the root by its own rules, never followed
+"""The held install handle (applier/store/heldroot.py): links resolved under the root by its own rules, never followed
 out; writes atomic and keeping the replaced file's rights; walks iterative and bounded. The fd-based HeldRoot and
 the path fallback (PathRoot, for platforms without dir_fd) are held to the same rules where they can be."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from applier.heldroot import (HeldRoot, LeadsOutside, NotRegularFile, PathRoot, WalkLimit, is_temp_name,
+from applier.store.heldroot import (HeldRoot, LeadsOutside, NotRegularFile, PathRoot, WalkLimit, is_temp_name,
                               temp_name)
 
 KINDS = [HeldRoot, PathRoot]

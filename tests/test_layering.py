@@ -1,5 +1,5 @@
-"""The applier package is layered one way: no import cycle, function-level imports counted, and nothing below the
-CLI prints."""
+"""The applier package is layered one way: its subpackages are the layers (LAYERS), imports run down only between
+them, no import cycle anywhere, function-level imports counted, and nothing below the CLI prints."""
 from __future__ import annotations
 
 import ast
@@ -83,18 +83,78 @@ def test_applier_has_no_import_cycle_function_level_imports_included():
     assert cycle is None, " -> ".join(cycle)
 
 
+# applier/'s layers, top to bottom (docs/architecture.md): a module imports its own group or a lower layer, never
+# a group of its own layer or above. A group is a subpackage or a top-level module; the small shared modules are one
+# group, the leaves, and import only each other.
+LAYERS = (
+    ("entry", ("applier.__main__",)),
+    ("cli", ("applier.cli",)),
+    ("commands", ("applier.operations", "applier.status", "applier.detect")),
+    ("installers", ("applier.pack", "applier.budget")),
+    ("catalog", ("applier.catalog",)),
+    ("diff engine", ("applier.diffengine",)),
+    ("store", ("applier.store",)),
+    ("leaves", ("applier.errors", "applier.settings", "applier.subproc", "applier.resources", "applier.target",
+                "applier.strenum")),
+)
+LEAVES = LAYERS[-1][1]
+
+
+def group_of(module: str) -> tuple[int, str] | None:
+    """(layer index, group) of an applier module: its subpackage or top-level module, the leaves as one group."""
+    for index, (_, groups) in enumerate(LAYERS):
+        for group in groups:
+            if module == group or module.startswith(group + "."):
+                return index, "leaves" if group in LEAVES else group
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        here = group_of(module)
+        for other in sorted(imported):
+            there = group_of(other)
+            if here is None or there is None:
+                continue
+            if there[1] != here[1] and there[0] <= here[0]:
+                wrong.append(f"{module} imports {other} ({LAYERS[here[0]][0]} -> {LAYERS[there[0]][0]})")
+    return wrong
+
+
+def test_every_applier_module_sits_in_a_layer():
+    graph = import_graph()
+    assert [m for m in graph if m != "applier" and group_of(m) is None] == []
+
+
+def test_the_layer_check_finds_a_planted_upward_import():
+    assert upward_imports({"applier.store.lock": {"applier.catalog.planner"}})
+    assert upward_imports({"applier.operations": {"applier.status"}})      # one layer, two groups: no import
+    assert upward_imports({"applier.settings": {"applier.store.failpoints"}})
+    assert not upward_imports({"applier.catalog.planner": {"applier.catalog", "applier.store.paths",
+                                                           "applier.diffengine.model", "applier.errors"}})
+
+
+def test_imports_run_one_way_between_the_layers():
+    assert upward_imports(import_graph()) == []
+
+
+def test_every_subpackage_is_a_layer_folder():
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    named = {g.split(".")[1] for _, groups in LAYERS for g in groups if (PACKAGE / g.split(".")[1]).is_dir()}
+    assert folders - {"_data"} == named
+
+
 def test_confinement_knows_neither_the_catalog_nor_the_overlay_pack():
     graph = import_graph()
-    assert graph["applier.confine"] <= {"applier.errors", "applier.paths", "applier.heldroot", "applier.fsutil"}
+    assert graph["applier.store.confine"] <= {"applier.errors", "applier.store.paths", "applier.store.heldroot",
+                                              "applier.store.fsutil"}
 
 
 def test_the_state_folder_layer_does_not_reach_up():
     graph = import_graph()
-    above = {"applier.journal", "applier.operations", "applier.overlays", "applier.status", "applier.planner",
-             "applier.allowlist", "applier.cli", "applier.catalog"}
-    for low in ("applier.fsutil", "applier.confine", "applier.state", "applier.lock"):
-        assert not graph[low] & above, (low, graph[low] & above)
-    assert not graph["applier.journal"] & (above - {"applier.journal"})
+    for low in ("applier.store.fsutil", "applier.store.confine", "applier.store.state", "applier.store.lock"):
+        assert "applier.store.journal" not in graph[low], low
 
 
 def test_every_module_says_what_it_owns_in_its_first_docstring_line():

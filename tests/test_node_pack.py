@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from applier.catalog.packmeta import read_pack
 from applier.errors import RefusedError
-from applier.node_pack import export, registry_metadata, standalone_files
-from applier.pack import read_pack
+from applier.pack.node_pack import export, registry_metadata, standalone_files
 from shelltools import REPO, cli_json, make_comfy, make_torch_env, run_cli
 from tests.fixtures.comfy_tree import build_comfy_tree
 
@@ -200,7 +200,7 @@ def test_a_copied_node_without_its_package_is_said_to_fail_when_it_runs(tmp_path
 
 
 def test_export_into_an_earlier_clone_never_writes_through_a_link_out(tmp_path):
-    from applier.heldroot import LeadsOutside
+    from applier.store.heldroot import LeadsOutside
     dest = tmp_path / "clone"
     export(dest)
     outside = tmp_path / "outside"

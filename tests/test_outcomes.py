@@ -7,11 +7,11 @@ import pytest
 
 from applier import cli
 from applier.budget import VerdictKind
-from applier.catalog_check import CellState
+from applier.catalog.check import CellState
+from applier.catalog.planner import PlanAction
 from applier.diffengine import FileState, HunkReport, HunkState
-from applier.node_pack import Installer
 from applier.operations import FileOutcome, backup_done_with
-from applier.planner import PlanAction
+from applier.pack.node_pack import Installer
 from applier.status import DRIFT, STATES, PatchState, installed_by_words
 
 ENUMS = (PlanAction, FileOutcome, PatchState, Installer, VerdictKind, HunkState, FileState, CellState)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from applier import overlay_check
 from applier.errors import BadTargetError, RefusedError
+from applier.pack import check as overlay_check
 from tests.shelltools import REPO, cli_json, run_cli
 
 LAYERS_03 = '''
@@ -300,7 +300,7 @@ def test_the_cli_exits_9_on_a_folder_without_comfyui(tmp_path):
 def test_the_check_never_imports_torch(tmp_path):
     tree = write_tree(tmp_path, "0.3")
     script = ("import sys; sys.modules['torch'] = None\n"
-              "from applier.overlay_check import check_tree\n"
+              "from applier.pack.check import check_tree\n"
               f"print(len(check_tree({str(tree)!r})['models']))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr

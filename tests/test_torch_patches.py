@@ -31,9 +31,9 @@ from packaging.version import Version
 
 from applier import diffengine
 from applier.catalog import load_catalog, load_patch
-from applier.resources import PATCHES_DIR
-from applier.catalog_check import CellState, check_catalog
+from applier.catalog.check import CellState, check_catalog
 from applier.errors import HunkConflict
+from applier.resources import PATCHES_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 PROBES = REPO / "verify" / "probes"

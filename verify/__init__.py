@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from applier.catalog import Patch
 from applier.errors import ApplierError, RefusedError
-from applier.fsutil import read_regular
+from applier.store.fsutil import read_regular
 from applier.subproc import text_for_child
 from applier.target import Target
 
@@ -38,7 +38,7 @@ DEFAULT_KERNEL_TIMEOUT_S = 900.0
 class VerifyOptions:
     target: Target
     catalog: list[Patch]
-    state: Any = None                    # applier.state.State; None reads as "nothing applied"
+    state: Any = None                    # applier.store.state.State; None reads as "nothing applied"
     device: str = "auto"                 # "auto" | "cuda" | "cpu", passed to every probe
     kernels: bool = False                # also run kernel parity (slow without a GPU)
     real_import: bool = False            # import the target's ComfyUI in its interpreter (seconds, needs torch)
@@ -87,8 +87,8 @@ class VerifyContext:
     def statuses(self) -> list:
         """applier.status.compute_status for the whole catalog, computed once."""
         if self._statuses is None:
-            from applier.state import State
             from applier.status import compute_status   # imported late: only integrity needs it
+            from applier.store.state import State
             state = self.options.state if self.options.state is not None else State()
             self._statuses = list(compute_status(self.target, self.catalog, state))
         return self._statuses

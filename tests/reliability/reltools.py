@@ -28,7 +28,7 @@ PATCHED = {
     "execution.py": EXECUTION_PY.replace("def execute(node):\n",
                                          "def execute(node):\n    # retried once by the test patch\n").encode(),
 }
-FAILPOINT_EXIT = 77                      # applier/failpoints.py EXIT_CODE
+FAILPOINT_EXIT = 77                      # applier/store/failpoints.py EXIT_CODE
 SKIP_PARTS = {".applier", "__pycache__", ".git"}
 
 

@@ -1,5 +1,5 @@
 """Section 1, the failpoint matrix: apply, revert, overlay install and overlay uninstall killed at every named
-failpoint (APPLIER_FAILPOINT, applier/failpoints.py; the killed run is a forked child of the test process); then
+failpoint (APPLIER_FAILPOINT, applier/store/failpoints.py; the killed run is a forked child of the test process); then
 each of status / list / apply / revert / overlay list / overlay uninstall, as the next command, must finish the run
 (journal committed) or roll it back (not yet committed): every file all old or all new, the state agreeing with the
 files, no temp file, no empty folder, no pending journal; and revert + overlay uninstall afterwards still bring back
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from applier import failpoints
+from applier.store import failpoints
 from reltools import (FAILPOINT_EXIT, INTERRUPTED, NEXT, cli, consistency_problems, effect_of, fork_cli,
                       make_install, problems_of, removal_problems, restore, set_up, stash, wait_exit)
 

@@ -211,7 +211,7 @@ def test_a_worktree_keeps_applier_out_of_git_status_without_touching_the_main_ch
 # ------------------------------------------------------------------------------ the target's identity
 
 def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, monkeypatch, tmp_path):
-    from applier import journal
+    from applier.store import journal
     moved = tmp_path / "moved"
     real = journal.failpoint
 
@@ -233,7 +233,7 @@ def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, 
 
 def test_a_target_deleted_while_apply_runs_is_not_recreated(plain, monkeypatch):
     import shutil
-    from applier import journal
+    from applier.store import journal
     real = journal.failpoint
 
     def delete_at(name):
@@ -251,8 +251,8 @@ def test_a_target_deleted_while_apply_runs_is_not_recreated(plain, monkeypatch):
 def hold_lock(root: Path) -> subprocess.Popen:
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time; from applier.lock import target_lock; from applier.state import StateStore\n"
-         "from applier.confine import Confinement; from pathlib import Path\n"
+         "import sys,time; from applier.store.lock import target_lock; from applier.store.state import StateStore\n"
+         "from applier.store.confine import Confinement; from pathlib import Path\n"
          f"d = Path({str(root / '.applier')!r})\n"
          "with target_lock(StateStore(d, Confinement({}, d))):\n"
          "    print('held', flush=True); time.sleep(60)"],
@@ -532,7 +532,7 @@ def test_probes_write_no_bytecode_into_the_target(tmp_path):
 
 
 def test_the_manifest_is_not_read_through_a_linked_state_folder(plain, outside, monkeypatch):
-    from applier.heldroot import HeldRoot
+    from applier.store.heldroot import HeldRoot
     (outside / "overlays.json").write_text(json.dumps({"format": 2, "package": "evil", "node": "evil", "files": []}))
     (plain.root / ".applier").symlink_to(outside, target_is_directory=True)
     opened = []

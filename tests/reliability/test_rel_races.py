@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from applier import failpoints, journal
+from applier.store import failpoints, journal
 from reltools import FAILPOINT_EXIT, REPO, assert_clean, child_env, cli, make_install, record_figure, snapshot
 
 pytestmark = pytest.mark.slow
@@ -177,7 +177,7 @@ def test_recovery_after_a_kill_never_finishes_through_a_swapped_link(tmp_path, o
 
 def test_a_link_swapped_into_applier_s_own_folder_is_refused_at_the_write(tmp_path, outside, monkeypatch):
     """The backups are written through the state folder's handle, which follows no link at all."""
-    from applier import state
+    from applier.store import state
     inst = make_install(tmp_path / "t", layout="plain")
     real_write = state.StateStore.write
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from applier.heldroot import HeldRoot
+from applier.store.heldroot import HeldRoot
 from reltools import assert_clean, cli, make_install, snapshot
 
 pytestmark = pytest.mark.slow

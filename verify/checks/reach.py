@@ -4,7 +4,7 @@ Read statically, with resolution.py's readers and within its bounds (never impor
 - MAX_RESOLUTION in nodes.py, and the core nodes (nodes.py, comfy_extras/) whose width/height input takes it as
   its max: a side above it is refused by ComfyUI's validation (FAIL);
 - Pillow's decompression-bomb bound as LoadImage meets it (the target's PIL/Image.py, raised where nodes.py raises
-  it: applier.budget_caps): an image above twice the bound is refused by Image.open (FAIL);
+  it: applier.budget.caps): an image above twice the bound is refused by Image.open (FAIL);
 - the tiled VAE nodes (classes named *Tiled in nodes.py and comfy_extras/): they take the canvas whole, as a LATENT
   or an IMAGE; their tile inputs' literal max bounds the tile, not the canvas, and is listed, never a finding;
 - hard-coded width/height/resolution caps in comfy_extras/ and custom_nodes/ (resolution.scan_resolution_caps),
@@ -152,9 +152,9 @@ def reach(ctx) -> CheckResult:
 
 
 def _pillow(ctx, root: Path, max_resolution: int | None, notes: list) -> tuple[int | None, str]:
-    """Pillow's bound once nodes.py has run, as `applier budget` reads it (applier.budget_caps)."""
-    from applier.budget_caps import pillow_bound
-    from applier.budget_data import load_budget_data
+    """Pillow's bound once nodes.py has run, as `applier budget` reads it (applier.budget.caps)."""
+    from applier.budget.caps import pillow_bound
+    from applier.budget.data import load_budget_data
     default = load_budget_data().measured.pillow_max_image_pixels
     return pillow_bound(ctx.target, root, max_resolution, default, resolution, notes)
 

@@ -2,7 +2,7 @@
 
 Both read source files statically with `ast` (never importing them): nodes.py's `MAX_RESOLUTION`, and the
 hard-coded caps in comfy_extras/ and custom_nodes/ that a raised MAX_RESOLUTION does not reach. Every read is
-bounded, of regular files only and of files that really lie inside the ComfyUI folder (applier.fsutil.read_inside):
+bounded, of regular files only and of files that really lie inside the ComfyUI folder (applier.store.fsutil.read_inside):
 the caps scan skips, with a WARN naming each, a FIFO, a device (a link to /dev/zero), a file over
 MAX_SCANNED_FILE_BYTES and a link leading outside the ComfyUI folder (comfy_extras/ or custom_nodes/ itself being
 one included); it never blocks on one nor follows a link out. The walk of custom_nodes/ is bounded and not
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from applier.errors import ApplierError
-from applier.fsutil import FileTooLarge, LeadsOutside, NotRegularFile, read_inside
-from applier.paths import real_inside
+from applier.store.fsutil import FileTooLarge, LeadsOutside, NotRegularFile, read_inside
+from applier.store.paths import real_inside
 
 from ..registry import CheckResult, Outcome, check
 

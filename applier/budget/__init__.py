@@ -1,7 +1,7 @@
 """What a canvas costs on a GPU: tokens, FLOPs, memory, seconds per step and a verdict (`applier budget`).
 
 Pure arithmetic over data: the GPU table, the model families and the measured efficiencies arrive as BudgetData
-(applier/budget_data.py reads them from applier/data/), the target's caps as TargetCaps (applier/budget_caps.py);
+(applier/budget/data.py reads them from applier/data/), the target's caps as TargetCaps (applier/budget/caps.py);
 nothing here reads a file or prints. The model (docs/budget.md):
 
     one forward = attention FLOPs / (bf16 peak x attention efficiency of the SDPA backend that runs)
@@ -12,6 +12,9 @@ nothing here reads a file or prints. The model (docs/budget.md):
 
 Efficiencies are fractions of the measuring GPU's published peaks; on any other GPU the same fractions of its own
 published peaks are a projection, and every time figure says which it is.
+
+The budget layer (this package) sits beside the overlay pack's installer: it imports only the store's bounded reads
+(caps.py) and the small shared modules.
 """
 from __future__ import annotations
 
@@ -201,7 +204,7 @@ class Cap:
 
 @dataclass(frozen=True)
 class TargetCaps:
-    """What the target's files allow, as read (applier/budget_caps.py)."""
+    """What the target's files allow, as read (applier/budget/caps.py)."""
     max_resolution: int | None
     max_resolution_where: str
     pillow_max_image_pixels: int | None      # None: no bound (someone set None)

@@ -8,8 +8,8 @@ from applier import diffengine
 from applier.catalog import FORMAT_DOC, Patch, Variant
 from applier.diffengine import FilePatch, FilePlan, HunkState
 from applier.errors import ApplierError, HunkConflict, NoVariantError, RefusedError, UnsafePathError
-from applier.fsutil import read_inside_or_none
-from applier.paths import resolve_inside
+from applier.store.fsutil import read_inside_or_none
+from applier.store.paths import resolve_inside
 from applier.strenum import StrEnum
 from applier.target import Target
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import ModuleType
 
 from applier.errors import BadTargetError, RefusedError
-from applier.fsutil import read_inside_or_none
 from applier.resources import OVERLAYS_DIR, PACK_PACKAGE, load_pack_module
+from applier.store.fsutil import read_inside_or_none
 
 BLOCKS = "{blocks}"
 FAMILIES = ("norm_rope", "adaln", "gate", "fp8_linear")       # the families a variant of ComfyUI code serves

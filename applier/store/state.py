@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from applier import __version__
-from applier.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
-from applier.fsutil import MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, io_failure, kind_of
-from applier.heldroot import HeldRoot, hold
+from applier.store.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
+from applier.store.fsutil import MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, io_failure, kind_of
+from applier.store.heldroot import HeldRoot, hold
 
 STATE_FORMAT = 2
 READABLE_FORMATS = (1, 2)      # format 1 (applier 0.1) also kept an absolute "path" per file: it is ignored

@@ -7,18 +7,19 @@ import re
 import time
 from pathlib import Path
 
-from applier import __version__, journal
-from applier.allowlist import store_for
+from applier import __version__
 from applier.catalog import load_catalog
-from applier.confine import REPAIR_HINT, OverlayPrefixes, Place
+from applier.catalog.allowlist import store_for
+from applier.catalog.packmeta import pack_files, pack_prefixes, read_pack
 from applier.errors import DriftError, IOFailure, RefusedError, StateCorruptError
-from applier.fsutil import MAX_READ_BYTES, sha256_bytes
-from applier.journal import FileOp, place_sha
-from applier.lock import target_lock
-from applier.node_pack import find_copies
-from applier.pack import pack_files, pack_prefixes, read_pack
+from applier.pack.node_pack import find_copies
 from applier.resources import OVERLAYS_DIR
-from applier.state import SHA256, StateStore, check_format, read_state_document
+from applier.store import journal
+from applier.store.confine import REPAIR_HINT, OverlayPrefixes, Place
+from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
+from applier.store.journal import FileOp, place_sha
+from applier.store.lock import target_lock
+from applier.store.state import SHA256, StateStore, check_format, read_state_document
 from applier.target import Target
 
 def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path, bytes]]:

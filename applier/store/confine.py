@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier.errors import IOFailure, StateCorruptError
-from applier.fsutil import io_failure
-from applier.heldroot import HeldRoot, hold
-from applier.paths import STATE_DIR_NAME, real_inside
+from applier.store.fsutil import io_failure
+from applier.store.heldroot import HeldRoot, hold
+from applier.store.paths import STATE_DIR_NAME, real_inside
 
 ROOTS = ("comfyui", "site-packages")
 COMPONENT_ROOT = {"comfyui": "comfyui", "torch": "site-packages"}

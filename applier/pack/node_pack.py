@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from applier.catalog.packmeta import pack_files, read_pack
 from applier.errors import ApplierError, RefusedError
-from applier.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, read_inside_or_none
-from applier.heldroot import hold
-from applier.pack import pack_files, read_pack
 from applier.resources import OVERLAYS_DIR
+from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, read_inside_or_none
+from applier.store.heldroot import hold
 from applier.strenum import StrEnum
 
 if sys.version_info >= (3, 11):

@@ -8,10 +8,10 @@ import time
 from contextlib import contextmanager
 
 from applier.errors import LockedError, StateCorruptError
-from applier.fsutil import io_failure
-from applier.heldroot import supported
 from applier.settings import lock_timeout
-from applier.state import StateStore
+from applier.store.fsutil import io_failure
+from applier.store.heldroot import supported
+from applier.store.state import StateStore
 
 try:
     import fcntl

@@ -33,9 +33,9 @@ from packaging.version import InvalidVersion, Version
 
 from applier import diffengine
 from applier.catalog import Patch, Variant
+from applier.catalog.planner import load_file_patches
 from applier.diffengine import HunkState
 from applier.errors import ApplierError
-from applier.planner import load_file_patches
 from applier.strenum import StrEnum
 
 

@@ -16,7 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"   # applier/data/
 FILES = ("gpus.toml", "models.toml", "efficiency.toml")
 TOKEN_SETS = ("all", "image", "text")
 

@@ -8,7 +8,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from applier import diffengine
 from applier.catalog import Patch, load_patch
 from applier.errors import RefusedError
-from applier.fsutil import atomic_write
+from applier.store.fsutil import atomic_write
 
 
 def add_variant(patch: Patch, upstream: bytes, edited: bytes, relpath: str, versions: str, name: str):

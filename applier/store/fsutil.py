@@ -14,9 +14,9 @@ import stat
 from pathlib import Path
 
 from applier.errors import IOFailure
-from applier.heldroot import (SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside, NotRegularFile, hold,
+from applier.store.heldroot import (SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside, NotRegularFile, hold,
                               kind_of, parts_of, read_fd)
-from applier.paths import real_inside
+from applier.store.paths import real_inside
 
 # The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
 # holds one such file.

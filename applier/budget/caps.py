@@ -13,8 +13,8 @@ from pathlib import Path
 
 from applier.budget import Cap, TargetCaps
 from applier.errors import ApplierError
-from applier.fsutil import read_inside, read_inside_or_none
 from applier.resources import load_verify
+from applier.store.fsutil import read_inside, read_inside_or_none
 from applier.target import Target
 
 MAX_PIL_IMAGE_PY_BYTES = 4 * 1024 * 1024      # Pillow's Image.py is ~150 kB

@@ -1,12 +1,15 @@
-"""The overlay pack's metadata (`overlays/pack.toml`): its name, version, package and node folder names."""
+"""The overlay pack's metadata (`overlays/pack.toml`): its name, version, package and node folder names.
+
+It lives in the catalog, beside the patches' metadata, because the allow-list (allowlist.py) needs the pack's
+folders; the installer in applier/pack/ reads it from here."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from applier.confine import OverlayPrefixes
 from applier.errors import ApplierError, RefusedError
 from applier.resources import OVERLAYS_DIR
+from applier.store.confine import OverlayPrefixes
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,7 +8,7 @@ import io
 from pathlib import Path
 
 from applier.errors import IOFailure
-from applier.fsutil import read_inside
+from applier.store.fsutil import read_inside
 
 MAX_RECORD_BYTES = 64 * 1024 * 1024     # torch's RECORD is ~2 MB
 

@@ -19,15 +19,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from applier.confine import Place, legacy_relative
-from applier.errors import IOFailure, StateCorruptError
-from applier.failpoints import failpoint, hook
-from applier.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
-                            io_failure, remove_stale_bytecode_at, sha256_bytes)
-from applier.heldroot import HeldRoot, is_temp_name
-from applier.lock import target_lock
 from applier import __version__
-from applier.state import SHA256, State, StateStore, check_format, dump_json
+from applier.errors import IOFailure, StateCorruptError
+from applier.store.confine import Place, legacy_relative
+from applier.store.failpoints import failpoint, hook
+from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
+                            io_failure, remove_stale_bytecode_at, sha256_bytes)
+from applier.store.heldroot import HeldRoot, is_temp_name
+from applier.store.lock import target_lock
+from applier.store.state import SHA256, State, StateStore, check_format, dump_json
 
 JOURNAL_FORMAT = 2
 KEEP = object()              # manifest_after: leave the overlay manifest as it is

@@ -3,6 +3,9 @@
 patch.toml is data from a folder the user may point elsewhere (`--patches`): every key is checked for its type, and
 anything malformed (bytes that are not UTF-8, TOML errors, a key of the wrong type, a diff file outside the patch's
 folder) is a CatalogError naming the file and the key, exit 3, before anything is read from the target.
+
+The catalog layer (this package) reads, never writes: the planner (variant choice, file plans), the overlay pack's
+metadata (packmeta), the allow-list a target's state is checked against (allowlist), catalog check and authoring.
 """
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ from packaging.version import InvalidVersion, Version
 
 from applier.diffengine.parse import MAX_PATCH_BYTES
 from applier.errors import RefusedError
-from applier.fsutil import FileTooLarge, NotRegularFile, kind_of, read_regular
 from applier.resources import PATCHES_DIR
+from applier.store.fsutil import FileTooLarge, NotRegularFile, kind_of, read_regular
 
 # Where the catalog's format is described: the README inside this install's catalog (a wheel carries it too)
 FORMAT_DOC = (str(PATCHES_DIR / "README.md") if (PATCHES_DIR / "README.md").is_file()

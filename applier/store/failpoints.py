@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 
-NAMES = ("after-backups", "after-journal", "after-first-file", "after-files", "after-state")
+from applier.settings import FAILPOINT_NAMES as NAMES
+
 EXIT_CODE = 77
 
 

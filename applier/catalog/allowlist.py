@@ -3,11 +3,11 @@ pack, and the target's StateStore built on it. Confinement (below) is given this
 from __future__ import annotations
 
 from applier.catalog import Patch
-from applier.confine import ROOTS, COMPONENT_ROOT, Confinement, OverlayPrefixes
+from applier.catalog.packmeta import pack_prefixes
+from applier.catalog.planner import load_file_patches
 from applier.errors import ApplierError
-from applier.pack import pack_prefixes
-from applier.planner import load_file_patches
-from applier.state import StateStore
+from applier.store.confine import ROOTS, COMPONENT_ROOT, Confinement, OverlayPrefixes
+from applier.store.state import StateStore
 from applier.target import Target
 
 
