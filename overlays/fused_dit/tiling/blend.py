@@ -44,35 +44,59 @@ def repeat_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class Blender:
-    """The weighted sum of `outputs` predictions over a plan's tiles, shaped and placed like `like`."""
+    """The weighted sum of `outputs` predictions over a plan's tiles, shaped and placed like `like`. `skip` names
+    outputs that stay zero (ComfyUI's prediction for a conditioning of None): nothing is summed for them."""
 
-    def __init__(self, plan: Plan, like: torch.Tensor, outputs: int):
+    def __init__(self, plan: Plan, like: torch.Tensor, outputs: int, skip: frozenset = frozenset()):
         self.plan = plan
         dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-        self.sums = [torch.zeros(like.shape, dtype=dtype, device=like.device) for _ in range(outputs)]
+        self.skip = skip
+        self.sums = [None if index in skip else torch.zeros(like.shape, dtype=dtype, device=like.device)
+                     for index in range(outputs)]
+        self.like = like
         self.out_dtype = like.dtype
         self._profiles: dict = {}
-        self.weight_sum = torch.zeros(like.shape[-2:], dtype=dtype, device=like.device)
-        for box in plan.boxes:
-            self.weight_sum[box.y0:box.y1, box.x0:box.x1] += self.weight(box)
+        self.dtype, self.device = dtype, like.device
+        self.weight_sum = _weight_sum(plan, dtype, like.device, self.weight)
 
     def weight(self, box: Box) -> torch.Tensor:
         """The tile's 2-D weight: the product of its row and column profiles (1 where it alone covers a pixel)."""
         key = (box.row, box.col)
         if key not in self._profiles:
-            sums = self.sums[0] if self.sums else self.weight_sum
-            wy = torch.tensor(self.plan.weights("y", box.row), dtype=sums.dtype, device=sums.device)
-            wx = torch.tensor(self.plan.weights("x", box.col), dtype=sums.dtype, device=sums.device)
+            wy = torch.tensor(self.plan.weights("y", box.row), dtype=self.dtype, device=self.device)
+            wx = torch.tensor(self.plan.weights("x", box.col), dtype=self.dtype, device=self.device)
             self._profiles[key] = wy[:, None] * wx[None, :]
         return self._profiles[key]
 
     def add(self, output: int, boxes: tuple[Box, ...], predictions: torch.Tensor) -> None:
         """Add the stacked predictions of a batch of tiles (as `cut` stacked them) to output `output`."""
-        rows = predictions.shape[0] // len(boxes)
         target = self.sums[output]
+        if target is None:
+            return
+        rows = predictions.shape[0] // len(boxes)
+        predictions = predictions.to(device=target.device, dtype=target.dtype)
         for k, box in enumerate(boxes):
-            piece = predictions[k * rows:(k + 1) * rows].to(device=target.device, dtype=target.dtype)
-            target[..., box.y0:box.y1, box.x0:box.x1] += piece * self.weight(box)
+            target[..., box.y0:box.y1, box.x0:box.x1].addcmul_(predictions[k * rows:(k + 1) * rows], self.weight(box))
 
     def result(self, output: int) -> torch.Tensor:
-        return (self.sums[output] / self.weight_sum).to(self.out_dtype)
+        """The blend (in place of the sums: the blender is spent for this output)."""
+        if self.sums[output] is None:
+            return torch.zeros_like(self.like)
+        return self.sums[output].div_(self.weight_sum).to(self.out_dtype)
+
+
+# the summed weights of the last plans blended (a sampling run calls the blender once per model call, same plan)
+_WEIGHT_SUMS: dict = {}
+
+
+def _weight_sum(plan: Plan, dtype, device, weight) -> torch.Tensor:
+    key = (id(plan), dtype, str(device))
+    held = _WEIGHT_SUMS.get(key)
+    if held is not None and held[0] is plan:
+        return held[1]
+    total = torch.zeros((plan.height, plan.width), dtype=dtype, device=device)
+    for box in plan.boxes:
+        total[box.y0:box.y1, box.x0:box.x1] += weight(box)
+    _WEIGHT_SUMS.clear()                 # one plan at a time: a run's canvas, never a growing cache
+    _WEIGHT_SUMS[key] = (plan, total)
+    return total

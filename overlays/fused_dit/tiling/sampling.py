@@ -65,7 +65,7 @@ def tiled_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, time
     if layout.single:
         return executor(model, conds, x_in, timestep, model_options)
     rows = x_in.shape[0]
-    blender = Blender(layout, x_in, len(conds))
+    blender = Blender(layout, x_in, len(conds), skip=frozenset(i for i, cond in enumerate(conds) if cond is None))
     done = 0
     for boxes in layout.batches(per_batch):
         progress.check_cancel()
