@@ -27,6 +27,7 @@ import torch
 
 from .. import state
 from .blend import Blender, cut, cut_scaled, repeat_rows
+from .devices import spread
 from .plan import Box, Plan, PlanError
 
 
@@ -49,9 +50,12 @@ def untiled_reason(conds: list) -> str | None:
 
 def tiled_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, timestep: torch.Tensor,
                           model_options: dict, *, plan_for: Callable[[torch.Tensor], tuple[Plan, int]],
-                          progress: Progress | None = None, device: torch.device | None = None):
+                          progress: Progress | None = None, device: torch.device | None = None,
+                          devices: list | None = None, pool=None):
     """The CALC_COND_BATCH wrapper's body; `plan_for(x_in)` gives (plan, tiles per batch) for this latent. Each
-    batch of tiles runs on `device` (the model's; the canvas's own where None) and is blended where the canvas is."""
+    batch of tiles runs on `device` (the model's; the canvas's own where None) and is blended where the canvas is.
+    `devices`: (device, executor-like call for that device's model clone) pairs; with two or more the batches are
+    spread over them (devices.py, on `pool`'s threads where it is ComfyUI's and covers them), blended in plan order."""
     progress = progress or Progress()
     reason = untiled_reason(conds)
     if reason:
@@ -66,6 +70,12 @@ def tiled_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, time
         return executor(model, conds, x_in, timestep, model_options)
     rows = x_in.shape[0]
     blender = Blender(layout, x_in, len(conds), skip=frozenset(i for i, cond in enumerate(conds) if cond is None))
+    if devices is not None and len(devices) > 1:
+        if not _controls(conds):
+            return _on_devices(devices, pool, model, conds, x_in, timestep, model_options, layout, per_batch,
+                               blender, progress)
+        state.say_once("Tiled Sampling: a ControlNet's hint is cut in place for each batch: the batches of tiles "
+                       "are not spread over the multi-GPU clones")
     done = 0
     for boxes in layout.batches(per_batch):
         progress.check_cancel()
@@ -79,6 +89,34 @@ def tiled_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, time
             blender.add(index, boxes, predicted)
         done += tiles
         progress.advance(done, layout.count)
+    return [blender.result(index) for index in range(len(conds))]
+
+
+def _on_devices(devices: list, pool, model, conds: list, x_in: torch.Tensor, timestep: torch.Tensor,
+                model_options: dict, layout: Plan, per_batch: int, blender: Blender, progress: Progress) -> list:
+    """The batches over several devices: each cut and run on a worker's thread, blended here in plan order."""
+    rows = x_in.shape[0]
+
+    def runner(device: torch.device, call):
+        def run(boxes):
+            cut_conds = [None if cond is None else [_cut_entry(entry, boxes, layout, rows) for entry in cond]
+                         for cond in conds]
+            return call(model, cut_conds, cut(x_in, boxes).to(device), timestep.repeat(len(boxes)).to(device),
+                        model_options)
+        return run
+
+    def blend(boxes, outputs) -> None:
+        for index, predicted in enumerate(outputs):
+            blender.add(index, boxes, predicted)
+
+    done = [0]
+
+    def advance(tiles: int) -> None:
+        done[0] += tiles
+        progress.advance(done[0], layout.count)
+
+    spread(layout.batches(per_batch), [(torch.device(d), runner(torch.device(d), call)) for d, call in devices],
+           blend, advance=advance, check_cancel=progress.check_cancel, pool=pool)
     return [blender.result(index) for index in range(len(conds))]
 
 

@@ -10,12 +10,15 @@
   of one batch of tiles' memory, they stay on the host and the sampler steps there: only a batch of tiles goes to
   the GPU, so the device's peak tracks a tile (within that tenth), not the canvas.
 - CALC_COND_BATCH (every model call): sampling.tiled_calc_cond_batch with the run's plan; a call outside a run
-  (a sampler path without SAMPLER_SAMPLE) plans from the latent it is given.
+  (a sampler path without SAMPLER_SAMPLE) plans from the latent it is given. Where ComfyUI's model_options carry
+  multi-GPU clones of the model (`multigpu_clones`, and its `multigpu_thread_pool`), the batches of tiles are spread
+  over the clones' devices (devices.py); without them, or in a ComfyUI without multi-GPU support, one device.
 
 Cancel (ComfyUI's interrupt) is honoured between two batches of tiles.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -33,6 +36,8 @@ HOST_SHARE = 0.1          # the canvas on the host when its tensors exceed this 
 # the sampler's x, noise, denoised, its step's d and the latent image, and the blender's sum and result
 CANVAS_COPIES = 7
 CANVAS_PLACES = ("auto", "gpu", "host")
+# ComfyUI's model_options keys for its multi-GPU clones and their threads (comfy/samplers.py outer_sample)
+MULTIGPU_CLONES, MULTIGPU_POOL = "multigpu_clones", "multigpu_thread_pool"
 log = logging.getLogger("fused_dit")
 
 
@@ -180,7 +185,54 @@ class TiledSampling:
             advance=(lambda done, total: run.advance(done, total, timestep)) if run is not None else Progress.advance,
             check_cancel=_check_cancel)
         return tiled_calc_cond_batch(executor, model, conds, x_in, timestep, model_options, plan_for=plan_for,
-                                     progress=progress, device=self.device)
+                                     progress=progress, device=self.device,
+                                     devices=multigpu_devices(executor, model_options),
+                                     pool=model_options.get(MULTIGPU_POOL) if isinstance(model_options, dict) else None)
+
+
+def multigpu_devices(executor, model_options) -> list | None:
+    """ComfyUI's multi-GPU clones of the model as (device, executor-like call) pairs: `model_options[
+    'multigpu_clones']` (load device -> ModelPatcher, the main one included), which ComfyUI's outer_sample sets where
+    the workflow made clones (its MultiGPU nodes). None where there are fewer than two, or the ComfyUI has no such key
+    (one device: the single-device loop)."""
+    clones = model_options.get(MULTIGPU_CLONES) if isinstance(model_options, dict) else None
+    if not isinstance(clones, dict) or len(clones) < 2:
+        return None
+    pairs = []
+    for device, patcher in clones.items():
+        base = getattr(patcher, "model", None)
+        if base is None:
+            state.say_once("Tiled Sampling: a multi-GPU clone holds no model: the tiles run on one device")
+            return None
+        device = torch.device(device)
+        pairs.append((device, _clone_call(executor, base, device, _options_for(model_options, device))))
+    return pairs
+
+
+def _options_for(model_options: dict, device: torch.device) -> dict:
+    """One device's model_options: without the multi-GPU keys (ComfyUI's _calc_cond_batch would split the batch
+    over the devices again), the sampler's sigmas on the device."""
+    options = {key: value for key, value in model_options.items() if key not in (MULTIGPU_CLONES, MULTIGPU_POOL)}
+    transformer = options.get("transformer_options")
+    if isinstance(transformer, dict) and isinstance(transformer.get("sample_sigmas"), torch.Tensor):
+        options["transformer_options"] = {**transformer, "sample_sigmas": transformer["sample_sigmas"].to(device)}
+    return options
+
+
+def _clone_call(executor, base_model, device: torch.device, options: dict):
+    """The rest of ComfyUI's CALC_COND_BATCH chain on one clone's model, with the device current on the thread."""
+    def call(model, conds, x_in, timestep, model_options):
+        with _device_context(device):
+            return executor(base_model, conds, x_in, timestep, options)
+    return call
+
+
+def _device_context(device: torch.device):
+    try:
+        import comfy.model_management as mm
+        return mm.cuda_device_context(device)
+    except (ImportError, AttributeError):
+        return contextlib.nullcontext()
 
 
 def describe(settings: Settings, shape: ModelShape, latent_shape, where: str) -> str:
