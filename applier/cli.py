@@ -141,6 +141,12 @@ class Invocation:
             self._catalog = load_catalog(self.patches_dir)
         return self._catalog
 
+    def install(self, overlay=None):
+        """The install opened once for this command (a context manager): its held roots, state store, lock and
+        journal, confined to what the catalog (and the overlay pack, overlay's folders) may touch."""
+        from applier.catalog.allowlist import install_for
+        return install_for(self.target(), self.catalog, overlay)
+
 
 pass_invocation = click.make_pass_decorator(Invocation, ensure=True)
 
@@ -182,20 +188,16 @@ def target_options(func):
     return func
 
 
-def remember_interpreter(invocation: Invocation) -> None:
+def remember_interpreter(invocation: Invocation, install) -> None:
     """After a command that wrote with --python: record that interpreter for this install's later commands."""
-    from applier.catalog.allowlist import store_for
-    from applier.store.lock import target_lock
     from applier.store.state import read_interpreter
-    found = invocation.target()
+    found = install.target
     if invocation.python is None or found.python is None:
         return
     chosen = Path(os.path.abspath(found.python))
     if read_interpreter(found.state_dir) == chosen:   # already recorded: no lock, no write
         return
-    store = store_for(found, invocation.catalog)
-    with target_lock(store):
-        store.record_interpreter(chosen)
+    install.record_interpreter(chosen)
 
 
 def say_interpreter(found) -> None:
@@ -428,9 +430,10 @@ def apply(invocation, only, skip, dry_run, fuzz):
     catalog = invocation.catalog
     chosen = select_patches(catalog, tuple(only), tuple(skip))
     explicit = bool(only) and all(o not in COMPONENTS for o in only)
-    result = operations.apply(found, chosen, catalog=catalog, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
-    if not dry_run:
-        remember_interpreter(invocation)
+    with invocation.install() as install:
+        result = operations.apply(install, chosen, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
+        if not dry_run:
+            remember_interpreter(invocation, install)
     stale = [{"id": pid, "advice": advice} for pid, advice in result.stale]
     if invocation.as_json:
         out_json({"ok": not stale, "dry_run": dry_run, "recovered": result.recovered,
@@ -514,12 +517,13 @@ def revert(invocation, only, force, dry_run, forget):
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, tuple(only))
-    if forget:   # its own operation, spelled as revert's adverb on the command line
-        result = operations.forget(found, catalog, tuple(only), dry_run=dry_run)
-    else:
-        result = operations.revert(found, catalog, tuple(only), force=force, dry_run=dry_run)
-    if not dry_run:
-        remember_interpreter(invocation)
+    with invocation.install() as install:
+        if forget:   # its own operation, spelled as revert's adverb on the command line
+            result = operations.forget(install, tuple(only), dry_run=dry_run)
+        else:
+            result = operations.revert(install, catalog, tuple(only), force=force, dry_run=dry_run)
+        if not dry_run:
+            remember_interpreter(invocation, install)
     if invocation.as_json:
         return out_json({"ok": True, "dry_run": dry_run, "recovered": result.recovered,
                          "python": str(found.python) if found.python else None,
@@ -553,7 +557,8 @@ def accept(invocation, only):
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, tuple(only))
-    reports = operations.accept(found, catalog, tuple(only))
+    with invocation.install() as install:
+        reports = operations.accept(install, catalog, tuple(only))
     if invocation.as_json:
         return out_json({"ok": True, "patches": [{"id": r.id, "files": [vars(f) for f in r.files]}
                                                  for r in reports]})
@@ -573,7 +578,8 @@ def clean(invocation):
     """
     from applier import operations
     found = invocation.target()
-    result = operations.clean(found, invocation.catalog)
+    with invocation.install() as install:
+        result = operations.clean(install)
     if invocation.as_json:
         return out_json({"ok": True, "removed": result.removed, "existed": result.existed, "kept": result.kept})
     if not result.existed:
@@ -729,7 +735,8 @@ def overlay_install(invocation):
     from applier.pack import overlays
     found = invocation.target()
     result = overlays.install(found, catalog=invocation.catalog)
-    remember_interpreter(invocation)
+    with invocation.install() as install:
+        remember_interpreter(invocation, install)
     if invocation.as_json:
         return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})
     say_interpreter(found)

@@ -11,19 +11,16 @@ from pathlib import Path
 
 from applier import __version__, diffengine
 from applier.catalog import Patch
-from applier.catalog.allowlist import store_for
 from applier.catalog.planner import PatchPlan, PlanAction, load_file_patches, plan_apply, stale_advice
 from applier.diffengine import HunkState
 from applier.errors import DriftError, HunkConflict, RefusedError
-from applier.store import journal
 from applier.store.confine import Place
 from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
+from applier.store.install import Install
 from applier.store.journal import FileOp, place_sha
-from applier.store.lock import target_lock
 from applier.store.record import pristine_hashes
 from applier.store.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, private_mode
 from applier.strenum import StrEnum, assert_never
-from applier.target import Target
 
 
 def now() -> str:
@@ -43,27 +40,25 @@ class ApplyResult:
         return [p for p in self.plans if p.action is PlanAction.APPLY]
 
 
-def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None = None, fuzz: int = 0,
-          dry_run: bool = False, explicit: bool = False) -> ApplyResult:
-    """Apply every selected patch or none. Already-applied patches are reported and left alone.
-
-    `catalog` (default: patches) is every patch the state may name: it bounds what the state can point at."""
-    store = store_for(target, catalog if catalog is not None else patches)
-    store.check_folder()
-    if dry_run and not store.dir.exists():
+def apply(install: Install, patches: list[Patch], *, fuzz: int = 0, dry_run: bool = False,
+          explicit: bool = False) -> ApplyResult:
+    """Apply every selected patch or none. Already-applied patches are reported and left alone. What the state may
+    name is bounded by the install's confinement (the whole catalog, opened by the command's entry)."""
+    target = install.target
+    fresh = not install.has_state()
+    if dry_run and fresh:
         result = ApplyResult(plan_apply(target, patches, fuzz=fuzz, explicit=explicit), dry_run=True)
-        result.stale = stale_records(target, store, result.plans, State())
+        result.stale = stale_records(install, result.plans, State())
         return result
-    with target_lock(store):
-        recovered = journal.recover(store)
-        state = store.load()
+    with install.transaction() as (recovered, state):
         plans = plan_apply(target, patches, fuzz=fuzz, explicit=explicit,
                            recorded={pid: rec.variant for pid, rec in state.applied.items()})
         result = ApplyResult(plans, dry_run, recovered)
         result.warnings += hardlink_warnings(plans)
-        result.stale = stale_records(target, store, plans, state)
+        result.stale = stale_records(install, plans, state)
         if dry_run or not result.applied:
             return result
+        store = install.store
         ops = merge_ops(plans)
         new_state = State(dict(state.applied))
         seq = state.next_seq()
@@ -76,8 +71,7 @@ def apply(target: Target, patches: list[Patch], *, catalog: list[Patch] | None =
             for path in written:
                 store.remove(path)
             raise io_failure(exc, store.backups, "write backups into") from exc
-        journal.execute(store, ops, new_state,
-                        f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
+        install.execute(ops, new_state, f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
         return result
 
 
@@ -101,7 +95,7 @@ def record_plan(store: StateStore, plan: PatchPlan, seq: int, fuzz: int, written
         fuzz=fuzz)
 
 
-def stale_records(target: Target, store: StateStore, plans: list[PatchPlan], state: State) -> list[tuple[str, str]]:
+def stale_records(install: Install, plans: list[PatchPlan], state: State) -> list[tuple[str, str]]:
     """Recorded patches whose files an update replaced and that no variant of this catalog can apply again:
     (id, advice). `apply` cannot clear that drift; the advice says what does."""
     out = []
@@ -109,9 +103,9 @@ def stale_records(target: Target, store: StateStore, plans: list[PatchPlan], sta
         record = state.applied.get(plan.patch.id)
         if plan.action is not PlanAction.NOT_APPLICABLE or record is None:
             continue
-        intact = all(place_sha(store.path_of(record, f)) == f.sha256_after for f in record.files)
+        intact = all(place_sha(install.store.path_of(record, f)) == f.sha256_after for f in record.files)
         if not intact:
-            out.append((plan.patch.id, stale_advice(target, plan.patch.id, plan.reason)))
+            out.append((plan.patch.id, stale_advice(install.target, plan.patch.id, plan.reason)))
     return out
 
 
@@ -212,41 +206,38 @@ class RevertResult:
 FileUndo = Callable[[StateStore, AppliedPatch, AppliedFile, bytes | None], tuple[FileOutcome, bytes | None, str]]
 
 
-def revert(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *, force: bool = False,
+def revert(install: Install, catalog: list[Patch], only: tuple[str, ...] = (), *, force: bool = False,
            dry_run: bool = False) -> RevertResult:
     """Restore the exact original bytes of every selected applied patch (latest first)."""
     by_id = {p.id: p for p in catalog}
-    pristine = functools.cache(lambda: pristine_hashes(target.site_packages))   # torch's RECORD, read under the lock
+    # torch's RECORD, read under the lock
+    pristine = functools.cache(lambda: pristine_hashes(install.target.site_packages))
 
     def restore(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None):
         return revert_file(store, rec, f, current, by_id.get(rec.id), pristine(), force)
-    return drop_records(target, catalog, only, restore, dry_run=dry_run)
+    return drop_records(install, only, restore, dry_run=dry_run)
 
 
-def forget(target: Target, catalog: list[Patch], only: tuple[str, ...] = (), *,
-           dry_run: bool = False) -> RevertResult:
+def forget(install: Install, only: tuple[str, ...] = (), *, dry_run: bool = False) -> RevertResult:
     """Drop the records of the selected applied patches and leave their files as they are (for patches an update
     replaced and no variant can reach any more); their backups move to .applier/displaced/. `applier revert
     --forget` on the command line."""
     def leave(store: StateStore, rec: AppliedPatch, f: AppliedFile, current: bytes | None):
         return FileOutcome.FORGOTTEN, current, "record dropped, file left as it is"
-    return drop_records(target, catalog, only, leave, dry_run=dry_run)
+    return drop_records(install, only, leave, dry_run=dry_run)
 
 
-def drop_records(target: Target, catalog: list[Patch], only: tuple[str, ...], undo_file: FileUndo, *,
-                 dry_run: bool) -> RevertResult:
+def drop_records(install: Install, only: tuple[str, ...], undo_file: FileUndo, *, dry_run: bool) -> RevertResult:
     """Revert and forget: undo_file decides each file of the selected records (latest patch first), then one
     journal run writes the files and the state without those records, and the backups no longer needed go."""
-    store = store_for(target, catalog)
+    store = install.store
     store.check_folder()
-    if not store.state_file.exists() and not journal.needs_recovery(store):
+    if not store.state_file.exists() and not install.needs_recovery():
         if only:
-            raise RefusedError(f"nothing recorded as applied in {target.root}: cannot revert {', '.join(only)}",
+            raise RefusedError(f"nothing recorded as applied in {install.root}: cannot revert {', '.join(only)}",
                                hint="`applier status` lists what is applied")
         return RevertResult([])
-    with target_lock(store):
-        recovered = journal.recover(store)
-        state = store.load()
+    with install.transaction() as (recovered, state):
         chosen = [rec for _, rec in state.in_order() if not only or rec.id in only or rec.component in only]
         unknown = [name for name in only if name not in state.applied and name not in ("comfyui", "torch")]
         if unknown:
@@ -276,7 +267,7 @@ def drop_records(target: Target, catalog: list[Patch], only: tuple[str, ...], un
         ops = [FileOp(path, originals[path], pending[path]) for path in pending if originals[path] != pending[path]]
         chosen_ids = {rec.id for rec in chosen}
         new_state = State({k: v for k, v in state.applied.items() if k not in chosen_ids})
-        journal.execute(store, ops, new_state, f"revert {', '.join(r.id for r in chosen)} in {target.root}")
+        install.execute(ops, new_state, f"revert {', '.join(r.id for r in chosen)} in {install.root}")
         tidy_after_revert(store, reports, new_state)
         return result
 
@@ -405,7 +396,7 @@ class AcceptReport:
     files: list[FileRevert]
 
 
-def accept(target: Target, catalog: list[Patch], only: tuple[str, ...]) -> list[AcceptReport]:
+def accept(install: Install, catalog: list[Patch], only: tuple[str, ...]) -> list[AcceptReport]:
     """Take the current bytes of each file of the named applied patches, edited by hand since apply, as their new
     patched state. Only where the patch's hunks are all still in the file (status "modified"); the record's
     sha256_after becomes the file's hash and the file is marked accepted, so that a later revert reverses only
@@ -413,11 +404,9 @@ def accept(target: Target, catalog: list[Patch], only: tuple[str, ...]) -> list[
     if not only:
         raise RefusedError("accept needs the patches to accept: --only ID (repeatable)",
                            hint="`applier status` lists the modified ones")
-    store = store_for(target, catalog)
+    store = install.store
     store.check_folder()
-    with target_lock(store):
-        journal.recover(store)
-        state = store.load()
+    with install.transaction() as (_, state):
         by_id = {p.id: p for p in catalog}
         unknown = [name for name in only if name not in state.applied]
         if unknown:
@@ -443,7 +432,7 @@ def accept(target: Target, catalog: list[Patch], only: tuple[str, ...]) -> list[
                 if not isinstance(reverse_in_place(rec, f, current, by_id.get(rec.id)), HunksReversed):
                     raise RefusedError(f"{path}: the hunks of {rec.id} are not all in the file, so it is not a "
                                        "patched file that could be accepted",
-                                       hint=f"`applier revert --target {target.root} --only {rec.id} --forget` drops "
+                                       hint=f"`applier revert --target {install.root} --only {rec.id} --forget` drops "
                                             "the record and leaves the file as it is")
                 new_files.append(AppliedFile(f.relpath, f.sha256_before, digest(current), f.backup, f.mode,
                                              accepted=True))
@@ -453,7 +442,7 @@ def accept(target: Target, catalog: list[Patch], only: tuple[str, ...]) -> list[
                 component_version=rec.component_version, applied_at=rec.applied_at,
                 applier_version=rec.applier_version, seq=rec.seq, fuzz=rec.fuzz)
             reports.append(AcceptReport(patch_id, files))
-        journal.execute(store, [], new_state, f"accept the edited files of {', '.join(only)} in {target.root}")
+        install.execute([], new_state, f"accept the edited files of {', '.join(only)} in {install.root}")
         return reports
 
 
@@ -466,22 +455,20 @@ class CleanResult:
     existed: bool = True          # there was a .applier/ to clean
 
 
-def clean(target: Target, catalog: list[Patch]) -> CleanResult:
+def clean(install: Install) -> CleanResult:
     """Remove `.applier/` from a target where nothing is applied and no overlay is installed. Bytes a forced
     revert saved (displaced/) are never removed: the folder then keeps only them."""
-    store = store_for(target, catalog)
+    store = install.store
     store.check_folder()
     if not os.path.lexists(store.dir):
         return CleanResult(False, [], existed=False)
-    with target_lock(store):
-        journal.recover(store)
-        state = store.load()
+    with install.transaction() as (_, state):
         if state.applied:
-            raise RefusedError(f"patches are applied in {target.root}: {', '.join(sorted(state.applied))}",
-                               hint=f"`applier revert --target {target.root}` first")
+            raise RefusedError(f"patches are applied in {install.root}: {', '.join(sorted(state.applied))}",
+                               hint=f"`applier revert --target {install.root}` first")
         if store.overlay_manifest.exists():
-            raise RefusedError(f"an overlay pack is installed in {target.root}",
-                               hint=f"`applier overlay uninstall --target {target.root}` first")
+            raise RefusedError(f"an overlay pack is installed in {install.root}",
+                               hint=f"`applier overlay uninstall --target {install.root}` first")
         for name in ("state.json", "journal.json", "python.json"):
             store.remove(store.dir / name)
         for folder in ("backups", "journal-data"):

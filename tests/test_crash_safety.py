@@ -126,6 +126,7 @@ def test_disk_full_mid_run_rolls_back_and_says_so(tmp_path, monkeypatch):
 
     from applier import operations
     from applier.catalog import load_catalog
+    from applier.catalog.allowlist import install_for
     from applier.detect import detect
     from applier.errors import IOFailure
     from applier.store import journal
@@ -142,8 +143,9 @@ def test_disk_full_mid_run_rolls_back_and_says_so(tmp_path, monkeypatch):
         return real_write(path, data, **kw)
 
     monkeypatch.setattr(journal, "write_target", write_then_fill_the_disk)
-    with pytest.raises(IOFailure, match="no space left"):
-        operations.apply(detect(comfy, gpu=False), load_catalog(catalog))
+    patches = load_catalog(catalog)
+    with pytest.raises(IOFailure, match="no space left"), install_for(detect(comfy, gpu=False), patches) as install:
+        operations.apply(install, patches)
     assert tree_bytes(comfy) == before                   # the first file was rolled back
     assert not (comfy / ".applier" / "journal.json").exists()
     assert not (comfy / ".applier" / "state.json").exists()

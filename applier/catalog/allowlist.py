@@ -7,6 +7,7 @@ from applier.catalog.packmeta import pack_prefixes
 from applier.catalog.planner import load_file_patches
 from applier.errors import ApplierError
 from applier.store.confine import ROOTS, COMPONENT_ROOT, Confinement, OverlayPrefixes
+from applier.store.install import open_install
 from applier.store.state import StateStore
 from applier.target import Target
 
@@ -38,3 +39,8 @@ def store_for(target: Target, catalog: list[Patch] | None = None,
               overlay: OverlayPrefixes | None = None) -> StateStore:
     """The target's `.applier/`, every read of it validated against confinement_for(target, catalog, overlay)."""
     return StateStore(target.state_dir, confinement_for(target, catalog, overlay), install_root=target.root)
+
+
+def install_for(target: Target, catalog: list[Patch] | None = None, overlay: OverlayPrefixes | None = None):
+    """The target's install opened once (a context manager), confined by confinement_for(target, catalog, overlay)."""
+    return open_install(target, confinement_for(target, catalog, overlay))
