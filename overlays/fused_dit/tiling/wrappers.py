@@ -35,7 +35,6 @@ PREPARE_SAMPLING, SAMPLER_SAMPLE, CALC_COND_BATCH = "prepare_sampling", "sampler
 HOST_SHARE = 0.1          # the canvas on the host when its tensors exceed this share of a batch's activations
 # the sampler's x, noise, denoised, its step's d and the latent image, and the blender's sum and result
 CANVAS_COPIES = 7
-CANVAS_PLACES = ("auto", "gpu", "host")
 # ComfyUI's model_options keys for its multi-GPU clones and their threads (comfy/samplers.py outer_sample)
 MULTIGPU_CLONES, MULTIGPU_POOL = "multigpu_clones", "multigpu_thread_pool"
 log = logging.getLogger("fused_dit")
