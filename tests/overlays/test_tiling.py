@@ -378,3 +378,20 @@ def test_the_node_module_and_the_planner_import_no_torch():
     code = ("import sys; sys.path.insert(0, 'overlays'); import comfyui_fused_dit.tiled_sampling, "
             "fused_dit.tiling.plan, fused_dit.tiling.models; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_runs_bar_counts_tiles_times_steps():
+    """One bar over the run: a model call's tiles count from its step (the sigma nearest its timestep) on."""
+    class Bar:
+        values: list = []
+
+        def update_absolute(self, value):
+            self.values.append(value)
+
+    layout = plan.plan(40, 40, 16, 4)
+    run = wrappers.Run(plan.Settings(128, 32, 2, layout, 1, ()), torch.tensor([1.0, 0.5, 0.0]), False,
+                       torch.device("cpu"), bar=Bar())
+    assert run.step_of(torch.tensor([0.5, 0.5])) == 1 and run.step_of(torch.tensor([1.0])) == 0
+    run.advance(2, layout.count, 0)
+    run.advance(layout.count, layout.count, 1)
+    assert run.bar.values == [2, 2 * layout.count]

@@ -4,8 +4,9 @@ name), with what planning needs of each. Data only, no torch.
 The architecture numbers are applier budget's (applier/data/models.toml: hidden, activation_widths, text_tokens,
 patch, the VAE's factor; tests/overlays/test_tiling.py keeps them equal), so that the node and the budget plan
 the same tiles with the same memory model. The tile is a size the model was trained at, from that file's tile_px;
-the overlap is the budget's (applier/data/efficiency.toml [tiling]). `max_batch`: tiles in one forward beyond
-which batching measured no faster per tile (benchmarks/results/tiled-0.33.0.json, key batching).
+the overlap is the budget's (applier/data/efficiency.toml [tiling]). `max_batch`: the most tiles in one forward;
+Flux's 8 is the batch the route was measured at (benchmarks/results/tiled-route-0.33.0.json, summary.routes),
+Qwen-Image takes Flux's (the same width), Wan's 2 is not measured (one 832 px tile of 81 frames is 33K tokens).
 """
 from __future__ import annotations
 

@@ -58,13 +58,16 @@ class Run:
     bar: object = None
     last_value: int = field(default=0)
 
-    def advance(self, done: int, total: int, timestep: torch.Tensor | None) -> None:
+    def step_of(self, timestep: torch.Tensor | None) -> int:
+        """The sampling step a model call belongs to: the schedule's sigma nearest its timestep (once per call)."""
+        if self.bar is None or self.sigmas is None or timestep is None or len(self.sigmas) < 2:
+            return 0
+        sigma = float(timestep.flatten()[0])
+        return int((self.sigmas[:-1] - sigma).abs().argmin())
+
+    def advance(self, done: int, total: int, step: int) -> None:
         if self.bar is None:
             return
-        step = 0
-        if self.sigmas is not None and timestep is not None and len(self.sigmas) > 1:
-            distance = (self.sigmas[:-1].to(timestep.device, torch.float32) - timestep.flatten()[0].float()).abs()
-            step = int(distance.argmin())
         value = max(self.last_value, step * total + done)
         self.last_value = value
         self.bar.update_absolute(value)
@@ -180,8 +183,9 @@ class TiledSampling:
             settings = run.settings if run is not None else self.settings_for(tuple(x.shape))
             return settings.plan, settings.batch
 
+        step = run.step_of(timestep) if run is not None else 0
         progress = Progress(
-            advance=(lambda done, total: run.advance(done, total, timestep)) if run is not None else Progress.advance,
+            advance=(lambda done, total: run.advance(done, total, step)) if run is not None else Progress.advance,
             check_cancel=_check_cancel)
         return tiled_calc_cond_batch(executor, model, conds, x_in, timestep, model_options, plan_for=plan_for,
                                      progress=progress, device=self.device,
