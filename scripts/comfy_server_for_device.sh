@@ -35,14 +35,14 @@ if [ "${1:-}" = "--kit" ]; then
     mkdir -p "$tmp/av/site" && python3 -m zipfile -e "$tmp"/av/av-*.whl "$tmp/av/site"
     (cd "$tmp/av/site" && tar cf - . | xz -9 -T2 > "$OLDPWD/$kit/av.tar.xz")
     # the peer of tiled-route (never committed): ComfyUI-TiledDiffusion as its mirror's HEAD, with its commit
-    peer="${TILED_DIFFUSION_MIRROR:-/work/.mirror/shiimizu+ComfyUI-TiledDiffusion/repo}"
+    peer="${TILED_DIFFUSION_MIRROR:-}"   # a git mirror of shiimizu/ComfyUI-TiledDiffusion
     if git --git-dir="$peer" rev-parse -q --verify HEAD >/dev/null 2>&1; then
         mkdir -p "$tmp/peer/ComfyUI-TiledDiffusion"
         git --git-dir="$peer" archive HEAD | tar x -C "$tmp/peer/ComfyUI-TiledDiffusion"
         git --git-dir="$peer" log -1 --format='%H%n%cI' HEAD > "$tmp/peer/ComfyUI-TiledDiffusion/REVISION"
         (cd "$tmp/peer" && tar cf - ComfyUI-TiledDiffusion | xz -9 -T2 > "$OLDPWD/$kit/tiled-diffusion.tar.xz")
     else
-        echo "no ComfyUI-TiledDiffusion mirror at $peer: the kit has no tiled-route peer"
+        echo "no ComfyUI-TiledDiffusion mirror (TILED_DIFFUSION_MIRROR=${peer:-unset}): the kit has no tiled-route peer"
     fi
     du -sh "$kit"/* "$kit"
     exit 0

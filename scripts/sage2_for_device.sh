@@ -2,7 +2,7 @@
 # SageAttention 2, the fp8 attention mode's yardstick (issue 38), built from its source on the device machine (no
 # network), then `python -m benchmarks attention-kernels --no-sweep` with it. Never committed: SageAttention's code
 # (Apache-2.0) comes from a git mirror into an ignored kit. Usage: benchmarks/README.md ("Device scripts").
-#   scripts/sage2_for_device.sh --kit [GIT_DIR [COMMIT]]   # here: .sage2-device/ (carry [".sage2-device"])
+#   scripts/sage2_for_device.sh --kit GIT_DIR [COMMIT]     # here: .sage2-device/ (carry [".sage2-device"])
 #   bash scripts/sage2_for_device.sh                       # there: the sm_90 extension into /tmp, then measure
 # COMMIT defaults to the one ComfyUI's fork pins where the mirror has it, else the mirror's HEAD (REVISION says which).
 # There: $OUT gets attention-kernels-sage2-h200.json, sage2.log and sage2-build.log. Environment: BUILD_LIMIT (200 s),
@@ -16,7 +16,7 @@ pinned=d1a57a546c3d395b1ffcbeecc66d81db76f3b4b5     # thu-ml/SageAttention as Co
 
 if [ "${1:-}" = --kit ]; then
     set -e
-    git_dir="${2:-/work/.mirror/thu-ml+SageAttention/repo}"
+    git_dir="${2:?--kit GIT_DIR: a git mirror (bare or not) of thu-ml/SageAttention}"
     commit="${3:-}"
     if [ -z "$commit" ]; then
         if git --git-dir="$git_dir" cat-file -e "$pinned^{commit}" 2>/dev/null; then
