@@ -299,7 +299,6 @@ def compute_statuses(invocation: Invocation, only: tuple[str, ...] = ()):
     from applier.catalog.allowlist import store_for
     from applier.status import compute_status, needs_second_look
     from applier.store.journal import recover, recover_if_pending
-    from applier.store.lock import target_lock
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, only)
@@ -311,7 +310,7 @@ def compute_statuses(invocation: Invocation, only: tuple[str, ...] = ()):
         # A run in flight (files written, state not yet) looks like drift, or like a patch found in the files but
         # not recorded, to a reader that takes no lock: look again under the lock, once that run is done.
         try:
-            with target_lock(store, reader=True):
+            with store.locked(reader=True):
                 recovered = recover(store) or recovered
                 statuses = compute_status(found, catalog, store.load(), only, store.confinement)
         except ApplierError as exc:

@@ -17,7 +17,7 @@ from applier.errors import DriftError, HunkConflict, RefusedError
 from applier.store.confine import Place
 from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
 from applier.store.install import Install
-from applier.store.journal import FileOp, place_sha
+from applier.store.journal import Backup, FileOp
 from applier.store.record import pristine_hashes
 from applier.store.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, private_mode
 from applier.strenum import StrEnum, assert_never
@@ -43,49 +43,34 @@ class ApplyResult:
 def apply(install: Install, patches: list[Patch], *, fuzz: int = 0, dry_run: bool = False,
           explicit: bool = False) -> ApplyResult:
     """Apply every selected patch or none. Already-applied patches are reported and left alone. What the state may
-    name is bounded by the install's confinement (the whole catalog, opened by the command's entry)."""
-    target = install.target
-    fresh = not install.has_state()
-    if dry_run and fresh:
-        result = ApplyResult(plan_apply(target, patches, fuzz=fuzz, explicit=explicit), dry_run=True)
-        result.stale = stale_records(install, result.plans, State())
-        return result
-    with install.transaction() as (recovered, state):
-        plans = plan_apply(target, patches, fuzz=fuzz, explicit=explicit,
+    name is bounded by the install's confinement (the whole catalog, opened by the command's entry). Planning reads
+    only; the writes (backups, files, state) are handed to the install in one go."""
+    with install.transaction(dry_run=dry_run) as (recovered, state):
+        plans = plan_apply(install.target, patches, fuzz=fuzz, explicit=explicit,
                            recorded={pid: rec.variant for pid, rec in state.applied.items()})
         result = ApplyResult(plans, dry_run, recovered)
         result.warnings += hardlink_warnings(plans)
         result.stale = stale_records(install, plans, state)
         if dry_run or not result.applied:
             return result
-        store = install.store
-        ops = merge_ops(plans)
-        new_state = State(dict(state.applied))
-        seq = state.next_seq()
-        written: list[Path] = []
-        try:
-            for plan in result.applied:
-                new_state.applied[plan.patch.id] = record_plan(store, plan, seq, fuzz, written)
-                seq += 1
-        except OSError as exc:  # disk full while backing up: nothing in the target changed; drop what we wrote
-            for path in written:
-                store.remove(path)
-            raise io_failure(exc, store.backups, "write backups into") from exc
-        install.execute(ops, new_state, f"apply {', '.join(p.patch.id for p in result.applied)} to {target.root}")
+        new_state, backups = State(dict(state.applied)), []
+        for seq, plan in enumerate(result.applied, start=state.next_seq()):
+            new_state.applied[plan.patch.id] = record_plan(plan, seq, fuzz, backups)
+        install.execute(merge_ops(plans), new_state,
+                        f"apply {', '.join(p.patch.id for p in result.applied)} to {install.root}", backups=backups)
         return result
 
 
-def record_plan(store: StateStore, plan: PatchPlan, seq: int, fuzz: int, written: list[Path]) -> AppliedPatch:
-    """The state record of one patch about to be applied, its originals backed up first."""
+def record_plan(plan: PatchPlan, seq: int, fuzz: int, backups: list[Backup]) -> AppliedPatch:
+    """The state record of one patch about to be applied; the backups of its originals are added to `backups` (the
+    journal writes them before any target file)."""
     files = []
     for change in plan.changes:
         backup = None
         if change.plan.old is not None:
-            backup_path = store.backup_path(plan.patch.id, plan.patch.component, change.relpath)
-            # no more readable than the original: a private nodes.py gets a private backup
-            store.write(backup_path, change.plan.old, mode=private_mode(file_stat(change.path)))
-            written.append(backup_path)
             backup = backup_name(plan.patch.id, plan.patch.component, change.relpath)
+            # no more readable than the original: a private nodes.py gets a private backup
+            backups.append(Backup(backup, change.plan.old, private_mode(file_stat(change.path))))
         files.append(AppliedFile(
             relpath=change.relpath, sha256_before=digest(change.plan.old), sha256_after=digest(change.plan.new),
             backup=backup, mode=file_mode(change.path)))
@@ -103,7 +88,7 @@ def stale_records(install: Install, plans: list[PatchPlan], state: State) -> lis
         record = state.applied.get(plan.patch.id)
         if plan.action is not PlanAction.NOT_APPLICABLE or record is None:
             continue
-        intact = all(place_sha(install.store.path_of(record, f)) == f.sha256_after for f in record.files)
+        intact = all(install.confinement.resolve(record.root, f.relpath).sha256() == f.sha256_after for f in record.files)
         if not intact:
             out.append((plan.patch.id, stale_advice(install.target, plan.patch.id, plan.reason)))
     return out

@@ -59,10 +59,10 @@ def test_a_second_concurrent_run_waits_then_fails_clearly(tmp_path):
     comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time; from applier.store.lock import target_lock; from applier.store.state import StateStore\n"
+         "import sys,time; from applier.store.state import StateStore\n"
          "from applier.store.confine import Confinement; from pathlib import Path\n"
          f"d = Path({str(comfy / '.applier')!r})\n"
-         "with target_lock(StateStore(d, Confinement({}, d))):\n"
+         "with StateStore(d, Confinement({}, d)).locked():\n"
          "    print('held', flush=True); time.sleep(30)"],
         stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
@@ -119,6 +119,42 @@ def test_verify_finishes_an_interrupted_apply_before_judging(tmp_path):
     assert code == 0, report
     assert not (comfy / ".applier" / "journal.json").exists()
     assert [c["outcome"] for c in report["checks"]] == ["PASS"]
+
+
+def test_disk_full_while_backing_up_leaves_no_backup_and_no_journal(tmp_path, monkeypatch):
+    """The journal writes a run's backups with the rest of the run: a failure among them removes the ones written,
+    and nothing in the target or .applier/ says a run happened."""
+    import errno
+
+    from applier import operations
+    from applier.catalog import load_catalog
+    from applier.catalog.allowlist import install_for
+    from applier.detect import detect
+    from applier.errors import IOFailure
+    from applier.store.state import StateStore
+
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    before = tree_bytes(comfy)
+    real_write = StateStore.write
+    backups = []
+
+    def fill_the_disk_at_the_second_backup(self, path, data, **kw):
+        if "backups" in path.parts:
+            backups.append(path)
+            if len(backups) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, path, data, **kw)
+
+    monkeypatch.setattr(StateStore, "write", fill_the_disk_at_the_second_backup)
+    patches = load_catalog(catalog)
+    with pytest.raises(IOFailure, match="backups"), install_for(detect(comfy, gpu=False), patches) as install:
+        operations.apply(install, patches)
+    assert len(backups) == 2
+    assert tree_bytes(comfy) == before
+    state = comfy / ".applier"
+    assert not [p for p in (state / "backups").rglob("*") if p.is_file()]
+    assert not (state / "journal.json").exists() and not (state / "journal-data").exists()
+    assert not (state / "state.json").exists()
 
 
 def test_disk_full_mid_run_rolls_back_and_says_so(tmp_path, monkeypatch):

@@ -17,8 +17,7 @@ from applier.resources import OVERLAYS_DIR
 from applier.store import journal
 from applier.store.confine import REPAIR_HINT, OverlayPrefixes, Place
 from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
-from applier.store.journal import FileOp, place_sha
-from applier.store.lock import target_lock
+from applier.store.journal import FileOp
 from applier.store.state import SHA256, StateStore, check_format, read_state_document
 from applier.target import Target
 
@@ -49,7 +48,7 @@ def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | No
     meta = read_pack(pack_dir)
     store = overlay_store(target, catalog, meta)
     store.check_folder()
-    with target_lock(store):
+    with store.locked():
         journal.recover(store)
         ours = manifest_hashes(store)
         # every destination checked once, before anything there is read (a link on the way out of the target is
@@ -241,7 +240,7 @@ def uninstall(target: Target, *, catalog: list | None = None, force: bool = Fals
     store.check_folder()
     if not store.overlay_manifest.exists() and not journal.needs_recovery(store):
         return {"removed": [], "displaced": None}
-    with target_lock(store):
+    with store.locked():
         journal.recover(store)
         manifest = read_manifest(store)
         if manifest is None:
@@ -274,7 +273,7 @@ def listing(target: Target, *, catalog: list | None = None) -> dict:
     intact = modified = missing = 0
     files = manifest_hashes(store)
     for path, expected in files.items():
-        sha = place_sha(path)
+        sha = path.sha256()
         if sha is None:
             missing += 1
         elif sha == expected:

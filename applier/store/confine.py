@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier.errors import IOFailure, StateCorruptError
-from applier.store.fsutil import io_failure
+from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
 from applier.store.heldroot import HeldRoot, hold
 from applier.store.paths import STATE_DIR_NAME, real_inside
 
@@ -71,6 +71,11 @@ class Place:
             raise
         except OSError as exc:
             raise io_failure(exc, self.path, "read") from exc
+
+    def sha256(self) -> str | None:
+        """The sha256 of its bytes, None when it does not exist (read's rules)."""
+        data = self.read(limit=MAX_READ_BYTES)
+        return None if data is None else sha256_bytes(data)
 
 
 @dataclass

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from applier.store import journal
 from applier.store.confine import Confinement
 from applier.store.journal import FileOp
-from applier.store.lock import target_lock
 from applier.store.state import State, StateStore
 from applier.target import Target
 
@@ -48,10 +47,14 @@ class Install:
         return self.store.dir.exists()
 
     @contextmanager
-    def transaction(self, *, reader: bool = False):
+    def transaction(self, *, reader: bool = False, dry_run: bool = False):
         """The install's lock held, any interrupted run finished (or rolled back) first; yields (what recovery did,
-        in words or None, the state as recorded)."""
-        with target_lock(self.store, reader=reader):
+        in words or None, the state as recorded). A dry run on an install without `.applier/` creates nothing: it
+        yields (None, the empty state) without a lock."""
+        if dry_run and not self.has_state():
+            yield None, State()
+            return
+        with self.store.locked(reader=reader):
             recovered = journal.recover(self.store)
             yield recovered, self.store.load()
 
@@ -61,7 +64,7 @@ class Install:
 
     def record_interpreter(self, python) -> None:
         """Record the interpreter `--python` named for this install, under its lock."""
-        with target_lock(self.store):
+        with self.store.locked():
             self.store.record_interpreter(python)
 
     def recover_if_pending(self) -> str | None:

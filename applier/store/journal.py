@@ -1,12 +1,15 @@
 """The journal: the only code that changes target files. Crash-safe, all-or-nothing.
 
-A run writes, in this order: the bytes every file will have and had (`journal-data/`), then `journal.json` (the
-commit point: it says in words and data what is in flight, and the state and overlay manifest to record at the
-end), then each target file (temp file + fsync + os.replace), then the overlay manifest, then `state.json`, then
-removes folders the run emptied, then the journal. A process killed anywhere is finished by the next command
-(`recover`): each file already at its new bytes is left, each still at its old bytes is written, and the temp
-files a killed write left behind are removed. An error (disk full, permission) while files are being replaced
-rolls the written ones back at once.
+A run writes, in this order: the originals it replaces (`backups/`) and the bytes every file will have and had
+(`journal-data/`), then `journal.json` (the commit point: it says in words and data what is in flight, and the
+state and overlay manifest to record at the end), then each target file (temp file + fsync + os.replace), then
+removes folders the run emptied, then writes the overlay manifest and `state.json`, then removes the journal. A
+process killed anywhere is finished by the next command (`recover`): each file already at its new bytes is left,
+each still at its old bytes is written, and the temp files a killed write left behind are removed. An error (disk
+full, permission) while files are being replaced rolls the written ones back at once.
+
+This module decides what a run holds and in which order it is written; the state store (state.py) reads and
+writes the run's files in `.applier/` (read_run, begin_run, end_run, drop_run) and holds the lock (locked).
 
 Files are named by (root, relative path), never by an absolute path, and every name read back is resolved through
 the target's Confinement: a crafted journal cannot make recovery write outside the target.
@@ -23,14 +26,12 @@ from applier import __version__
 from applier.errors import IOFailure, StateCorruptError
 from applier.store.confine import Place, legacy_relative
 from applier.store.failpoints import failpoint, hook
-from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
+from applier.store.fsutil import (MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
                             io_failure, remove_stale_bytecode_at, sha256_bytes)
 from applier.store.heldroot import HeldRoot, is_temp_name
-from applier.store.lock import target_lock
-from applier.store.state import SHA256, State, StateStore, check_format, dump_json
+from applier.store.state import KEEP, SHA256, State, StateStore, check_format, dump_json
 
 JOURNAL_FORMAT = 2
-KEEP = object()              # manifest_after: leave the overlay manifest as it is
 
 
 @dataclass
@@ -48,14 +49,19 @@ class FileOp:
         return None if self.new is None else sha256_bytes(self.new)
 
 
-def data_dir(store: StateStore) -> Path:
-    return store.dir / "journal-data"
+@dataclass(frozen=True)
+class Backup:
+    """A file of the state folder a run writes before any target file: an original's bytes under backups/."""
+    name: str                  # relative to the state folder (state.backup_name)
+    data: bytes
+    mode: int
 
 
 def execute(store: StateStore, ops: list[FileOp], new_state: State, description: str, *,
-            manifest_after=KEEP, prune: tuple = ()) -> None:
-    """Replace every file of ops, record new_state (and the overlay manifest, None to remove it), then remove the
-    folders of `prune` that the run left empty; or change nothing. Caller holds the target lock.
+            manifest_after=KEEP, prune: tuple = (), backups: list[Backup] = ()) -> None:
+    """Write `backups` into the state folder, replace every file of ops, record new_state (and the overlay
+    manifest, None to remove it), then remove the folders of `prune` that the run left empty; or change nothing (a
+    failure before the commit point removes what the run wrote in the state folder). Caller holds the target lock.
 
     Each path is checked once, here, and carried from then on as a Place: every write goes through its root's held
     handle, so a link swapped in after this check is refused at the write (the run is rolled back), never followed."""
@@ -64,43 +70,45 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
     prune_places = [confinement.relative_dir(folder) for folder in prune]
     for place in places:
         check_writable(place.path)
-    store.check_roots()
-    payload_dir = data_dir(store)
-    entries = []
-    try:
-        store.remove_tree(payload_dir)
-        store.make_folder(payload_dir)
-        for n, (op, place) in enumerate(zip(ops, places)):
-            entry = {"root": place.root, "relpath": place.relpath, "old_sha256": op.old_sha,
-                     "new_sha256": op.new_sha, "old_bytes": None, "new_bytes": None}
-            for side, data in (("old", op.old), ("new", op.new)):
-                if data is not None:
-                    name = f"{n:04d}.{side}"
-                    store.write(payload_dir / name, data, mode=0o600)
-                    entry[f"{side}_bytes"] = name
-            entries.append(entry)
-        journal = {
-            "format": JOURNAL_FORMAT,
-            "applier_version": __version__,
-            "what": description,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "how_to_read": "files listed here (relative to their root: the ComfyUI folder or site-packages) are "
-                           "being replaced; the next applier command finishes the run: each file still at "
-                           "old_sha256 gets the bytes in journal-data/<new_bytes>",
-            "files": entries,
-            "prune": [{"root": p.root, "relpath": p.relpath} for p in prune_places],
-            "state_after": new_state.to_json(),
-        }
-        if manifest_after is not KEEP:
-            journal["manifest_after"] = manifest_after
-        failpoint("after-backups")
-        store.check_roots()
-        store.write(store.journal_file, dump_json(journal), mode=0o600)
-    except OSError as exc:
-        store.remove_tree(payload_dir)
-        raise io_failure(exc, store.dir, "write the journal in") from exc
+    blobs, journal = run_document(ops, places, prune_places, new_state.to_json(), description, manifest_after)
+    store.begin_run(backups, blobs, dump_json(journal))
     failpoint("after-journal")
+    write_all(store, ops, places)
+    failpoint("after-files")
+    finish(store, journal, prune_places)
 
+
+def run_document(ops: list[FileOp], places: list[Place], prune: list[Place], state_after: dict, description: str,
+                 manifest_after) -> tuple[list[tuple[str, bytes]], dict]:
+    """The blobs of journal-data/ (the bytes every file will have and had) and journal.json that names them."""
+    blobs, entries = [], []
+    for n, (op, place) in enumerate(zip(ops, places)):
+        entry = {"root": place.root, "relpath": place.relpath, "old_sha256": op.old_sha,
+                 "new_sha256": op.new_sha, "old_bytes": None, "new_bytes": None}
+        for side, data in (("old", op.old), ("new", op.new)):
+            if data is not None:
+                entry[f"{side}_bytes"] = f"{n:04d}.{side}"
+                blobs.append((entry[f"{side}_bytes"], data))
+        entries.append(entry)
+    journal = {
+        "format": JOURNAL_FORMAT,
+        "applier_version": __version__,
+        "what": description,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "how_to_read": "files listed here (relative to their root: the ComfyUI folder or site-packages) are "
+                       "being replaced; the next applier command finishes the run: each file still at "
+                       "old_sha256 gets the bytes in journal-data/<new_bytes>",
+        "files": entries,
+        "prune": [{"root": p.root, "relpath": p.relpath} for p in prune],
+        "state_after": state_after,
+    }
+    if manifest_after is not KEEP:
+        journal["manifest_after"] = manifest_after
+    return blobs, journal
+
+
+def write_all(store: StateStore, ops: list[FileOp], places: list[Place]) -> None:
+    """Give every file its new bytes; on a failure, give the ones written their old bytes back (undo)."""
     done: list[tuple[Place, FileOp]] = []
     fresh = missing_folders(places)
     for op, place in zip(ops, places):
@@ -113,8 +121,6 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
         done.append((place, op))
         if len(done) == 1:
             failpoint("after-first-file")
-    failpoint("after-files")
-    finish(store, journal, prune_places)
 
 
 def missing_folders(places: list[Place]) -> list[Place]:
@@ -150,7 +156,7 @@ def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException
         raise IOFailure(f"cannot replace {place}: {exc}; rolling back failed too ({second})",
                         hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
                              "install, which finishes the run") from exc
-    clear(store)
+    store.drop_run()
     if isinstance(exc, NotRegularFile):
         raise IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
                         hint="the files this run had replaced got their old bytes back; nothing outside the install "
@@ -161,25 +167,12 @@ def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException
 
 
 def finish(store: StateStore, journal: dict, prune: list[Place]) -> None:
-    """Record what a run leaves (manifest, state), remove the folders it emptied, then the journal."""
+    """Remove the folders the run emptied, then record what it leaves (manifest, state) and remove the journal."""
     hook("before-state", store)
-    try:
-        if "manifest_after" in journal:
-            write_manifest(store, journal["manifest_after"])
-        store.save(State.from_json(journal["state_after"], store.confinement, what="the journal's state_after"))
-    except OSError as exc:
-        raise io_failure(exc, store.dir, "record the state in") from exc
-    failpoint("after-state")
     for folder in sorted(prune, key=lambda p: p.relpath.count("/"), reverse=True):
         remove_if_empty(folder)
-    clear(store)
-
-
-def write_manifest(store: StateStore, data: dict | None) -> None:
-    if data is None:
-        store.remove(store.overlay_manifest)
-    else:
-        store.write(store.overlay_manifest, dump_json(data), mode=0o600)
+    store.end_run(State.from_json(journal["state_after"], store.confinement, what="the journal's state_after"),
+                  journal.get("manifest_after", KEEP))
 
 
 def write_target(place: Place, data: bytes | None) -> None:
@@ -198,11 +191,6 @@ def write_target(place: Place, data: bytes | None) -> None:
         remove_stale_bytecode_at(held, rel)
 
 
-def clear(store: StateStore) -> None:
-    store.remove(store.journal_file)
-    store.remove_tree(data_dir(store))
-
-
 def remove_if_empty(folder: Place) -> None:
     """Remove a folder the run emptied: its __pycache__ first when nothing is left there (write_target removed the
     bytecode of every file it removed), then the folder itself when nothing is left. A folder holding anything (a
@@ -214,35 +202,35 @@ def remove_if_empty(folder: Place) -> None:
             return
 
 
-def pending(store: StateStore) -> dict | None:
-    """The journal of an interrupted run, None when there is none."""
-    store.check_folder()
-    return store.read_json(store.journal_file)
-
-
 def recover(store: StateStore) -> str | None:
     """Finish an interrupted run from its journal and remove the temp files killed writes left. Returns what was
     done, in words, or None when nothing was pending. Caller holds the target lock."""
-    journal = pending(store)
-    if journal is None:
-        if os.path.lexists(data_dir(store)):  # killed before the commit point: no target file was touched
-            store.remove_tree(data_dir(store))
-        swept = sweep_temp_files(store)
+    journal = store.read_run()
+    finished = None if journal is None else finish_interrupted(store, journal)
+    swept = sweep_temp_files(store)
+    if finished is None:
         return f"removed {swept} temp file(s) left by an interrupted run" if swept else None
+    extra = f", {swept} temp file(s) removed" if swept else ""
+    return f"finished an interrupted run ({journal.get('what', '?')}): {finished} file(s) completed{extra}"
+
+
+def finish_interrupted(store: StateStore, journal) -> int:
+    """Each file of the journal still at its old bytes gets its new ones; then the run finishes. How many files
+    were written."""
     entries, prune = read_journal(store, journal)
     finished = 0
     for place, entry in entries:
-        current = place_sha(place)
+        current = place.sha256()
         if current == entry["new_sha256"]:
             continue
         if current != entry["old_sha256"]:
             raise StateCorruptError(
                 f"interrupted run: {place} holds neither its old nor its new bytes (sha256 {current})",
-                hint=f"someone changed it meanwhile; compare with {data_dir(store)} and fix by hand, "
+                hint=f"someone changed it meanwhile; compare with {store.run_data} and fix by hand, "
                      f"then remove {store.journal_file}")
         new = None
         if entry["new_bytes"] is not None:
-            new = read_blob(store, entry["new_bytes"])
+            new = store.read_run_blob(entry["new_bytes"])
             if new is None or sha256_bytes(new) != entry["new_sha256"]:
                 raise StateCorruptError(f"journal data for {place} is missing or damaged",
                                         hint=f"see {store.journal_file}")
@@ -253,14 +241,7 @@ def recover(store: StateStore) -> str | None:
             raise io_failure(exc, place.path, "finish the interrupted run on") from exc
         finished += 1
     finish(store, journal, prune)
-    swept = sweep_temp_files(store)
-    extra = f", {swept} temp file(s) removed" if swept else ""
-    return f"finished an interrupted run ({journal.get('what', '?')}): {finished} file(s) completed{extra}"
-
-
-def place_sha(place: Place) -> str | None:
-    data = place.read(limit=MAX_READ_BYTES)
-    return None if data is None else sha256_bytes(data)
+    return finished
 
 
 def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], list[Place]]:
@@ -312,14 +293,6 @@ def is_blob_name(name) -> bool:
         and name not in (".", "..") and "\x00" not in name
 
 
-def read_blob(store: StateStore, name: str) -> bytes | None:
-    """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
-    try:
-        return store.read(data_dir(store) / name, limit=MAX_READ_BYTES)
-    except (OSError, IOFailure):     # gone, special, far larger than any file a run writes: damaged
-        return None
-
-
 def temp_files(store: StateStore) -> list[tuple[HeldRoot, str]]:
     """Every temp file a killed write can have left: names of applier's own shape (heldroot.is_temp_name: a user's
     file never matches by chance), regular files, in .applier/ and in every folder a catalog patch or the overlay
@@ -367,7 +340,7 @@ def sweep_temp_files(store: StateStore) -> int:
 
 def needs_recovery(store: StateStore) -> bool:
     """A journal is pending, or a killed write left a temp file: a read-only command must recover first."""
-    if os.path.lexists(store.journal_file) or os.path.lexists(data_dir(store)):
+    if os.path.lexists(store.journal_file) or os.path.lexists(store.run_data):
         return True
     return bool(temp_files(store))
 
@@ -378,6 +351,6 @@ def recover_if_pending(store: StateStore) -> str | None:
     store.check_folder()
     if not needs_recovery(store):
         return None
-    with target_lock(store, reader=True):
+    with store.locked(reader=True):
         return recover(store)
 

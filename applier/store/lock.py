@@ -1,17 +1,18 @@
-"""One applier run at a time per target: a lock file in the state folder, opened through the folder's held handle
-(never through a link: a lock file swapped for a link is refused, not truncated or created where it points)."""
+"""One applier run at a time per target: an flock on the lock file of the state folder. The state store opens that
+file through the folder's held handle (never through a link: a lock file swapped for a link is refused, not
+truncated or created where it points) and hands the descriptor here (StateStore.locked)."""
 from __future__ import annotations
 
 import errno
 import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
-from applier.errors import LockedError, StateCorruptError
+from applier.errors import LockedError
 from applier.settings import lock_timeout
 from applier.store.fsutil import io_failure
 from applier.store.heldroot import supported
-from applier.store.state import StateStore
 
 try:
     import fcntl
@@ -23,24 +24,23 @@ READER_TIMEOUT_S = 30.0     # a read-only command waits out a run in flight rath
 POLL_S = 0.05
 
 
+def by_descriptor() -> bool:
+    """Whether the lock is an flock on a descriptor opened through the folder's held handle (POSIX), else
+    filelock's lock by path."""
+    return fcntl is not None and supported()
+
+
 @contextmanager
-def target_lock(store: StateStore, timeout: float | None = None, *, reader: bool = False):
-    """Hold the target's lock; wait briefly for another run (readers longer), then fail with LockedError. The
-    state folder is checked first (no link, no special file: exit 7) and created inside the install, never above
-    it: a deleted install is not recreated."""
+def hold(fd: int | None, lock_file: Path, *, reader: bool = False, timeout: float | None = None):
+    """Hold the lock on `fd` (the lock file opened by the state store, closed here), or where the platform has no
+    descriptors to lock (fd None) filelock's lock on `lock_file` by path. Waits briefly for another run (readers
+    longer), then fails with LockedError."""
     if timeout is None:
         timeout = lock_timeout(READER_TIMEOUT_S if reader else DEFAULT_TIMEOUT_S)
-    state_dir = store.dir
-    store.check_roots()
-    try:
-        store.ensure()
-    except OSError as exc:
-        raise io_failure(exc, state_dir, "create the state folder") from exc
-    if fcntl is None or not supported():
-        with path_lock(store, timeout):
+    if fd is None:
+        with path_lock(lock_file, timeout):
             yield
         return
-    fd = open_lock_file(store)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -49,11 +49,9 @@ def target_lock(store: StateStore, timeout: float | None = None, *, reader: bool
                 break
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise io_failure(exc, store.lock_file, "take the lock in") from exc
+                    raise io_failure(exc, lock_file, "take the lock in") from exc
             if time.monotonic() >= deadline:
-                raise LockedError(f"another applier run holds the lock on {state_dir.parent} (waited {timeout:g} s)",
-                                  hint="wait for it to finish; if none is running, the lock is released "
-                                       "automatically when its process ends")
+                raise locked_error(lock_file, timeout)
             time.sleep(POLL_S)
         try:
             yield
@@ -63,33 +61,24 @@ def target_lock(store: StateStore, timeout: float | None = None, *, reader: bool
         os.close(fd)
 
 
-def open_lock_file(store: StateStore) -> int:
-    """The lock file's fd, opened (created 0600 when absent) in the held state folder without following a link."""
-    held = store.held(create=True)
-    try:
-        return held.open_flags(store.guard(store.lock_file), os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StateCorruptError(f"{store.lock_file} is a symbolic link",
-                                    hint="nothing was changed; move it aside by hand") from exc
-        raise io_failure(exc, store.dir, "take the lock in") from exc
+def locked_error(lock_file: Path, timeout: float) -> LockedError:
+    return LockedError(f"another applier run holds the lock on {lock_file.parent.parent} (waited {timeout:g} s)",
+                       hint="wait for it to finish; if none is running, the lock is released automatically when "
+                            "its process ends")
 
 
 @contextmanager
-def path_lock(store: StateStore, timeout: float):
+def path_lock(lock_file: Path, timeout: float):
     """Where the platform has no dir_fd or flock: filelock's lock by path (the README's safety section says what
     is weaker there)."""
     from filelock import FileLock, Timeout    # only where it is used: POSIX never needs it
-    lock_path = store.dir / store.guard(store.lock_file)
     try:
-        lock = FileLock(str(lock_path))
+        lock = FileLock(str(lock_file))
         lock.acquire(timeout=timeout)
     except Timeout as exc:
-        raise LockedError(f"another applier run holds the lock on {store.dir.parent} (waited {timeout:g} s)",
-                          hint="wait for it to finish; if none is running, the lock is released automatically "
-                               "when its process ends") from exc
+        raise locked_error(lock_file, timeout) from exc
     except OSError as exc:
-        raise io_failure(exc, store.dir, "take the lock in") from exc
+        raise io_failure(exc, lock_file.parent, "take the lock in") from exc
     try:
         yield
     finally:

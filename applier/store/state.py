@@ -18,17 +18,21 @@ install and two installs can never share one state.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import stat
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from applier import __version__
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
+from applier.store import lock
 from applier.store.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
+from applier.store.failpoints import failpoint
 from applier.store.fsutil import MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, io_failure, kind_of
 from applier.store.heldroot import HeldRoot, hold
 
@@ -36,6 +40,7 @@ STATE_FORMAT = 2
 READABLE_FORMATS = (1, 2)      # format 1 (applier 0.1) also kept an absolute "path" per file: it is ignored
 PATCH_ID = re.compile(r"(comfyui|torch)/[A-Za-z0-9][A-Za-z0-9._-]*")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+KEEP = object()              # end_run's manifest: leave the overlay manifest as it is
 
 
 @dataclass
@@ -361,6 +366,104 @@ class StateStore:
         and a recovering run (which holds it) sweeps temp files; a concurrent creator's copy is just as good."""
         self._op("create", self.dir / ".gitignore",
                  lambda held, rel: held.create_exclusive(rel, GITIGNORE, mode=0o644))
+
+    # -------------------------------------------------------------- the lock
+
+    @contextmanager
+    def locked(self, *, reader: bool = False, timeout: float | None = None):
+        """Hold the target's lock (lock.hold): the install's roots checked, and the state folder checked (no link,
+        no special file: exit 7) and created inside the install, never above it (a deleted install is not
+        recreated), before the lock file is opened through the folder's handle."""
+        self.check_roots()
+        try:
+            self.ensure()
+        except OSError as exc:
+            raise io_failure(exc, self.dir, "create the state folder") from exc
+        fd = self.open_lock_file() if lock.by_descriptor() else None
+        with lock.hold(fd, self.lock_file, reader=reader, timeout=timeout):
+            yield
+
+    def open_lock_file(self) -> int:
+        """The lock file's descriptor, opened (created 0600 when absent) without following a link."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK
+        try:
+            return self._op("lock", self.lock_file, lambda held, rel: held.open_flags(rel, flags, 0o600))
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StateCorruptError(f"{self.lock_file} is a symbolic link",
+                                        hint="nothing was changed; move it aside by hand") from exc
+            raise io_failure(exc, self.dir, "take the lock in") from exc
+
+    # -------------------------------------------------------------- one run's files (journal.py says what they hold)
+
+    @property
+    def run_data(self) -> Path:
+        return self.dir / "journal-data"
+
+    def read_run(self):
+        """The journal of an interrupted run, None when there is none (journal-data/ left by a run killed before
+        its commit point is removed then: no target file was touched)."""
+        self.check_folder()
+        journal = self.read_json(self.journal_file)
+        if journal is None and os.path.lexists(self.run_data):
+            self.remove_tree(self.run_data)
+        return journal
+
+    def read_run_blob(self, name: str) -> bytes | None:
+        """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
+        try:
+            return self.read(self.run_data / name, limit=MAX_READ_BYTES)
+        except (OSError, IOFailure):     # gone, special, far larger than any file a run writes: damaged
+            return None
+
+    def begin_run(self, backups, blobs: list[tuple[str, bytes]], journal: bytes) -> None:
+        """Write a run's backups (each a journal.Backup: name under the state folder, bytes, mode), its blobs into
+        journal-data/ and then journal.json, the run's commit point; or, on a failure (disk full), remove what was
+        written and raise IOFailure."""
+        self.check_roots()
+        written = []
+        try:
+            for backup in backups:
+                self.write(self.dir / backup.name, backup.data, mode=backup.mode)
+                written.append(self.dir / backup.name)
+        except OSError as exc:
+            self.remove_all(written)
+            raise io_failure(exc, self.backups, "write backups into") from exc
+        try:
+            self.remove_tree(self.run_data)
+            self.make_folder(self.run_data)
+            for name, data in blobs:
+                self.write(self.run_data / name, data, mode=0o600)
+            failpoint("after-backups")
+            self.check_roots()
+            self.write(self.journal_file, journal, mode=0o600)
+        except OSError as exc:
+            self.remove_tree(self.run_data)
+            self.remove_all(written)
+            raise io_failure(exc, self.dir, "write the journal in") from exc
+
+    def end_run(self, state: State, manifest=KEEP) -> None:
+        """Record what a run leaves (the overlay manifest unless KEEP, None to remove it; the state), then remove
+        the journal: the run is over."""
+        try:
+            if manifest is None:
+                self.remove(self.overlay_manifest)
+            elif manifest is not KEEP:
+                self.write(self.overlay_manifest, dump_json(manifest), mode=0o600)
+            self.save(state)
+        except OSError as exc:
+            raise io_failure(exc, self.dir, "record the state in") from exc
+        failpoint("after-state")
+        self.drop_run()
+
+    def drop_run(self) -> None:
+        """Remove the journal and its blobs (a finished run, or one rolled back)."""
+        self.remove(self.journal_file)
+        self.remove_tree(self.run_data)
+
+    def remove_all(self, paths: list[Path]) -> None:
+        for path in paths:
+            self.remove(path)
 
     # -------------------------------------------------------------- the install's identity
 

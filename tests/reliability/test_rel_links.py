@@ -233,15 +233,15 @@ def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, 
 
 def test_a_target_deleted_while_apply_runs_is_not_recreated(plain, monkeypatch):
     import shutil
-    from applier.store import journal
-    real = journal.failpoint
+    from applier.store import state
+    real = state.failpoint
 
     def delete_at(name):
         if name == "after-backups":
             shutil.rmtree(plain.root)
         real(name)
 
-    monkeypatch.setattr(journal, "failpoint", delete_at)
+    monkeypatch.setattr(state, "failpoint", delete_at)
     assert_clean(cli(*plain.args("apply")), allowed=(9,))
     assert not plain.root.exists(), "the run recreated a deleted install"
 
@@ -251,10 +251,10 @@ def test_a_target_deleted_while_apply_runs_is_not_recreated(plain, monkeypatch):
 def hold_lock(root: Path) -> subprocess.Popen:
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time; from applier.store.lock import target_lock; from applier.store.state import StateStore\n"
+         "import sys,time; from applier.store.state import StateStore\n"
          "from applier.store.confine import Confinement; from pathlib import Path\n"
          f"d = Path({str(root / '.applier')!r})\n"
-         "with target_lock(StateStore(d, Confinement({}, d))):\n"
+         "with StateStore(d, Confinement({}, d)).locked():\n"
          "    print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, cwd=REPO, env=child_env())
     assert holder.stdout.readline().strip() == "held"
