@@ -1,5 +1,6 @@
 """FP8 attention forward (issue 28's `fp8` mode): the kernel against its eager FP8 reference and against fp32 SDPA,
-the block quantiser's round trip, the refusals, and the sm_89 / sm_90 builds.
+the block quantiser's round trip, the refusals, and the sm_89 / sm_90 builds; the same for the launch on SageAttention
+2's recipe (Q's scales per warp's rows, V's per channel, the two-level fp32 sum of P V).
 
 On CPU the kernels run under TRITON_INTERPRET=1 (conftest) at tiny shapes with 32-row tiles, so S = 48 leaves a
 partial tile. There the kernels round to e4m3's grid before the interpreter's fp8 cast (the module docstring says
@@ -23,9 +24,11 @@ from fused_dit.testing import byte_mismatch
 
 OVERLAYS = Path(af.__file__).resolve().parents[2]
 SMALL = af.AttentionFP8Launch(block_m=32, block_n=32, num_warps=4, num_stages=1, quantize_num_warps=4)
-# the operand formats: INT8 Q K^T with P V in the inputs' dtype (the default), INT8 Q K^T with e4m3 P V, all e4m3
+# the operand formats: INT8 Q K^T with P V in the inputs' dtype (the default), INT8 Q K^T with e4m3 P V, all e4m3,
+# and SageAttention 2's recipe (Q's scales per 8 rows, a warp's share of the 32-row tile; V's per channel)
 FORMATS = {"qk-i8 pv-16": SMALL, "qk-i8 pv-e4m3": dataclasses.replace(SMALL, pv_fp8=True),
-           "qk-e4m3 pv-e4m3": dataclasses.replace(SMALL, qk_int8=False, pv_fp8=True)}
+           "qk-e4m3 pv-e4m3": dataclasses.replace(SMALL, qk_int8=False, pv_fp8=True),
+           "sage2 recipe": af.sage2_recipe(SMALL)}
 # output dtype -> the largest relative difference of two roundings of one fp32 value (one ulp: 2^-(mantissa bits))
 ONE_ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 interpreter_only = pytest.mark.skipif(torch.cuda.is_available(),
@@ -126,6 +129,48 @@ def test_quantize_round_trip(seed, smooth, transposed, int8):
 
 
 @interpreter_only
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_per_channel_v_quantiser_matches_its_reference(seed, transposed):
+    """SageAttention 2's recipe quantises V once, per channel over all tokens: the kernel's codes are the reference's,
+    byte for byte, in either layout, and dequantise to within e4m3's rounding of each value."""
+    v = inputs(seed, 16, 48, torch.bfloat16)[2]
+    ref_codes, scales = af.quantize_channels_reference(v)
+    assert scales.shape == (1, 2, 64) and torch.equal(scales, af.channel_scales(v))
+    codes, _ = af.quantize_blocks_triton(v, 32, transposed=transposed, channel_scales=scales)
+    assert byte_mismatch(codes, ref_codes) == (0, 0.0)
+    error = (codes.float() * scales[:, :, None] - v.float()).abs()
+    assert bool((error <= af.E4M3_UNIT_ROUNDOFF * v.float().abs()
+                 + af.E4M3_HALF_SUBNORMAL_SPACING * scales[:, :, None]).all())
+
+
+def test_the_sage2_recipe_is_a_launch_of_its_own_and_the_defaults_keep_theirs():
+    """The recipe's Q groups are the rows one warp owns; the default launches keep per-block scales and labels."""
+    for capability in ((8, 9), (9, 0), None):
+        default, recipe = af.launch_for(capability), af.sage2_launch_for(capability)
+        assert default.q_group == 0 and not default.v_per_channel and "channel" not in default.label
+        assert recipe.q_group * recipe.num_warps == recipe.block_m and recipe.qk_int8 and recipe.pv_fp8
+        assert recipe.v_per_channel and recipe.label != default.label
+        assert (recipe.block_m, recipe.block_n, recipe.num_stages) == (default.block_m, default.block_n,
+                                                                       default.num_stages)
+    with pytest.raises(ValueError, match="q_group"):
+        dataclasses.replace(SMALL, q_group=24)
+    with pytest.raises(ValueError, match="pv_fp8"):
+        dataclasses.replace(SMALL, v_per_channel=True)
+
+
+def test_finer_q_scales_shrink_the_bound_where_one_row_is_large(seed):
+    """One query row far larger than the others sets its whole block's scale; with the recipe's groups it sets only
+    its own group's, so the other rows' logits keep their resolution and the bound shrinks there (CPU, no kernel)."""
+    q, k, v = inputs(seed, 32, 32, torch.bfloat16)
+    q[:, :, 0] *= 30
+    block = dataclasses.replace(SMALL, pv_fp8=True)
+    grouped = dataclasses.replace(block, q_group=8)
+    rest = slice(8, None)
+    assert bool((af.error_bound(q, k, v, launch=grouped)[:, :, rest]
+                 < af.error_bound(q, k, v, launch=block)[:, :, rest]).all())
+
+
+@interpreter_only
 def test_quantiser_rounds_ties_to_even():
     """Midpoints between neighbouring e4m3 codes (block absmax 448, so the scale is 1): the kernel's rounding to
     the grid must pick the even code as torch's cast does, across normals and subnormals."""
@@ -187,25 +232,35 @@ except (ImportError, AttributeError) as exc:
     raise SystemExit(0)
 from fused_dit.ops import attention_fp8 as af
 found = {}
+def fp8_dot_accumulators(ttgir):
+    # what each e4m3 x e4m3 dot of the kernel accumulates into: "zero" (a fresh accumulator) or the operand's name
+    defined = dict(re.findall(r"^\\s*(%[\\w]+) = (.*)$", ttgir, re.M))
+    found = []
+    for a, b, acc in re.findall(r"(?:tt\\.dot|ttng\\.warp_group_dot) (%[\\w]+), (%[\\w]+), (%[\\w]+).*f8E4M3FN", ttgir):
+        found.append("zero" if re.match(r"arith\\.constant dense<0\\.0+e\\+00>", defined.get(acc, "")) else acc)
+    return found
 for arch in (89, 90):
     default = af.launch_for(divmod(arch, 10))
-    for formats, launch in (("default", default), ("fp8", dataclasses.replace(default, qk_int8=False, pv_fp8=True))):
+    for formats, launch in (("default", default), ("fp8", dataclasses.replace(default, qk_int8=False, pv_fp8=True)),
+                            ("sage2", af.sage2_launch_for(divmod(arch, 10)))):
         for name, asm in af.compile_for(arch, launch=launch).items():
             found[f"{arch}/{formats}/{name}"] = {
                 "instructions": sorted(set(re.findall(r"(mma\\.sync\\.aligned\\.[\\w.]+|wgmma\\.mma_async\\.[\\w.]+|"
                                                        r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32)", asm["ptx"]))),
                 "target": re.search(r"\\.target\\s+(\\S+)", asm["ptx"]).group(1),
-                "cubin_bytes": len(asm["cubin"])}
+                "cubin_bytes": len(asm["cubin"]), "fp8_dot_accumulators": fp8_dot_accumulators(asm["ttgir"])}
 print(json.dumps(found))
 """
 # the operands of each format's two products in PTX's spelling: Q K^T's, then P V's (bf16 inputs)
-PRODUCTS = {"default": ("s32.s8.s8", "f32.bf16.bf16"), "fp8": ("f32.e4m3.e4m3", "f32.e4m3.e4m3")}
+PRODUCTS = {"default": ("s32.s8.s8", "f32.bf16.bf16"), "fp8": ("f32.e4m3.e4m3", "f32.e4m3.e4m3"),
+            "sage2": ("s32.s8.s8", "f32.e4m3.e4m3")}
 
 
 def test_kernels_build_for_sm89_and_sm90_without_a_gpu():
     """Triton compiles for a GPU it does not have (GPUTarget + ASTSource, ptxas included); both products run on the
     tensor cores in their formats (INT8 Q K^T and 16-bit P V by default; e4m3 both, with the hardware e4m3
-    conversion, when asked): mma.sync on sm_89, only wgmma on sm_90."""
+    conversion, when asked; INT8 then e4m3 on SageAttention 2's recipe, whose P V dot accumulates into a fresh zero
+    accumulator per tile): mma.sync on sm_89, only wgmma on sm_90."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     run = subprocess.run([sys.executable, "-c", COMPILE, str(OVERLAYS)], env=env, capture_output=True, text=True,
@@ -222,9 +277,17 @@ def test_kernels_build_for_sm89_and_sm90_without_a_gpu():
             for operands in products:
                 assert any(operands in i for i in mma), (arch, formats, mma)
             assert all(i.startswith("mma.sync" if arch == "89" else "wgmma") for i in mma), (arch, formats, mma)
-            if formats == "fp8":
+            if formats != "default":
                 assert "cvt.rn.satfinite.e4m3x2.f32" in attention["instructions"]
+            if formats == "fp8":
                 assert "cvt.rn.satfinite.e4m3x2.f32" in quantiser["instructions"]
+            if formats == "sage2":
+                # V quantised per channel by its own kernel (e4m3); each P V tile's FP8 dot starts from a zero
+                # accumulator, its sum with the running output left to fp32 arithmetic (the two-level sum)
+                v_quantiser = found[f"{arch}/{formats}/quantize_v"]
+                assert v_quantiser["cubin_bytes"] > 0
+                assert "cvt.rn.satfinite.e4m3x2.f32" in v_quantiser["instructions"]
+                assert attention["fp8_dot_accumulators"] == ["zero"], attention["fp8_dot_accumulators"]
 
 
 @interpreter_only

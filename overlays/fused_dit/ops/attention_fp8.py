@@ -15,13 +15,32 @@ e4m3 formats stay as launch options for the sweep (`python -m benchmarks attenti
 and error). Both GPUs run all of them through Triton's `tl.dot` (mma.sync on sm_89, wgmma on sm_90; INT8 and FP8
 at the same tensor-core rate, 16-bit P V at half of it).
 
+SageAttention 2's recipe (`sage2_recipe(launch)`, `sage2_launch_for(capability)`, `attention_fp8_sage2`; launch
+fields `q_group` and `v_per_channel`), written here from its description, not its code: INT8 Q K^T with Q's scales
+per group of the rows one warp owns (block_m / num_warps) and smoothed K per BLOCK_N block as above; e4m3 P V with
+V's scales per head-dim channel over all tokens of a (batch, head), V quantised once before the attention kernel and
+the scales applied to the output's columns at the end (a constant per column commutes with the softmax's weighted
+sum); P's codes as above. fp32 accumulation the two-level way: each P V tile's FP8 product is a fresh fp32
+accumulator (a zero-initialised `tl.dot`), scaled by P's 1 / 448 and added to the running fp32 output on the CUDA
+cores. Why: the FP8 tensor-core MMA of both GPUs accumulates with fewer mantissa bits than fp32 (SageAttention 2's
+finding on Ada and Hopper; Triton leaves wgmma's FP8 accumulation imprecise on sm_90 by default), so one accumulator
+carried across the whole key sequence would lose the small late terms; two levels bound that loss to one tile's
+BLOCK_N products. A bare `acc + tl.dot(p, v)` would not do: Triton folds the sum into the dot's accumulator wherever
+the dot may accumulate in full precision (sm_89's mma.sync), so the scale between them is kept on purpose (the
+compile test reads the built kernel's dot and checks its accumulator is zero). The pack's default launches keep
+per-block scales (q_group 0, v_per_channel False); the recipe is a separate launch, measured as the benchmark's
+`fp8_sage2` row and chosen by the `fp8` mode only under SageAttention 2's yardstick.
+
 Quantisation (all scales fp32, derived on the GPU, no host sync):
 - Q: per (batch, head, block of BLOCK_M rows), inside the attention kernel: scale = max(absmax, 1e-12) / 127
   and codes = round(q / scale), half to even (e4m3: / 448, codes = e4m3(q / scale)). The softmax scale and
   log2(e) are folded into the fp32 rescale of each Q K^T tile.
 - K: smoothed first (SageAttention's trick: k - mean over the tokens of (batch, head); softmax is invariant to a
   per-row shift q.mean, so this changes only the rounding), then per (batch, head, block of BLOCK_N rows).
+- Q with q_group: per group of q_group rows inside the block, the same rounding.
 - V (pv_fp8): per (batch, head, block of BLOCK_N rows), e4m3, stored transposed where asked; else V as given.
+  v_per_channel: per (batch, head, channel), scale = max(absmax over the tokens, 1e-12) / 448 (`channel_scales`,
+  torch ops on the GPU), codes = e4m3(v / scale) by the quantiser kernel.
 - P (in [0, 1] after exp2(s - running max)): rounded to V's dtype, or (pv_fp8) codes = e4m3(p * 448) with each
   P V tile rescaled by sv / 448. The row sums use the unquantised fp32 p.
 
@@ -42,6 +61,7 @@ mode (integration/attention_fp8.py) runs it through ComfyUI's attention override
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -62,6 +82,7 @@ except Exception:  # dispatch.triton_import_error() gives the reason; the refere
 OP = "attention_fp8"
 FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = 448.0
+P_UNIT = 1.0 / E4M3_MAX      # (v_per_channel) P's codes are p * 448: each P V tile's product times this, in fp32
 # e4m3: 3 mantissa bits, so round to nearest has a relative error of at most 2^-4 for normal values, and an
 # absolute error of at most half the subnormal spacing 2^-9 (in code units) below 2^-6
 E4M3_UNIT_ROUNDOFF = 2.0 ** -4
@@ -92,11 +113,23 @@ class AttentionFP8Launch:
     v_transposed: bool = True
     qk_int8: bool = True          # Q K^T with INT8 codes (SageAttention's choice); False: e4m3
     pv_fp8: bool = False          # P V with e4m3 codes; False: P rounded to the inputs' dtype, V as given
+    q_group: int = 0              # Q's scale per group of this many rows (a power of two dividing block_m); 0: block
+    v_per_channel: bool = False   # (pv_fp8) V's scales per head-dim channel over all tokens, applied to the output
+
+    def __post_init__(self):
+        if self.q_group and (self.q_group & (self.q_group - 1) or self.block_m % self.q_group):
+            raise ValueError(f"q_group {self.q_group} is not a power of two dividing block_m {self.block_m}")
+        if self.v_per_channel and not self.pv_fp8:
+            raise ValueError("v_per_channel scales V's e4m3 codes: it needs pv_fp8")
 
     @property
     def label(self) -> str:
         qk = "qk-i8" if self.qk_int8 else "qk-e4m3"
+        if self.q_group:
+            qk += f" q{self.q_group}"
         pv = f"pv-e4m3 {'vT' if self.v_transposed else 'v'}" if self.pv_fp8 else "pv-16"
+        if self.v_per_channel:
+            pv += " v-channel"
         return f"m{self.block_m} n{self.block_n} w{self.num_warps} s{self.num_stages} {qk} {pv}"
 
 
@@ -115,6 +148,24 @@ def launch_for(capability: tuple[int, int] | None) -> AttentionFP8Launch:
 
 def launch_for_device(device: torch.device) -> AttentionFP8Launch:
     return launch_for(torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
+
+
+def sage2_recipe(launch: AttentionFP8Launch) -> AttentionFP8Launch:
+    """`launch`'s tiles and warps on SageAttention 2's recipe (the module says what): INT8 Q K^T with Q's scale per
+    group of the rows one warp owns (block_m / num_warps: 16 rows with 8 warps on sm_90's 128-row tiles, where a
+    warpgroup's wgmma takes 64 rows; 32 with 4 warps on sm_89), e4m3 P V with V's scales per channel."""
+    return dataclasses.replace(launch, qk_int8=True, pv_fp8=True, v_per_channel=True,
+                               q_group=launch.block_m // launch.num_warps)
+
+
+def sage2_launch_for(capability: tuple[int, int] | None) -> AttentionFP8Launch:
+    """The SageAttention 2 recipe's launch for a GPU of this compute capability (None: the interpreter): the default
+    launch's tiles and warps, until the device run (`attention-kernels`, row `fp8_sage2`) picks its own."""
+    return sage2_recipe(launch_for(capability))
+
+
+def sage2_launch_for_device(device: torch.device) -> AttentionFP8Launch:
+    return sage2_launch_for(torch.cuda.get_device_capability(device) if device.type == "cuda" else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -195,6 +246,19 @@ def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, block: int) -> 
     return codes.float() * scales[:, :, rows, None]
 
 
+def channel_scales(v: torch.Tensor) -> torch.Tensor:
+    """V's per-channel e4m3 scales (SageAttention 2's recipe), fp32 `[B, H, D]`: max(absmax over the tokens, floor)
+    / 448 per (batch, head, channel), in torch ops on v's device (no host sync; kernel and reference share them)."""
+    absmax = v.abs().amax(dim=2).float().clamp_min(ABSMAX_FLOOR)
+    return absmax / torch.full((), E4M3_MAX, dtype=torch.float32, device=v.device)
+
+
+def quantize_channels_reference(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V's e4m3 codes with per-channel scales: (codes float8_e4m3fn `[B, H, S, D]`, scales fp32 `[B, H, D]`)."""
+    scales = channel_scales(v)
+    return (v.float() / scales[:, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE), scales
+
+
 def key_mean(k: torch.Tensor) -> torch.Tensor:
     """K's smoothing mean, fp32 `[B, H, 1, D]` (one torch op, no fp32 copy of k: kernel and reference use the same
     values)."""
@@ -203,18 +267,24 @@ def key_mean(k: torch.Tensor) -> torch.Tensor:
 
 def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                             launch: AttentionFP8Launch = LAUNCH, smooth_k: bool = True) -> torch.Tensor:
-    """The kernel's math in fp32 torch ops: the same quantisation, the same tiles, the same online softmax."""
+    """The kernel's math in fp32 torch ops: the same quantisation, the same tiles, the same online softmax (with
+    v_per_channel: each P V tile's product in code units added to the running output, V's scales and P's 1 / 448
+    applied to the output's columns at the end, P's 1 / 448 to each tile's product)."""
     b, h, sq, d = q.shape
     skv = k.shape[2]
     bm, bn = launch.block_m, launch.block_n
+    q_block = launch.q_group or bm
     qk_const = torch.tensor((sm_scale or default_scale(d)) * LOG2E, dtype=torch.float32)
-    q_codes, q_scales = quantize_blocks_reference(q, bm, int8=launch.qk_int8)
+    q_codes, q_scales = quantize_blocks_reference(q, q_block, int8=launch.qk_int8)
     k_codes, k_scales = quantize_blocks_reference(k, bn, key_mean(k) if smooth_k else None, int8=launch.qk_int8)
-    if launch.pv_fp8:
+    if launch.v_per_channel:
+        v_codes, v_channel_scales = quantize_channels_reference(v)
+    elif launch.pv_fp8:
         v_codes, v_scales = quantize_blocks_reference(v, bn)
     q_codes = q_codes.float()
-    q_row_scale = q_scales[:, :, torch.arange(sq, device=q.device) // bm, None]         # [B, H, Sq, 1]
+    q_row_scale = q_scales[:, :, torch.arange(sq, device=q.device) // q_block, None]    # [B, H, Sq, 1]
     p_max = torch.full((), E4M3_MAX, dtype=torch.float32, device=q.device)
+    p_unit = torch.full((), P_UNIT, dtype=torch.float32, device=q.device)
     m = torch.full((b, h, sq), -math.inf, device=q.device)
     l = torch.zeros((b, h, sq), device=q.device)
     acc = torch.zeros((b, h, sq, d), device=q.device)
@@ -226,13 +296,18 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
         alpha = torch.exp2(m - m_new)
         p = torch.exp2(s - m_new[..., None])
         l = l * alpha + p.sum(dim=-1)
-        if launch.pv_fp8:
+        if launch.v_per_channel:
+            pv = (e4m3_codes(p * p_max) @ v_codes[:, :, cols].float()) * p_unit
+        elif launch.pv_fp8:
             pv = (e4m3_codes(p * p_max) @ v_codes[:, :, cols].float()) * (v_scales[:, :, j, None, None] / p_max)
         else:
             pv = p.to(v.dtype).float() @ v[:, :, cols].float()
         acc = acc * alpha[..., None] + pv
         m = m_new
-    return (acc / l[..., None]).to(q.dtype)
+    out = acc / l[..., None]
+    if launch.v_per_channel:
+        out = out * v_channel_scales[:, :, None]
+    return out.to(q.dtype)
 
 
 def attention_exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -253,15 +328,20 @@ def error_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: flo
     (exact) and w^ (of the quantised logits): each ratio w^_j / w_j lies in [e^-2delta, e^2delta]. P's codes are
     p (1 + theta) + phi with |theta| <= u_p and |phi| <= eta_p (p <= 1; e4m3: u, 2^-10 / 448), over fp32 row sums
     l >= 1 (the row maximum adds 1); V's are v (1 + theta_v) + phi_v with |theta_v| <= u_v, |phi_v| <= eta_v sv
-    (e4m3: u, 2^-10; V as given: 0, 0). With A_id = sum_j w_ij |v_jd| and Asv_i = sum_j w_ij sv_j:
+    (e4m3: u, 2^-10; V as given: 0, 0; sv_jd the scale of v_jd: its block's, or with v_per_channel its channel's,
+    applied to the output at the end, a scaling the terms below commute with). With A_id = sum_j w_ij |v_jd| and
+    Asv_id = sum_j w_ij sv_jd:
       |o^_id - o_id| <= (e^(2 delta_i) - 1) A_id + e^(2 delta_i) (((1 + u_p)(1 + u_v) - 1) A_id
-                        + (1 + u_p) eta_v Asv_i) + Skv * eta_p * max_j ((1 + u_v) |v_jd| + eta_v sv_j),
+                        + (1 + u_p) eta_v Asv_id) + Skv * eta_p * max_j ((1 + u_v) |v_jd| + eta_v sv_jd),
     plus fp32 arithmetic (delta scaled by 1 + 2^-10, and Skv * 2^-22 * max_j |v_jd|). Relative to the weighted
-    mean of |v|: about 2 delta + u_p + u_v, where delta grows with sm_scale * sum_d |q_d| |k_d|.
+    mean of |v|: about 2 delta + u_p + u_v, where delta grows with sm_scale * sum_d |q_d| |k_d|. Finer Q scales
+    (q_group) shrink e_q and so delta. The fp32 terms assume fp32 arithmetic, as the reference and the interpreter
+    do; the GPUs' FP8 MMA accumulates one P V tile at reduced precision (the module docstring), which this bound
+    leaves out.
     """
     u, eta = E4M3_UNIT_ROUNDOFF, E4M3_HALF_SUBNORMAL_SPACING
     scale = sm_scale or default_scale(q.shape[-1])
-    bm, bn = launch.block_m, launch.block_n
+    bm, bn = launch.q_group or launch.block_m, launch.block_n
     _, q_scales = quantize_blocks_reference(q, bm, int8=launch.qk_int8)
     k_mean = key_mean(k) if smooth_k else None
     _, k_scales = quantize_blocks_reference(k, bn, k_mean, int8=launch.qk_int8)
@@ -281,7 +361,10 @@ def error_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: flo
     w = torch.softmax(scale * (qf @ kf.transpose(-1, -2)), dim=-1)                 # [B, H, Sq, Skv]
     if launch.pv_fp8:
         u_p, eta_p, u_v, eta_v = u, eta / E4M3_MAX, u, eta
-        sv = quantize_blocks_reference(v, bn)[1][:, :, kv_rows, None].double()      # [B, H, Skv, 1]
+        if launch.v_per_channel:
+            sv = channel_scales(v)[:, :, None, :].double().expand_as(vf)               # [B, H, Skv, D]
+        else:
+            sv = quantize_blocks_reference(v, bn)[1][:, :, kv_rows, None].double()  # [B, H, Skv, 1]
     else:
         (u_p, eta_p), u_v, eta_v = P16_ROUNDING[v.dtype], 0.0, 0.0
         sv = torch.zeros_like(vf[..., :1])
@@ -311,6 +394,12 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: f
         eager_because(OP, reason)
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     return attention_fp8_triton(q, k, v, scale, launch or launch_for_device(q.device))
+
+
+def attention_fp8_sage2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        sm_scale: float | None = None) -> torch.Tensor:
+    """attention_fp8 on SageAttention 2's recipe (`sage2_launch_for_device`), with the same refusals and fallback."""
+    return attention_fp8(q, k, v, sm_scale, sage2_launch_for_device(q.device))
 
 
 def _attention_fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float) -> torch.Tensor:
@@ -385,15 +474,32 @@ if triton is not None:
         return codes, scale
 
     @triton.jit
+    def quantize_row_groups(x, ROWS: tl.constexpr, GROUP: tl.constexpr, INT8: tl.constexpr,
+                            EXACT_GRID: tl.constexpr):
+        """quantize_tile per group of GROUP rows of an fp32 [ROWS, D] tile: (codes, per-row scales [ROWS], each
+        row's the scale of its group)."""
+        row_max = tl.max(tl.abs(x), axis=1)
+        group_max = tl.max(tl.reshape(row_max, [ROWS // GROUP, GROUP]), axis=1)
+        absmax = tl.maximum(tl.reshape(tl.broadcast_to(group_max[:, None], [ROWS // GROUP, GROUP]), [ROWS]), 1e-12)
+        if INT8:
+            scale = tl.div_rn(absmax, 127.0)
+            codes = round_half_even(tl.minimum(tl.maximum(tl.div_rn(x, scale[:, None]), -127.0), 127.0)).to(tl.int8)
+        else:
+            scale = tl.div_rn(absmax, 448.0)
+            codes = to_e4m3(tl.div_rn(x, scale[:, None]), EXACT_GRID)
+        return codes, scale
+
+    @triton.jit
     def _quantize_blocks_kernel(x_ptr, mean_ptr, codes_ptr, scales_ptr, S, H, blocks,
                                 stride_b, stride_h, stride_s, stride_d,
                                 HAS_MEAN: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                                 TRANSPOSED: tl.constexpr, INT8: tl.constexpr, EXACT_GRID: tl.constexpr,
-                                CODES_U8: tl.constexpr):
+                                CODES_U8: tl.constexpr, CHANNEL: tl.constexpr):
         """One (block of BLOCK rows, batch x head): codes (quantize_tile) into a buffer of blocks * BLOCK rows per
         (batch, head), [B, H, S_pad, D] or TRANSPOSED [B, H, D, S_pad] (rows past S get code 0, so the attention
-        kernel loads whole tiles unmasked), the scale into [B * H, blocks]. CODES_U8: e4m3 codes stored as uint8
-        (the interpreter's buffers: numpy has no fp8)."""
+        kernel loads whole tiles unmasked), the scale into [B * H, blocks]. CHANNEL: e4m3 codes of the per-channel
+        scales given in scales_ptr ([B * H, D], read, not written). CODES_U8: e4m3 codes stored as uint8 (the
+        interpreter's buffers: numpy has no fp8)."""
         block = tl.program_id(0)
         bh = tl.program_id(1)
         rows = block * BLOCK + tl.arange(0, BLOCK)
@@ -404,7 +510,10 @@ if triton is not None:
         x = x.to(tl.float32)
         if HAS_MEAN:
             x = tl.where(valid, x - tl.load(mean_ptr + bh * D + cols)[None, :], 0.0)
-        codes, scale = quantize_tile(x, INT8, EXACT_GRID)
+        if CHANNEL:
+            codes = to_e4m3(tl.div_rn(x, tl.load(scales_ptr + bh * D + cols)[None, :]), EXACT_GRID)
+        else:
+            codes, scale = quantize_tile(x, INT8, EXACT_GRID)
         if CODES_U8 and not INT8:
             codes = codes.to(tl.uint8, bitcast=True)
         s_pad = blocks * BLOCK
@@ -412,7 +521,8 @@ if triton is not None:
             tl.store(codes_ptr + bh * s_pad * D + cols[:, None] * s_pad + rows[None, :], tl.trans(codes))
         else:
             tl.store(codes_ptr + bh * s_pad * D + rows[:, None] * D + cols[None, :], codes)
-        tl.store(scales_ptr + bh * blocks + block, scale)
+        if not CHANNEL:
+            tl.store(scales_ptr + bh * blocks + block, scale)
 
     @triton.jit
     def _attention_fp8_kernel(q_ptr, k_codes_ptr, k_scales_ptr, v_ptr, v_scales_ptr, out_ptr,
@@ -421,9 +531,13 @@ if triton is not None:
                               stride_vb, stride_vh, stride_vs, stride_vd,
                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                               QK_INT8: tl.constexpr, PV_FP8: tl.constexpr, V_TRANSPOSED: tl.constexpr,
-                              MASK_KV: tl.constexpr, EXACT_GRID: tl.constexpr, CODES_U8: tl.constexpr):
+                              MASK_KV: tl.constexpr, EXACT_GRID: tl.constexpr, CODES_U8: tl.constexpr,
+                              Q_GROUP: tl.constexpr, V_CHANNEL: tl.constexpr):
         """One (BLOCK_M rows of Q, batch x head). K's codes (int8 or e4m3) and, with PV_FP8, V's (e4m3) come
-        padded to whole tiles; without PV_FP8, v_ptr is V itself (strides given), P rounded to its dtype."""
+        padded to whole tiles; without PV_FP8, v_ptr is V itself (strides given), P rounded to its dtype.
+        Q_GROUP: Q's scale per group of that many rows (0: the block). V_CHANNEL: V's scales per channel
+        ([B * H, D]), applied to the output's columns after the loop; each P V tile's FP8 product is a fresh fp32
+        accumulator, times P's 1 / 448, added to the running output (the two-level sum, module docstring)."""
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -432,9 +546,13 @@ if triton is not None:
         q_base = q_ptr + (bh // H) * stride_qb + (bh % H) * stride_qh
         q = tl.load(q_base + rows[:, None] * stride_qs + cols[None, :] * stride_qd, mask=row_ok[:, None],
                     other=0.0).to(tl.float32)
-        # Q's block scale: this program's rows are the block
-        q_codes, q_scale = quantize_tile(q, QK_INT8, EXACT_GRID)
-        q_const = q_scale * qk_const
+        if Q_GROUP == 0:
+            # Q's block scale: this program's rows are the block
+            q_codes, q_scale = quantize_tile(q, QK_INT8, EXACT_GRID)
+            q_const = q_scale * qk_const
+        else:
+            q_codes, q_scale = quantize_row_groups(q, BLOCK_M, Q_GROUP, QK_INT8, EXACT_GRID)
+            q_const = (q_scale * qk_const)[:, None]
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -468,7 +586,15 @@ if triton is not None:
                     p_codes = e4m3_grid(p * 448.0).to(tl.float8e4nv)
                 else:
                     p_codes = (p * 448.0).to(tl.float8e4nv)
-                pv = tl.dot(p_codes, v_codes) * tl.div_rn(tl.load(v_scales_ptr + bh * kv_blocks + j), 448.0)
+                if V_CHANNEL:
+                    # a fresh fp32 accumulator for this tile, scaled by P's 1 / 448 and added below to the running
+                    # output in fp32: the MMA's reduced-precision accumulation spans one tile's BLOCK_N products.
+                    # The product between the dot and the sum also keeps Triton from folding the sum into the
+                    # dot's accumulator (it does so for `acc + dot(a, b)` wherever the dot may accumulate in full
+                    # precision, sm_89's mma.sync included)
+                    pv = tl.dot(p_codes, v_codes) * (1.0 / 448.0)
+                else:
+                    pv = tl.dot(p_codes, v_codes) * tl.div_rn(tl.load(v_scales_ptr + bh * kv_blocks + j), 448.0)
             else:
                 v_offsets = kv_rows[:, None] * stride_vs + cols[None, :] * stride_vd
                 if MASK_KV:
@@ -489,14 +615,18 @@ if triton is not None:
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         out = acc / l_i[:, None]
+        if V_CHANNEL:
+            out = out * tl.load(v_scales_ptr + bh * D + cols)[None, :]
         tl.store(out_ptr + bh.to(tl.int64) * Sq * D + rows[:, None] * D + cols[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def _quantize_padded(x: torch.Tensor, block: int, mean: torch.Tensor | None, transposed: bool,
-                     launch: AttentionFP8Launch, int8: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     launch: AttentionFP8Launch, int8: bool = False, channel_scales: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """The quantiser kernel: (codes, [B, H, S_pad, D] or transposed [B, H, D, S_pad] with S_pad = whole blocks and
-    zero codes past S: int8, or float8_e4m3fn (uint8 under the interpreter); fp32 scales [B, H, blocks])."""
+    zero codes past S: int8, or float8_e4m3fn (uint8 under the interpreter); fp32 scales [B, H, blocks], or the
+    given per-channel `channel_scales` [B, H, D], e4m3 codes of x divided by them)."""
     b, h, s, d = x.shape
     if x.requires_grad:     # the interpreter hands tensors to numpy, which refuses ones that require grad
         x = x.detach()
@@ -504,22 +634,26 @@ def _quantize_padded(x: torch.Tensor, block: int, mean: torch.Tensor | None, tra
     shape = (b, h, d, blocks * block) if transposed else (b, h, blocks * block, d)
     codes_u8 = dispatch.interpreting()
     codes = torch.empty(shape, dtype=torch.int8 if int8 else torch.uint8 if codes_u8 else FP8_DTYPE, device=x.device)
-    scales = torch.empty((b, h, blocks), dtype=torch.float32, device=x.device)
+    if channel_scales is None:
+        scales = torch.empty((b, h, blocks), dtype=torch.float32, device=x.device)
+    else:
+        scales = channel_scales.contiguous()
     mean_arg = mean.contiguous() if mean is not None else scales
     _quantize_blocks_kernel[(blocks, b * h)](
         x, mean_arg, codes, scales, s, h, blocks, *x.stride(),
         HAS_MEAN=mean is not None, D=d, BLOCK=block, TRANSPOSED=transposed, INT8=int8, EXACT_GRID=codes_u8,
-        CODES_U8=codes_u8, num_warps=launch.quantize_num_warps)
+        CODES_U8=codes_u8, CHANNEL=channel_scales is not None, num_warps=launch.quantize_num_warps)
     return codes, scales
 
 
 def quantize_blocks_triton(x: torch.Tensor, block: int, mean: torch.Tensor | None = None,
-                           launch: AttentionFP8Launch = LAUNCH, transposed: bool = False, int8: bool = False
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_blocks_reference through the quantiser kernel: (codes float8_e4m3fn or int8 [B, H, S, D], a view
-    of the padded buffer, transposed in memory where asked; scales fp32 [B, H, blocks])."""
+                           launch: AttentionFP8Launch = LAUNCH, transposed: bool = False, int8: bool = False,
+                           channel_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_blocks_reference (or, given `channel_scales`, quantize_channels_reference's codes) through the
+    quantiser kernel: (codes float8_e4m3fn or int8 [B, H, S, D], a view of the padded buffer, transposed in memory
+    where asked; scales fp32 [B, H, blocks], or the channel scales)."""
     s = x.shape[2]
-    codes, scales = _quantize_padded(x, block, mean, transposed, launch, int8)
+    codes, scales = _quantize_padded(x, block, mean, transposed, launch, int8, channel_scales)
     if not int8:
         codes = codes.view(FP8_DTYPE)          # a no-op on a GPU's fp8 buffer
     view = codes.transpose(-1, -2) if transposed else codes
@@ -538,7 +672,10 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
         q, v = q.detach(), v.detach()
     k_codes, k_scales = _quantize_padded(k, launch.block_n, key_mean(k) if smooth_k else None, False, launch,
                                          launch.qk_int8)
-    if launch.pv_fp8:
+    if launch.v_per_channel:        # V quantised once, over all tokens, before the attention kernel
+        v_arg, v_scales = _quantize_padded(v, launch.block_n, None, launch.v_transposed, launch,
+                                           channel_scales=channel_scales(v))
+    elif launch.pv_fp8:
         v_arg, v_scales = _quantize_padded(v, launch.block_n, None, launch.v_transposed, launch)
     else:
         v_arg, v_scales = v, k_scales           # V as given (its strides below); no scales read
@@ -549,7 +686,8 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
         sq, skv, h, k_scales.shape[2], qk_const, *q.stride(), *v.stride(),
         D=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, QK_INT8=launch.qk_int8, PV_FP8=launch.pv_fp8,
         V_TRANSPOSED=launch.v_transposed, MASK_KV=skv % launch.block_n != 0, EXACT_GRID=dispatch.interpreting(),
-        CODES_U8=dispatch.interpreting(), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        CODES_U8=dispatch.interpreting(), Q_GROUP=launch.q_group, V_CHANNEL=launch.v_per_channel,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out
 
 
@@ -560,7 +698,8 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_s
 def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: AttentionFP8Launch | None = None,
                 mask_kv: bool = False) -> dict:
     """Compile the kernels (attention, K's and V's quantisers) for CUDA compute capability `arch` (89, 90) without a
-    GPU, with the launch a call on that GPU gets (launch None) or `launch`: {kernel name: the compiled kernel's asm
+    GPU, with the launch a call on that GPU gets (launch None) or `launch` (`sage2_launch_for(divmod(arch, 10))`:
+    the SageAttention 2 recipe's): {kernel name: the compiled kernel's asm
     dict (ttir, ttgir, llir, ptx, cubin) and its `shared_bytes`}. Needs a Triton with triton.compile, GPUTarget and
     ASTSource, and TRITON_INTERPRET unset (interpreted kernels do not compile)."""
     from triton.backends.compiler import GPUTarget
@@ -576,12 +715,12 @@ def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: Att
     kernels = {
         "quantize_blocks": (_quantize_blocks_kernel, k_quantizer_pointers,      # K's: smoothed, [S, D]
                             {"HAS_MEAN": True, "D": head_dim, "BLOCK": launch.block_n, "TRANSPOSED": False,
-                             "INT8": launch.qk_int8, "EXACT_GRID": False, "CODES_U8": False},
+                             "INT8": launch.qk_int8, "EXACT_GRID": False, "CODES_U8": False, "CHANNEL": False},
                             launch.quantize_num_warps),
         "quantize_v": (_quantize_blocks_kernel, quantizer_pointers,
                        {"HAS_MEAN": False, "D": head_dim, "BLOCK": launch.block_n,
                         "TRANSPOSED": launch.v_transposed, "INT8": False, "EXACT_GRID": False,
-                        "CODES_U8": False},
+                        "CODES_U8": False, "CHANNEL": launch.v_per_channel},
                        launch.quantize_num_warps),
         "attention_fp8": (_attention_fp8_kernel,
                           {"q_ptr": f"*{dtype}", "k_codes_ptr": k_codes, "k_scales_ptr": "*fp32",
@@ -590,7 +729,8 @@ def compile_for(arch: int, head_dim: int = 128, dtype: str = "bf16", launch: Att
                            "qk_const": "fp32"},
                           {"D": head_dim, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
                            "QK_INT8": launch.qk_int8, "PV_FP8": launch.pv_fp8, "V_TRANSPOSED": launch.v_transposed,
-                           "MASK_KV": mask_kv, "EXACT_GRID": False, "CODES_U8": False},
+                           "MASK_KV": mask_kv, "EXACT_GRID": False, "CODES_U8": False,
+                           "Q_GROUP": launch.q_group, "V_CHANNEL": launch.v_per_channel},
                           launch.num_warps),
     }
     if not launch.pv_fp8:
