@@ -3,15 +3,17 @@
 Per shape (Flux-dev at 1024, 2048 and 4096, Wan 2.1 14B 480x832x81 self-attention): TFLOPS (4 B H Lq Lkv D / time)
 of torch's SDPA backends (cuDNN, FLASH, EFFICIENT, each forced through torch.nn.attention.sdpa_kernel), of the
 pack's FP8 kernel (fused_dit.ops.attention_fp8, quantisers included) at every launch of a small sweep (tiles,
-warps, stages, V's layout; the best recorded), of SageAttention where it is importable, as ComfyUI's
-`--use-sage-attention` calls it (`sage`: whichever version is installed), of SageAttention 2's sm90 path
+warps, stages, V's layout; the best recorded), of the same kernel on SageAttention 2's recipe (`fp8_sage2`: Q's
+INT8 scales per warp's rows, smoothed K, e4m3 P V with V's scales per channel, the two-level fp32 sum; the launch
+`sage2_launch_for` gives the GPU, recorded as `fp8_sage2_launch`), of SageAttention where it is importable, as
+ComfyUI's `--use-sage-attention` calls it (`sage`: whichever version is installed), of SageAttention 2's sm90 path
 (`sage2`: `sageattn_qk_int8_pv_fp8_cuda_sm90` with its defaults, INT8 Q K^T per thread with smoothed K, FP8 P V,
 fp32+fp32 accumulation; what `sageattn` runs on an sm_90 GPU) and of FlashAttention-4 (`fa4`: `flash_attn.cute`, bf16,
 exact) where they are importable (else recorded as skipped, with the reason); as fractions of the H200's dense bf16
 and FP8 peaks. And per call, against fp32
 attention on the same inputs (a fixed subset of query rows against all keys): relative Frobenius error and cosine
-similarity of the outputs of the FP8 kernel, sage and bf16 SDPA, on plain Gaussian inputs and on DiT-like ones (a
-few large-magnitude channels and a per-channel key offset, then RMSNorm with a learned-looking scale).
+similarity of the outputs of the FP8 kernel (both recipes), sage and bf16 SDPA, on plain Gaussian inputs and on
+DiT-like ones (a few large-magnitude channels and a per-channel key offset, then RMSNorm with a learned-looking scale).
 
     python -m benchmarks attention-kernels --out benchmarks/results/attention-kernels-h200.json --budget-s 210
     python -m benchmarks attention-kernels --compile-only --out benchmarks/results/attention-fp8-compile.json
@@ -19,19 +21,26 @@ few large-magnitude channels and a per-channel key offset, then RMSNorm with a l
     python -m benchmarks attention-kernels --from FILE --write-table [PATH]   # the fp8 mode's yardstick table
 
 `bash scripts/sage2_for_device.sh` builds SageAttention 2 on the device and runs this command with `--no-sweep`
-(the first pass alone: the rows that decide the mode and its yardstick).
+(the first pass alone: the rows that decide the mode and its yardstick, `fp8_sage2` beside `sage2` included). That
+is the device run that measures the kernel on SageAttention 2's recipe against SageAttention 2 itself, on the H200
+(kit built here first, `scripts/sage2_for_device.sh --kit GIT_DIR`; then on the device, carrying `.sage2-device`;
+the longer limits give the first pass room for the added row, unmeasured):
+
+    BENCH_LIMIT=240 BUDGET_S=180 bash scripts/sage2_for_device.sh
 
 The JSON is rewritten after every measurement, and each measurement records its error instead of stopping the
 run, so a run cut off by its time limit still leaves what it measured. Measurements run in order of importance
-(the exact backends ComfyUI picks, SageAttention 2 and FlashAttention-4, the FP8 kernel's default launch, sage,
-the errors; then the sweep; EFFICIENT last) and stop when --budget-s is spent, the rest recorded as skipped. `--compile-only` builds the FP8 kernels
-for sm_89 and sm_90 without a GPU (Triton's ahead-of-time compile) at every launch of the sweep.
+(the exact backends ComfyUI picks, SageAttention 2 and FlashAttention-4, the FP8 kernel's default launch and its
+launch on SageAttention 2's recipe, sage, the errors; then the sweep; EFFICIENT last) and stop when --budget-s is
+spent, the rest recorded as skipped. `--compile-only` builds the FP8 kernels
+for sm_89 and sm_90 without a GPU (Triton's ahead-of-time compile) at every launch of the sweep and the recipe's.
 
 `--write-table` derives the `fp8` attention mode's yardstick from a run with SageAttention 2 in it
 (fused_dit/attention_yardstick.json, citing the run's keys): per measured shape with `sage2` errors on both input
 kinds, a band of key lengths (from the geometric midpoint with the next smaller measured shape, or half its own
 length, to the midpoint with the next larger, or twice its length) at that head dim, SageAttention 2's errors there,
-and `within`: the pack's lossy rows (`fp8`, `cudnn_fp8`) whose error was at most SageAttention 2's on every kind.
+and `within`: the pack's lossy rows (`fp8`, `cudnn_fp8`, `fp8_sage2`) whose error was at most SageAttention 2's on
+every kind.
 """
 from __future__ import annotations
 
@@ -61,7 +70,7 @@ OUTLIER_GAIN = 10.0
 SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 INPUT_KINDS = ("gaussian", "dit_like")
 YARDSTICK = results.REPO / "overlays" / "fused_dit" / "attention_yardstick.json"
-LOSSY_ROWS = ("fp8", "cudnn_fp8")   # the pack's lossy candidates, as the fp8 mode's table names them
+LOSSY_ROWS = ("fp8", "cudnn_fp8", "fp8_sage2")   # the pack's lossy candidates, as the fp8 mode's table names them
 
 
 class Unavailable(Exception):
@@ -72,14 +81,15 @@ def sweep_launches(smoke: bool = False) -> list:
     """The FP8 kernel's launches to time: tiles, warps and stages around the default (after Triton's
     fused-attention tutorial for FP8 on Hopper), in the default formats (INT8 Q K^T, 16-bit P V), with e4m3 P V
     (V's layout both ways) and all e4m3; each point records its error too."""
-    from fused_dit.ops.attention_fp8 import AttentionFP8Launch as L
+    from fused_dit.ops.attention_fp8 import AttentionFP8Launch as L, sage2_recipe
     if smoke:
         return [L(32, 32, 4, 1), L(32, 32, 4, 1, pv_fp8=True), L(32, 32, 4, 1, qk_int8=False, pv_fp8=True)]
     exact_pv = [L(128, 128, 8, 3), L(128, 128, 8, 4), L(128, 64, 8, 3), L(128, 64, 4, 3), L(64, 128, 4, 3),
                 L(128, 128, 4, 3)]
     fp8_pv = [L(128, 128, 8, 3, pv_fp8=True), L(128, 128, 8, 4, pv_fp8=True), L(128, 64, 8, 3, pv_fp8=True),
               L(128, 128, 8, 3, pv_fp8=True, v_transposed=False), L(128, 128, 8, 3, qk_int8=False, pv_fp8=True)]
-    return exact_pv + fp8_pv
+    recipe = [sage2_recipe(L(128, 128, 8, 3)), sage2_recipe(L(128, 64, 4, 3))]      # SageAttention 2's recipe
+    return exact_pv + fp8_pv + recipe
 
 
 def add_arguments(parser) -> None:
@@ -134,9 +144,10 @@ def compile_only(options) -> int:
     report = {"environment": results.environment("cpu"), "what": "the FP8 attention kernels compiled ahead of time "
               "for sm_89 (Ada) and sm_90 (Hopper) without a GPU", "builds": []}
     for arch in (89, 90):
-        default = af.launch_for(divmod(arch, 10))
-        for launch in [default] + [l for l in sweep_launches() if l != default]:
-            entry = {"arch": f"sm_{arch}", "launch": launch.label, "default": launch == default}
+        default, recipe = af.launch_for(divmod(arch, 10)), af.sage2_launch_for(divmod(arch, 10))
+        for launch in [default, recipe] + [l for l in sweep_launches() if l not in (default, recipe)]:
+            entry = {"arch": f"sm_{arch}", "launch": launch.label, "default": launch == default,
+                     "sage2_recipe": launch == recipe}
             try:
                 for name, asm in af.compile_for(arch, launch=launch).items():
                     entry[name] = {
@@ -303,7 +314,10 @@ class Run:
         self.report["sageattention_source"] = os.environ.get("SAGEATTENTION_SOURCE")
         self.report["flash_attn_4"] = fa4_version()
         default = af.launch_for_device(self.torch.device(self.device)) if not self.smoke else sweep_launches(True)[0]
+        recipe = af.sage2_launch_for_device(self.torch.device(self.device)) if not self.smoke else \
+            af.sage2_recipe(default)
         self.report["fp8_default_launch"] = default.label
+        self.report["fp8_sage2_launch"] = recipe.label
         launches = [default] + [l for l in sweep_launches(self.smoke) if l != default]
         exact_backends = SDPA_BACKENDS[:2] if not self.smoke else ()
         for name in self.shapes:                          # first pass: what decides the mode
@@ -314,6 +328,8 @@ class Run:
             self.measure(name, "speed", "fa4", lambda: self.speed(name, self.fa4(q, k, v)))
             self.measure(name, "speed", "fp8_default", lambda: {"launch": default.label, **self.speed(
                 name, self.fp8(default, q, k, v), fp8=True)})
+            self.measure(name, "speed", "fp8_sage2", lambda: {"launch": recipe.label, **self.speed(
+                name, self.fp8(recipe, q, k, v), fp8=True)})
             self.measure(name, "speed", "sage", lambda: self.speed(name, self.sage(q, k, v)))
             self.measure(name, "speed", "cudnn_fp8", lambda: self.speed(name, self.cudnn_fp8(q, k, v), fp8=True))
             self.measure(name, "speed", "fp8_quantize_kv", lambda: {"ms": round(self.time_ms(
@@ -323,6 +339,8 @@ class Run:
                 self.measure(name, f"error_{kind}", "sage2", lambda: self.error(name, kind, self.sage2(*qk)()))
                 self.measure(name, f"error_{kind}", "fa4", lambda: self.error(name, kind, self.fa4(*qk)()))
                 self.measure(name, f"error_{kind}", "fp8", lambda: self.error(name, kind, self.fp8(default, *qk)()))
+                self.measure(name, f"error_{kind}", "fp8_sage2",
+                             lambda: self.error(name, kind, self.fp8(recipe, *qk)()))
                 self.measure(name, f"error_{kind}", "sage", lambda: self.error(name, kind, self.sage(*qk)()))
                 self.measure(name, f"error_{kind}", "cudnn_fp8",
                              lambda: self.error(name, kind, self.cudnn_fp8(*qk)()))

@@ -30,9 +30,13 @@ def test_the_smoke_run_writes_every_section_and_records_what_it_cannot_run(tmp_p
     report = _smoke(tmp_path)
     shape = report["shapes"]["smoke"]
     assert shape["speed"]["fp8_default"]["launch"] == report["fp8_default_launch"]
+    # the kernel on SageAttention 2's recipe: its own launch, timed, and its error on both input kinds
+    assert shape["speed"]["fp8_sage2"]["launch"] == report["fp8_sage2_launch"] != report["fp8_default_launch"]
+    assert "ms" in shape["speed"]["fp8_sage2"] and "v-channel" in report["fp8_sage2_launch"]
     for kind in ("gaussian", "dit_like"):
         errors = shape[f"error_{kind}"]
-        assert set(errors) == {"fp8", "cudnn_fp8", "sage", "sage_smooth_k", "sdpa_bf16", "sage2", "fa4"}
+        assert set(errors) == {"fp8", "fp8_sage2", "cudnn_fp8", "sage", "sage_smooth_k", "sdpa_bf16", "sage2", "fa4"}
+        assert {"relative_frobenius", "cosine", "max_abs"} <= set(errors["fp8_sage2"])
         assert "error" in errors["cudnn_fp8"]        # no cuDNN FP8 SDPA on the CPU: recorded, not raised
         for row in ("sage2", "fa4"):                 # a package (or GPU) that is not here: skipped, with the reason
             assert set(errors[row]) == {"skipped"}, errors[row]
@@ -59,7 +63,8 @@ def test_past_the_time_budget_measurements_are_recorded_as_skipped(tmp_path):
 def test_no_sweep_runs_the_first_pass_alone(tmp_path):
     shape = _smoke(tmp_path, "--no-sweep")["shapes"]["smoke"]
     assert "fp8_sweep" not in shape and "fp8_best" not in shape
-    assert {"fp8_default", "sage2", "fa4"} <= set(shape["speed"]) and "sage2" in shape["error_dit_like"]
+    assert {"fp8_default", "fp8_sage2", "sage2", "fa4"} <= set(shape["speed"]) and "sage2" in shape["error_dit_like"]
+    assert "fp8_sage2" in shape["error_dit_like"] and "fp8_sage2" in shape["error_gaussian"]
 
 
 def test_the_flop_count_and_the_best_launch():
