@@ -139,3 +139,75 @@ def test_an_unreadable_table_keeps_the_earlier_rule_and_says_so_once(tmp_path, m
     finally:
         attention_yardstick.use_table(None)
         state.forget_said()
+
+
+# ------------------------------------------------------------------------------------------------ the recipe's gate
+def with_recipe(shapes_errors: dict, recipe: tuple) -> dict:
+    """`errors(...)` with the `fp8_sage2` row (the kernel on SageAttention 2's recipe) added, one error per kind."""
+    return {kind: {**rows, "fp8_sage2": recipe[i]} for i, (kind, rows) in enumerate(shapes_errors.items())}
+
+
+class RecipeCandidates(Candidates):
+    """Candidates with the kernel on SageAttention 2's recipe too, `recipe_error` on the call and the fastest of all."""
+
+    def __init__(self, monkeypatch, kernel_error: float, recipe_error: float):
+        super().__init__(monkeypatch, kernel_error)
+        self.times = {**self.times, "recipe": 0.5}
+        monkeypatch.setattr(attention_fp8.kernel, "attention_fp8_sage2",
+                            lambda q, k, v, scale=None: self.ran.append("recipe") or q * (1 + recipe_error))
+
+    def choose_and_run_again(self) -> tuple[str, str]:
+        """(the shape's choice, what its second call ran)."""
+        override = attention_fp8.Fp8Attention(timer=self.timer, devices=("cpu",))
+        self.run(override)
+        return next(iter(override.choices.values())), self.run(override)
+
+
+def test_the_derivation_lists_the_recipe_row_where_it_is_within_sage2_on_every_kind():
+    report = run_report({
+        "within": (4, D, with_recipe(errors((0.04, 0.05), (0.01, 0.07), (0.06, 0.3)), (0.03, 0.05))),
+        "beyond": (16, D, with_recipe(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), (0.03, 0.06))),
+    })
+    bands = {b["shape"]: b for b in attention_kernels.derive_yardstick(report)["bands"]}
+    assert bands["within"]["within"] == ["fp8_sage2"] and bands["beyond"]["within"] == ["fp8"]
+
+
+def test_with_the_shipped_table_and_no_sageattention_the_recipe_is_never_chosen_nor_timed(monkeypatch):
+    """No band, no SageAttention 2 on the call: no yardstick says the recipe is as accurate, so it is not a candidate,
+    however fast and accurate it would be; the earlier rule keeps the kernel."""
+    attention_yardstick.use_table(None)
+    candidates = RecipeCandidates(monkeypatch, kernel_error=0.01, recipe_error=0.0)
+    assert candidates.choose_and_run_again() == (attention_fp8.KERNEL, "kernel")
+    assert "recipe" not in candidates.ran
+
+
+def test_where_a_band_lists_the_recipe_and_its_error_is_within_it_is_chosen_and_runs(table, monkeypatch):
+    table({"flux-like": (TOKENS, D, with_recipe(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), (0.02, 0.03)))})
+    candidates = RecipeCandidates(monkeypatch, kernel_error=0.01, recipe_error=0.03)
+    assert candidates.choose_and_run_again() == (attention_fp8.RECIPE, "recipe")
+
+
+def test_where_the_recipes_error_on_the_call_is_beyond_the_band_the_next_fastest_runs(table, monkeypatch):
+    table({"flux-like": (TOKENS, D, with_recipe(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), (0.02, 0.03)))})
+    candidates = RecipeCandidates(monkeypatch, kernel_error=0.01, recipe_error=0.2)
+    assert candidates.choose_and_run_again() == (attention_fp8.KERNEL, "kernel")
+
+
+def test_where_a_band_does_not_list_the_recipe_it_is_not_timed(table, monkeypatch):
+    table({"flux-like": (TOKENS, D, with_recipe(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), (0.02, 0.09)))})
+    candidates = RecipeCandidates(monkeypatch, kernel_error=0.01, recipe_error=0.0)
+    assert candidates.choose_and_run_again() == (attention_fp8.KERNEL, "kernel")
+    assert "recipe" not in candidates.ran
+
+
+@pytest.mark.parametrize("recipe_error, chosen", [(0.01, attention_fp8.RECIPE), (0.05, attention_fp8.KERNEL)])
+def test_where_sageattention_2_runs_on_the_call_the_recipe_runs_only_within_its_error(monkeypatch, recipe_error,
+                                                                                     chosen):
+    """SageAttention 2 in the user's environment is the yardstick on the call itself: the recipe may run where its
+    error there is at most SageAttention 2's (here SageAttention 2 is the slowest lossy candidate)."""
+    from test_attention_optional import fake_sage
+    attention_yardstick.use_table(None)
+    candidates = RecipeCandidates(monkeypatch, kernel_error=0.001, recipe_error=recipe_error)
+    candidates.times = {**candidates.times, "sage2": 1.5}
+    fake_sage(monkeypatch, "2.2.0", 0.02, candidates.ran)
+    assert candidates.choose_and_run_again()[0] == chosen
