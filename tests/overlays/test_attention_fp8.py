@@ -143,6 +143,17 @@ def test_the_per_channel_v_quantiser_matches_its_reference(seed, transposed):
                  + af.E4M3_HALF_SUBNORMAL_SPACING * scales[:, :, None]).all())
 
 
+@interpreter_only
+def test_the_recipes_entry_point_runs_the_recipes_launch_and_falls_back_like_the_kernel(seed):
+    """attention_fp8_sage2 (what the fp8 mode calls for the recipe) is the kernel at sage2_launch_for's launch; a
+    call the kernel refuses returns exact attention, as attention_fp8 does."""
+    q, k, v = inputs(seed, 48, 40, torch.bfloat16)
+    assert torch.equal(af.attention_fp8_sage2(q, k, v),
+                       af.attention_fp8_triton(q, k, v, launch=af.sage2_launch_for(None)))
+    q, k, v = inputs(seed, 16, 16, torch.bfloat16, d=96)
+    assert torch.equal(af.attention_fp8_sage2(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))
+
+
 def test_the_sage2_recipe_is_a_launch_of_its_own_and_the_defaults_keep_theirs():
     """The recipe's Q groups are the rows one warp owns; the default launches keep per-block scales and labels."""
     for capability in ((8, 9), (9, 0), None):
