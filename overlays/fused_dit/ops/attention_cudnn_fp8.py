@@ -13,11 +13,24 @@ Quantisation, all on the GPU (no host read of any value):
 - The output is written in q's dtype where this cuDNN takes that; otherwise in e4m3 with `scale_o` = 1 / v's
   scale (every output row is a convex combination of v's rows, so |o| <= amax(v)) and dequantised after.
 
+Options (`Fp8Options`; issue 38, item 3), both off by default (`PLAIN`, the quantisation above in eager torch ops):
+- `rotate`: q and k rotated by the normalised Hadamard matrix before their codes (FlashAttention-3's incoherent
+  processing: Q K^T is unchanged by a common orthogonal rotation, and DiT's few large channels are spread over all
+  D, so the per-tensor e4m3 scale stops following them);
+- `v_mean`: V's token mean m_v subtracted before its codes and added to the output after cuDNN (`add_value_mean`:
+  every output row is a convex combination of V's rows, so P (V - m_v) + m_v = P V exactly; the e4m3 output's
+  bound holds for V - m_v alike). It costs a mean of V and one pass over the output.
+With either on, q, k and v are quantised by ops/rotate_quantize_fp8.py: two Triton launches after K's (and V's)
+token mean, scales on the GPU (its module says why two), codes bit-identical to its eager reference, which runs
+instead off an FP8 GPU or with `fused=False` (the eager-rotation variant, kept as the reference). `ROTATED` is the
+variant the `fp8` mode may offer (integration/attention_fp8.py: only under the yardstick).
+
 One graph per shape, built on its first call (an eager call: ComfyUI's model compiler runs each block eagerly once
 before it captures it) and cached with its workspace; a later call allocates the codes and the output alike every
 time and reads nothing back to the host, so a block replayed from a CUDA graph runs it unchanged.
 
 `refusal(q, k, v, mask)` says why it cannot take a call (None when it can); callers fall back to exact attention.
+The rotated path's cuDNN graph is the plain one (same shapes and formats: only the codes differ), cached alike.
 """
 from __future__ import annotations
 
@@ -25,6 +38,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from . import rotate_quantize_fp8 as rotation
 
 try:
     import cudnn
@@ -66,6 +81,37 @@ def per_tensor_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = (x.abs().amax().float().clamp_min(ABSMAX_FLOOR) / E4M3_MAX).reshape(1, 1, 1, 1)
     codes = (x * scale.reciprocal().to(x.dtype)).to(FP8_DTYPE).contiguous()
     return codes, scale
+
+
+@dataclass(frozen=True)
+class Fp8Options:
+    """How q, k and v become cuDNN's operands (see the module): rotation of q and k, V's mean, and whether the
+    Triton quantiser runs (False: its eager reference)."""
+    rotate: bool = False
+    v_mean: bool = False
+    fused: bool = True
+
+
+PLAIN = Fp8Options()
+ROTATED = Fp8Options(rotate=True)
+
+
+def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Fp8Options = PLAIN
+             ) -> rotation.RotatedCodes:
+    """The codes, descales and V's mean (or None) that cuDNN's graph takes for (q, k, v) under `options`."""
+    if options.rotate or options.v_mean:
+        quantize = rotation.rotate_quantize if options.fused else rotation.rotate_quantize_reference
+        return quantize(q, k, v, rotate=options.rotate, v_mean=options.v_mean)
+    q8, sq = per_tensor_codes(q)
+    k8, sk = per_tensor_codes(k - k.mean(dim=-2, keepdim=True))
+    v8, sv = per_tensor_codes(v)
+    return rotation.RotatedCodes(q8, k8, v8, sq, sk, sv, None)
+
+
+def add_value_mean(out: torch.Tensor, v_mean: torch.Tensor | None) -> torch.Tensor:
+    """cuDNN's P (V - m_v) plus m_v (fp32 `[B, H, 1, D]`), in place, rounded once to out's dtype: P V (the rows of
+    P sum to one). Without a mean, out as it is."""
+    return out if v_mean is None else out.add_(v_mean)
 
 
 @dataclass
@@ -149,21 +195,26 @@ def plan_for(q: torch.Tensor, k: torch.Tensor) -> _Plan:
     return _PLANS[key]
 
 
-def attention_cudnn_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_cudnn_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Fp8Options = PLAIN
+                        ) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v with e4m3 operands through cuDNN (the caller checked `refusal`)."""
     plan = plan_for(q, k)
-    q8, sq = per_tensor_codes(q)
-    k8, sk = per_tensor_codes(k - k.mean(dim=-2, keepdim=True))
-    v8, sv = per_tensor_codes(v)
-    out = torch.empty(q.shape, device=q.device, dtype=FP8_DTYPE if plan.fp8_output else q.dtype)
-    scale_o = sv.reciprocal() if plan.fp8_output else plan.constants["scale_o"]
+    codes = operands(q, k, v, options)
+    return add_value_mean(execute(plan, codes, q.dtype), codes.v_mean)
+
+
+def execute(plan: _Plan, codes: rotation.RotatedCodes, dtype: torch.dtype) -> torch.Tensor:
+    """cuDNN's FP8 SDPA on quantised operands: P (V - m_v) in `dtype` (the mean is the caller's to add)."""
+    q8 = codes.q
+    out = torch.empty(q8.shape, device=q8.device, dtype=FP8_DTYPE if plan.fp8_output else dtype)
+    scale_o = codes.v_scale.reciprocal() if plan.fp8_output else plan.constants["scale_o"]
     t = plan.tensors
-    pack = {t["q"]: q8, t["k"]: k8, t["v"]: v8, t["o"]: out,
-            t["descale_q"]: sq, t["descale_k"]: sk, t["descale_v"]: sv,
+    pack = {t["q"]: q8, t["k"]: codes.k, t["v"]: codes.v, t["o"]: out,
+            t["descale_q"]: codes.q_scale, t["descale_k"]: codes.k_scale, t["descale_v"]: codes.v_scale,
             t["descale_s"]: plan.constants["descale_s"], t["scale_s"]: plan.constants["scale_s"],
             t["scale_o"]: scale_o, t["amax_s"]: plan.constants["amax_s"], t["amax_o"]: plan.constants["amax_o"]}
-    cudnn.set_stream(handle=plan.handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    cudnn.set_stream(handle=plan.handle, stream=torch.cuda.current_stream(q8.device).cuda_stream)
     plan.graph.execute(pack, plan.workspace, handle=plan.handle)
     if plan.fp8_output:
-        return out.to(q.dtype) * sv.to(q.dtype)
+        return out.to(dtype) * codes.v_scale.to(dtype)
     return out
