@@ -50,13 +50,14 @@ def apply(install: Install, patches: list[Patch], *, fuzz: int = 0, dry_run: boo
                            recorded={pid: rec.variant for pid, rec in state.applied.items()})
         result = ApplyResult(plans, dry_run, recovered)
         result.warnings += hardlink_warnings(plans)
-        result.stale = stale_records(install, plans, state)
-        if dry_run or not result.applied:
-            return result
+        ops = merge_ops(plans)
         new_state, backups = State(dict(state.applied)), []
         for seq, plan in enumerate(result.applied, start=state.next_seq()):
             new_state.applied[plan.patch.id] = record_plan(plan, seq, fuzz, backups)
-        install.execute(merge_ops(plans), new_state,
+        result.stale = stale_records(install, plans, state)
+        if dry_run or not result.applied:
+            return result
+        install.execute(ops, new_state,
                         f"apply {', '.join(p.patch.id for p in result.applied)} to {install.root}", backups=backups)
         return result
 

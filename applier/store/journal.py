@@ -29,7 +29,7 @@ from applier.store.failpoints import failpoint, hook
 from applier.store.fsutil import (MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
                             io_failure, remove_stale_bytecode_at, sha256_bytes)
 from applier.store.heldroot import HeldRoot, is_temp_name
-from applier.store.state import KEEP, SHA256, State, StateStore, check_format, dump_json
+from applier.store.state import KEEP, SHA256, State, StateStore, dump_json
 
 JOURNAL_FORMAT = 2
 
@@ -75,7 +75,7 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
     failpoint("after-journal")
     write_all(store, ops, places)
     failpoint("after-files")
-    finish(store, journal, prune_places)
+    finish(store, new_state, manifest_after, prune_places)
 
 
 def run_document(ops: list[FileOp], places: list[Place], prune: list[Place], state_after: dict, description: str,
@@ -166,13 +166,12 @@ def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException
     raise io_failure(exc, place.path, "replace") from exc
 
 
-def finish(store: StateStore, journal: dict, prune: list[Place]) -> None:
+def finish(store: StateStore, state_after: State, manifest_after, prune: list[Place]) -> None:
     """Remove the folders the run emptied, then record what it leaves (manifest, state) and remove the journal."""
     hook("before-state", store)
     for folder in sorted(prune, key=lambda p: p.relpath.count("/"), reverse=True):
         remove_if_empty(folder)
-    store.end_run(State.from_json(journal["state_after"], store.confinement, what="the journal's state_after"),
-                  journal.get("manifest_after", KEEP))
+    store.end_run(state_after, manifest_after)
 
 
 def write_target(place: Place, data: bytes | None) -> None:
@@ -205,8 +204,8 @@ def remove_if_empty(folder: Place) -> None:
 def recover(store: StateStore) -> str | None:
     """Finish an interrupted run from its journal and remove the temp files killed writes left. Returns what was
     done, in words, or None when nothing was pending. Caller holds the target lock."""
-    journal = store.read_run()
-    finished = None if journal is None else finish_interrupted(store, journal)
+    journal, state_after = store.read_run((1, JOURNAL_FORMAT))
+    finished = None if journal is None else finish_interrupted(store, journal, state_after)
     swept = sweep_temp_files(store)
     if finished is None:
         return f"removed {swept} temp file(s) left by an interrupted run" if swept else None
@@ -214,7 +213,7 @@ def recover(store: StateStore) -> str | None:
     return f"finished an interrupted run ({journal.get('what', '?')}): {finished} file(s) completed{extra}"
 
 
-def finish_interrupted(store: StateStore, journal) -> int:
+def finish_interrupted(store: StateStore, journal: dict, state_after: State) -> int:
     """Each file of the journal still at its old bytes gets its new ones; then the run finishes. How many files
     were written."""
     entries, prune = read_journal(store, journal)
@@ -240,7 +239,7 @@ def finish_interrupted(store: StateStore, journal) -> int:
         except OSError as exc:
             raise io_failure(exc, place.path, "finish the interrupted run on") from exc
         finished += 1
-    finish(store, journal, prune)
+    finish(store, state_after, journal.get("manifest_after", KEEP), prune)
     return finished
 
 
@@ -254,13 +253,10 @@ def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], 
             raise StateCorruptError(f"{where}: {message}",
                                     hint="inspect it by hand; the bytes it names are in journal-data/")
 
-    need(isinstance(journal, dict), "not a JSON object")
-    check_format(where, journal, (1, JOURNAL_FORMAT), hint="inspect it by hand; the bytes it names are in journal-data/")
+    # read_run checked that it is an object of a format this applier reads, with a valid state_after
     need(isinstance(journal.get("files"), list), "'files' is missing or not a list")
-    need("state_after" in journal, "'state_after' is missing")
     need("manifest_after" not in journal or journal["manifest_after"] is None
          or isinstance(journal["manifest_after"], dict), "'manifest_after' is not an object")
-    State.from_json(journal["state_after"], store.confinement, what=f"{where}: its state_after")
     confinement = store.confinement
     out = []
     for entry in journal["files"]:

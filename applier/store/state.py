@@ -400,14 +400,25 @@ class StateStore:
     def run_data(self) -> Path:
         return self.dir / "journal-data"
 
-    def read_run(self):
-        """The journal of an interrupted run, None when there is none (journal-data/ left by a run killed before
-        its commit point is removed then: no target file was touched)."""
+    def read_run(self, formats: tuple[int, ...]):
+        """The journal of an interrupted run and the state it is to record, (journal, State): the journal a JSON
+        object of one of `formats`, its state_after a valid State (else StateCorruptError, nothing written; the
+        journal's other fields are journal.py's to check). (None, None) when no run is pending; journal-data/ left
+        by a run killed before its commit point is removed then (no target file was touched)."""
         self.check_folder()
         journal = self.read_json(self.journal_file)
-        if journal is None and os.path.lexists(self.run_data):
-            self.remove_tree(self.run_data)
-        return journal
+        if journal is None:
+            if os.path.lexists(self.run_data):
+                self.remove_tree(self.run_data)
+            return None, None
+        where = f"journal {self.journal_file}"
+        hint = "inspect it by hand; the bytes it names are in journal-data/"
+        if not isinstance(journal, dict):
+            raise StateCorruptError(f"{where}: not a JSON object", hint=hint)
+        check_format(where, journal, formats, hint=hint)
+        if "state_after" not in journal:
+            raise StateCorruptError(f"{where}: 'state_after' is missing", hint=hint)
+        return journal, State.from_json(journal["state_after"], self.confinement, what=f"{where}: its state_after")
 
     def read_run_blob(self, name: str) -> bytes | None:
         """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
