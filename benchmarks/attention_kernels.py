@@ -14,6 +14,10 @@ and FP8 peaks. And per call, against fp32
 attention on the same inputs (a fixed subset of query rows against all keys): relative Frobenius error and cosine
 similarity of the outputs of the FP8 kernel (both recipes), sage and bf16 SDPA, on plain Gaussian inputs and on
 DiT-like ones (a few large-magnitude channels and a per-channel key offset, then RMSNorm with a learned-looking scale).
+cuDNN's FP8 SDPA runs as the pack calls it (`cudnn_fp8`) and with q and k rotated by the normalised Hadamard matrix
+inside the Triton quantiser (`cudnn_fp8_rotated`: ops/rotate_quantize_fp8.py; error also with V's token mean taken
+out, `cudnn_fp8_rotated_v_mean`); `cudnn_fp8_rotated_parts` times cuDNN's kernel alone on operands quantised once
+and the quantisation alone (the issue's target is the whole within a small fraction of the kernel alone).
 
     python -m benchmarks attention-kernels --out benchmarks/results/attention-kernels-h200.json --budget-s 210
     python -m benchmarks attention-kernels --compile-only --out benchmarks/results/attention-fp8-compile.json
@@ -39,8 +43,8 @@ for sm_89 and sm_90 without a GPU (Triton's ahead-of-time compile) at every laun
 (fused_dit/attention_yardstick.json, citing the run's keys): per measured shape with `sage2` errors on both input
 kinds, a band of key lengths (from the geometric midpoint with the next smaller measured shape, or half its own
 length, to the midpoint with the next larger, or twice its length) at that head dim, SageAttention 2's errors there,
-and `within`: the pack's lossy rows (`fp8`, `cudnn_fp8`, `fp8_sage2`) whose error was at most SageAttention 2's on
-every kind.
+and `within`: the pack's lossy rows (`fp8`, `cudnn_fp8`, `fp8_sage2`, `cudnn_fp8_rotated`) whose error was at most
+SageAttention 2's on every kind.
 """
 from __future__ import annotations
 
@@ -70,7 +74,8 @@ OUTLIER_GAIN = 10.0
 SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
 INPUT_KINDS = ("gaussian", "dit_like")
 YARDSTICK = results.REPO / "overlays" / "fused_dit" / "attention_yardstick.json"
-LOSSY_ROWS = ("fp8", "cudnn_fp8", "fp8_sage2")   # the pack's lossy candidates, as the fp8 mode's table names them
+# the pack's lossy candidates, as the fp8 mode's table names them
+LOSSY_ROWS = ("fp8", "cudnn_fp8", "fp8_sage2", "cudnn_fp8_rotated")
 
 
 class Unavailable(Exception):
@@ -273,12 +278,24 @@ class Run:
         from fused_dit.ops import attention_fp8 as af
         return lambda: af.attention_fp8_triton(q, k, v, launch=launch)
 
-    def cudnn_fp8(self, q, k, v):
+    def cudnn_fp8(self, q, k, v, **options):
+        """cuDNN's FP8 SDPA with ac.Fp8Options(**options) (none: the plain path)."""
         from fused_dit.ops import attention_cudnn_fp8 as ac
         why = ac.refusal(q, k, v)
         if why:
             raise RuntimeError(why)
-        return lambda: ac.attention_cudnn_fp8(q, k, v)
+        return lambda: ac.attention_cudnn_fp8(q, k, v, ac.Fp8Options(**options))
+
+    def cudnn_fp8_parts(self, q, k, v, **options) -> dict:
+        """Milliseconds of cuDNN's FP8 SDPA alone (operands quantised once) and of the quantisation alone."""
+        from fused_dit.ops import attention_cudnn_fp8 as ac
+        self.cudnn_fp8(q, k, v)                          # refused: raised, recorded as the row's error
+        chosen = ac.Fp8Options(**options)
+        plan, codes = ac.plan_for(q, k), ac.operands(q, k, v, chosen)
+        kernel_ms = self.time_ms(lambda: ac.execute(plan, codes, q.dtype))
+        quantize_ms = self.time_ms(lambda: ac.operands(q, k, v, chosen))
+        return {"kernel_ms": round(kernel_ms, 3), "quantize_ms": round(quantize_ms, 3),
+                "whole_over_kernel": round((kernel_ms + quantize_ms) / kernel_ms, 4)}
 
     def sage(self, q, k, v, smooth_k: bool = False):
         from sageattention import sageattn     # ComfyUI's binding passes smooth_k=False
@@ -332,6 +349,9 @@ class Run:
                 name, self.fp8(recipe, q, k, v), fp8=True)})
             self.measure(name, "speed", "sage", lambda: self.speed(name, self.sage(q, k, v)))
             self.measure(name, "speed", "cudnn_fp8", lambda: self.speed(name, self.cudnn_fp8(q, k, v), fp8=True))
+            self.measure(name, "speed", "cudnn_fp8_rotated",
+                         lambda: self.speed(name, self.cudnn_fp8(q, k, v, rotate=True), fp8=True))
+            self.measure(name, "speed", "cudnn_fp8_rotated_parts", lambda: self.cudnn_fp8_parts(q, k, v, rotate=True))
             self.measure(name, "speed", "fp8_quantize_kv", lambda: {"ms": round(self.time_ms(
                 lambda: quantize_kv(af, k, v, default)), 3)})
             for kind in INPUT_KINDS:
@@ -344,6 +364,9 @@ class Run:
                 self.measure(name, f"error_{kind}", "sage", lambda: self.error(name, kind, self.sage(*qk)()))
                 self.measure(name, f"error_{kind}", "cudnn_fp8",
                              lambda: self.error(name, kind, self.cudnn_fp8(*qk)()))
+                for row, options in (("cudnn_fp8_rotated", {}), ("cudnn_fp8_rotated_v_mean", {"v_mean": True})):
+                    self.measure(name, f"error_{kind}", row,
+                                 lambda: self.error(name, kind, self.cudnn_fp8(*qk, rotate=True, **options)()))
                 self.measure(name, f"error_{kind}", "sage_smooth_k",
                              lambda: self.error(name, kind, self.sage(*qk, smooth_k=True)()))
                 self.measure(name, f"error_{kind}", "sdpa_bf16", lambda: self.error(name, kind, self.sdpa(None, *qk)()))

@@ -35,9 +35,11 @@ def test_the_smoke_run_writes_every_section_and_records_what_it_cannot_run(tmp_p
     assert "ms" in shape["speed"]["fp8_sage2"] and "v-channel" in report["fp8_sage2_launch"]
     for kind in ("gaussian", "dit_like"):
         errors = shape[f"error_{kind}"]
-        assert set(errors) == {"fp8", "fp8_sage2", "cudnn_fp8", "sage", "sage_smooth_k", "sdpa_bf16", "sage2", "fa4"}
+        assert set(errors) == {"fp8", "fp8_sage2", "cudnn_fp8", "cudnn_fp8_rotated", "cudnn_fp8_rotated_v_mean", "sage",
+                               "sage_smooth_k", "sdpa_bf16", "sage2", "fa4"}
         assert {"relative_frobenius", "cosine", "max_abs"} <= set(errors["fp8_sage2"])
-        assert "error" in errors["cudnn_fp8"]        # no cuDNN FP8 SDPA on the CPU: recorded, not raised
+        for row in ("cudnn_fp8", "cudnn_fp8_rotated", "cudnn_fp8_rotated_v_mean"):
+            assert "error" in errors[row]            # no cuDNN FP8 SDPA on the CPU: recorded, not raised
         for row in ("sage2", "fa4"):                 # a package (or GPU) that is not here: skipped, with the reason
             assert set(errors[row]) == {"skipped"}, errors[row]
         assert {"relative_frobenius", "cosine", "max_abs"} <= set(errors["fp8"])
