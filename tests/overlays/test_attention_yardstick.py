@@ -142,9 +142,14 @@ def test_an_unreadable_table_keeps_the_earlier_rule_and_says_so_once(tmp_path, m
 
 
 # ------------------------------------------------------------------------------------------------ the recipe's gate
+def with_row(shapes_errors: dict, row: str, added: tuple) -> dict:
+    """`errors(...)` with one more row, one error per kind."""
+    return {kind: {**rows, row: added[i]} for i, (kind, rows) in enumerate(shapes_errors.items())}
+
+
 def with_recipe(shapes_errors: dict, recipe: tuple) -> dict:
     """`errors(...)` with the `fp8_sage2` row (the kernel on SageAttention 2's recipe) added, one error per kind."""
-    return {kind: {**rows, "fp8_sage2": recipe[i]} for i, (kind, rows) in enumerate(shapes_errors.items())}
+    return with_row(shapes_errors, "fp8_sage2", recipe)
 
 
 class RecipeCandidates(Candidates):
@@ -163,13 +168,14 @@ class RecipeCandidates(Candidates):
         return next(iter(override.choices.values())), self.run(override)
 
 
-def test_the_derivation_lists_the_recipe_row_where_it_is_within_sage2_on_every_kind():
+@pytest.mark.parametrize("row", ["fp8_sage2", "cudnn_fp8_rotated"])     # the recipe's, cuDNN's rotated path's
+def test_the_derivation_lists_an_added_row_where_it_is_within_sage2_on_every_kind(row):
     report = run_report({
-        "within": (4, D, with_recipe(errors((0.04, 0.05), (0.01, 0.07), (0.06, 0.3)), (0.03, 0.05))),
-        "beyond": (16, D, with_recipe(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), (0.03, 0.06))),
+        "within": (4, D, with_row(errors((0.04, 0.05), (0.01, 0.07), (0.06, 0.3)), row, (0.03, 0.05))),
+        "beyond": (16, D, with_row(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), row, (0.03, 0.06))),
     })
     bands = {b["shape"]: b for b in attention_kernels.derive_yardstick(report)["bands"]}
-    assert bands["within"]["within"] == ["fp8_sage2"] and bands["beyond"]["within"] == ["fp8"]
+    assert bands["within"]["within"] == [row] and bands["beyond"]["within"] == ["fp8"]
 
 
 def test_with_the_shipped_table_and_no_sageattention_the_recipe_is_never_chosen_nor_timed(monkeypatch):
@@ -208,6 +214,69 @@ def test_where_sageattention_2_runs_on_the_call_the_recipe_runs_only_within_its_
     from test_attention_optional import fake_sage
     attention_yardstick.use_table(None)
     candidates = RecipeCandidates(monkeypatch, kernel_error=0.001, recipe_error=recipe_error)
+    candidates.times = {**candidates.times, "sage2": 1.5}
+    fake_sage(monkeypatch, "2.2.0", 0.02, candidates.ran)
+    assert candidates.choose_and_run_again()[0] == chosen
+
+
+# ------------------------------------------------------------------------------------ cuDNN's rotated path's gate
+class RotatedCandidates(Candidates):
+    """Candidates with cuDNN's FP8 SDPA taking the call: plain (`cudnn_error`, slow) and Hadamard-rotated
+    (`rotated_error` on the call, the fastest of all); which options each call ran is recorded."""
+
+    def __init__(self, monkeypatch, kernel_error: float, cudnn_error: float, rotated_error: float):
+        super().__init__(monkeypatch, kernel_error)
+        self.times = {**self.times, "cudnn": 3.0, "rotated": 0.5}
+        cudnn_fp8 = attention_fp8.cudnn_fp8
+        monkeypatch.setattr(cudnn_fp8, "refusal", lambda q, k, v, mask=None: None)
+
+        def attend(q, k, v, options=cudnn_fp8.PLAIN):
+            assert options in (cudnn_fp8.PLAIN, cudnn_fp8.ROTATED)
+            self.ran.append("rotated" if options.rotate else "cudnn")
+            return q * (1 + (rotated_error if options.rotate else cudnn_error))
+        monkeypatch.setattr(cudnn_fp8, "attention_cudnn_fp8", attend)
+
+    def choose_and_run_again(self) -> tuple[str, str]:
+        """(the shape's choice, what its second call ran); what the first call (the measurement) ran in
+        `measured`."""
+        override = attention_fp8.Fp8Attention(timer=self.timer, devices=("cpu",))
+        self.run(override)
+        self.measured = list(self.ran)
+        return next(iter(override.choices.values())), self.run(override)
+
+
+def with_rotated(shapes_errors: dict, rotated: tuple) -> dict:
+    return with_row(shapes_errors, "cudnn_fp8_rotated", rotated)
+
+
+def test_with_the_shipped_table_and_no_sageattention_the_rotated_path_is_never_chosen_nor_timed(monkeypatch):
+    attention_yardstick.use_table(None)
+    candidates = RotatedCandidates(monkeypatch, kernel_error=0.01, cudnn_error=0.3, rotated_error=0.0)
+    assert candidates.choose_and_run_again() == (attention_fp8.KERNEL, "kernel")
+    assert "rotated" not in candidates.measured and "cudnn" in candidates.measured   # plain: the earlier rule
+
+
+@pytest.mark.parametrize("rotated_error, chosen", [(0.03, attention_fp8.CUDNN_ROTATED), (0.2, attention_fp8.KERNEL)])
+def test_where_a_band_lists_the_rotated_path_it_runs_only_within_the_band(table, monkeypatch, rotated_error, chosen):
+    table({"flux-like": (TOKENS, D, with_rotated(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), (0.02, 0.03)))})
+    candidates = RotatedCandidates(monkeypatch, kernel_error=0.01, cudnn_error=0.3, rotated_error=rotated_error)
+    expected_run = {attention_fp8.CUDNN_ROTATED: "rotated", attention_fp8.KERNEL: "kernel"}[chosen]
+    assert candidates.choose_and_run_again() == (chosen, expected_run)
+
+
+def test_where_a_band_does_not_list_the_rotated_path_it_is_not_timed(table, monkeypatch):
+    table({"flux-like": (TOKENS, D, with_rotated(errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)), (0.02, 0.09)))})
+    candidates = RotatedCandidates(monkeypatch, kernel_error=0.01, cudnn_error=0.3, rotated_error=0.0)
+    assert candidates.choose_and_run_again() == (attention_fp8.KERNEL, "kernel")
+    assert "rotated" not in candidates.measured
+
+
+@pytest.mark.parametrize("rotated_error, chosen", [(0.01, attention_fp8.CUDNN_ROTATED), (0.05, attention_fp8.KERNEL)])
+def test_where_sageattention_2_runs_on_the_call_the_rotated_path_runs_only_within_its_error(monkeypatch,
+                                                                                           rotated_error, chosen):
+    from test_attention_optional import fake_sage
+    attention_yardstick.use_table(None)
+    candidates = RotatedCandidates(monkeypatch, kernel_error=0.001, cudnn_error=0.3, rotated_error=rotated_error)
     candidates.times = {**candidates.times, "sage2": 1.5}
     fake_sage(monkeypatch, "2.2.0", 0.02, candidates.ran)
     assert candidates.choose_and_run_again()[0] == chosen

@@ -24,7 +24,8 @@ H200), `fp8` runs exact: never slower than the exact mode, said once per shape.
 The pack's kernel on SageAttention 2's recipe (`RECIPE`: ops.attention_fp8.sage2_recipe, finer Q scales and per-channel
 V scales, FP8 P V) is a lossy candidate only under the yardstick: where the shape's band lists it (row `fp8_sage2`) or
 SageAttention 2 runs on the call; never by the earlier rule, so with no band and no SageAttention 2 it is not even
-timed.
+timed. cuDNN's FP8 SDPA with q and k rotated by the normalised Hadamard matrix inside the quantisation
+(`CUDNN_ROTATED`: ops.attention_cudnn_fp8.ROTATED, issue 38 item 3) is gated alike (row `cudnn_fp8_rotated`).
 Where the user's environment imports SageAttention 2 (integration/attention_optional.py) it is one more lossy
 candidate, timed the same way, and the yardstick itself measured on the call: every lossy candidate whose error there
 is at most SageAttention 2's may run, the table is not consulted. Where it is absent, that is said once.
@@ -54,10 +55,12 @@ from .attention import cuda_timer
 CHOICE_LINE = "Fused DiT Ops: attention fp8 for %s: %s (%s)"
 KERNEL, CUDNN_FP8, EXACT = "fp8 kernel", "cuDNN FP8 SDPA", "exact"
 RECIPE = "fp8 kernel on SageAttention 2's recipe"
+CUDNN_ROTATED = "cuDNN FP8 SDPA, Hadamard-rotated"
 SAGE2 = optional.SAGE2
 ERROR_SLACK = 1.05
 # the candidates as the yardstick table names them (the rows of benchmarks/attention_kernels.py)
-TABLE_ROWS = {KERNEL: "fp8", CUDNN_FP8: "cudnn_fp8", RECIPE: "fp8_sage2", SAGE2: "sage2"}
+TABLE_ROWS = {KERNEL: "fp8", CUDNN_FP8: "cudnn_fp8", RECIPE: "fp8_sage2", CUDNN_ROTATED: "cudnn_fp8_rotated",
+              SAGE2: "sage2"}
 
 FALLBACK_LINE = "Fused DiT Ops: attention fp8 -> exact for %s"
 RUNS = ("low-precision attention (INT8 Q K^T, P V in the model's dtype, fp32 accumulation, scales on the GPU) "
@@ -97,7 +100,7 @@ class Fp8Attention:
         self.exact = exact          # the exact mode's override for refused calls; None: ComfyUI's own function
         self.timer = timer
         self.devices = devices      # where a shape's first call measures (elsewhere the kernel runs: interpreter)
-        self.choices: dict[tuple, str] = {}      # shape key -> KERNEL | CUDNN_FP8 | RECIPE | SAGE2 | EXACT
+        self.choices: dict[tuple, str] = {}      # shape key -> a lossy candidate's name (TABLE_ROWS) or EXACT
         self.sageattn = None                     # SageAttention 2's function, where a shape measured it
 
     def __call__(self, func, q, k, v, heads, mask=None, attn_precision=None, skip_reshape=False,
@@ -129,6 +132,8 @@ class Fp8Attention:
             return _output(optional.sage2_call(self.sageattn, q4, k4, v4, kwargs.get("scale")), skip_output_reshape)
         if choice == RECIPE:
             return _output(kernel.attention_fp8_sage2(q4, k4, v4, kwargs.get("scale")), skip_output_reshape)
+        if choice == CUDNN_ROTATED:
+            return _output(cudnn_fp8.attention_cudnn_fp8(q4, k4, v4, cudnn_fp8.ROTATED), skip_output_reshape)
         return self._kernel(q4, k4, v4, kwargs.get("scale"), skip_output_reshape)
 
     @staticmethod
@@ -145,12 +150,19 @@ class Fp8Attention:
         skip_output_reshape, scale = call["skip_output_reshape"], call.get("scale")
         exact = functools.partial(self._exact, func, *args, **call)
         lossy = {KERNEL: lambda: self._kernel(*qkv4, scale, skip_output_reshape)}
-        if scale is None and cudnn_fp8.refusal(*qkv4) is None:
+        cudnn_takes = scale is None and cudnn_fp8.refusal(*qkv4) is None
+        if cudnn_takes:
             lossy[CUDNN_FP8] = lambda: _output(cudnn_fp8.attention_cudnn_fp8(*qkv4), skip_output_reshape)
         sageattn = optional.sage2()
         band = yardstick.band_for(qkv4[0].shape[-1], qkv4[1].shape[-2])
-        if sageattn is not None or (band is not None and band.admits(TABLE_ROWS[RECIPE])):
+
+        def under_yardstick(name: str) -> bool:      # offered only where a yardstick may admit it (see the module)
+            return sageattn is not None or (band is not None and band.admits(TABLE_ROWS[name]))
+        if under_yardstick(RECIPE):
             lossy[RECIPE] = lambda: _output(kernel.attention_fp8_sage2(*qkv4, scale), skip_output_reshape)
+        if cudnn_takes and under_yardstick(CUDNN_ROTATED):
+            lossy[CUDNN_ROTATED] = lambda: _output(cudnn_fp8.attention_cudnn_fp8(*qkv4, cudnn_fp8.ROTATED),
+                                                   skip_output_reshape)
         if sageattn is not None:
             self.sageattn = sageattn
             lossy[SAGE2] = lambda: _output(optional.sage2_call(sageattn, *qkv4, scale), skip_output_reshape)
@@ -167,8 +179,8 @@ class Fp8Attention:
     def _accurate_enough(lossy: dict, exact, band, notes: dict) -> dict:
         """The lossy candidates that may run for this shape: at most SageAttention 2's error on this call where it
         ran, else within the band's yardstick where a band covers the shape, else the earlier rule (the kernel;
-        cuDNN's FP8 SDPA as accurate as the kernel; RECIPE is never offered there). Why the others may not, in
-        `notes`."""
+        cuDNN's FP8 SDPA as accurate as the kernel; RECIPE and CUDNN_ROTATED are never offered there). Why the
+        others may not, in `notes`."""
         if band is None and len(lossy) == 1:
             return lossy                     # the kernel alone, as before: nothing to compare
         reference = exact().float()
