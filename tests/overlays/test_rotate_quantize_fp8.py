@@ -1,6 +1,6 @@
 """The Hadamard-rotating FP8 quantiser for cuDNN's FP8 SDPA (ops/rotate_quantize_fp8.py), on CPU.
 
-Pinned here: the Triton pass (under TRITON_INTERPRET=1, tiny shapes with partial tiles, strided inputs and more
+Pinned here: the Triton pass (under TRITON_INTERPRET=1 on CPU, compiled on an FP8 GPU; tiny shapes with partial tiles, strided inputs and more
 tiles than programs) writes the same e4m3 bytes and the same fp32 scales as its eager reference, for both head dims,
 both dtypes, rotation and V's mean on and off; the rotation is the normalised Hadamard matrix (orthogonal, so
 Q K^T is unchanged in fp32); K's smoothing subtracts exactly its token mean and leaves softmax unchanged; the codes
@@ -24,11 +24,12 @@ from fused_dit.testing import byte_mismatch
 OVERLAYS = Path(rq.__file__).resolve().parents[2]
 # tiles of 8 rows and at most 3 programs per tensor: partial tiles, several tiles per program, the grid's tail
 SMALL = rq.RotateQuantizeLaunch(block_s=8, num_warps=1, max_programs=3)
-interpreter_only = pytest.mark.skipif(torch.cuda.is_available(),
-                                      reason="CPU tensors through the Triton interpreter (the GPU runs are separate)")
+needs_fp8 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9),
+                               reason="the kernels' e4m3 conversion needs sm_89 or later")
 
 
-def operands(seed: int, d: int, dtype=torch.bfloat16, sq: int = 19, skv: int = 13, strided: bool = False):
+def operands(seed: int, d: int, dtype=torch.bfloat16, sq: int = 19, skv: int = 13, strided: bool = False,
+             device: str = "cpu"):
     """q, k, v `[2, 3, S, D]` with DiT-like outlier channels in q and k and an offset on k's and v's channels;
     `strided`: views of `[B, S, H, D]` tensors, as ComfyUI's attention hands them over."""
     g = torch.Generator().manual_seed(seed)
@@ -37,16 +38,17 @@ def operands(seed: int, d: int, dtype=torch.bfloat16, sq: int = 19, skv: int = 1
 
     def make(s, offset):
         x = torch.randn(2, s, 3, d, generator=g) * gain + offset * torch.randn(d, generator=g)
-        x = x.to(dtype)
+        x = x.to(device=device, dtype=dtype)
         return x.transpose(1, 2) if strided else x.transpose(1, 2).contiguous()
     return make(sq, 0.0), make(skv, 2.0), make(skv, 1.5)
 
 
-@interpreter_only
+@needs_fp8
 @pytest.mark.parametrize("d", rq.HEAD_DIMS)
 @pytest.mark.parametrize("rotate, v_mean", [(True, False), (True, True), (False, True)])
-def test_codes_and_scales_equal_the_reference_byte_for_byte(seed, d, rotate, v_mean):
-    q, k, v = operands(seed, d, strided=True)
+def test_codes_and_scales_equal_the_reference_byte_for_byte(seed, device, d, rotate, v_mean):
+    """Under the interpreter (CPU) and compiled on an FP8 GPU alike."""
+    q, k, v = operands(seed, d, strided=True, device=device)
     out = rq.rotate_quantize_triton(q, k, v, rotate, v_mean, launch=SMALL)
     ref = rq.rotate_quantize_reference(q, k, v, rotate, v_mean)
     for name in ("q", "k", "v"):
@@ -60,9 +62,9 @@ def test_codes_and_scales_equal_the_reference_byte_for_byte(seed, d, rotate, v_m
         assert torch.equal(out.v_mean, ref.v_mean)
 
 
-@interpreter_only
-def test_half_precision_inputs_and_one_program_per_tensor(seed):
-    q, k, v = operands(seed, 64, torch.float16, sq=8, skv=8)
+@needs_fp8
+def test_half_precision_inputs_and_one_program_per_tensor(seed, device):
+    q, k, v = operands(seed, 64, torch.float16, sq=8, skv=8, device=device)
     out = rq.rotate_quantize_triton(q, k, v, launch=rq.RotateQuantizeLaunch(block_s=8, num_warps=1))
     ref = rq.rotate_quantize_reference(q, k, v)
     assert all(byte_mismatch(a, b)[0] == 0 for a, b in zip(out[:3], ref[:3]))
