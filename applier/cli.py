@@ -141,11 +141,13 @@ class Invocation:
             self._catalog = load_catalog(self.patches_dir)
         return self._catalog
 
-    def install(self, overlay=None):
+    def install(self, overlay=None, *, run: bool = False, create: bool = True):
         """The install opened once for this command (a context manager): its held roots, state store, lock and
-        journal, confined to what the catalog (and the overlay pack, overlay's folders) may touch."""
+        journal, confined to what the catalog (and the overlay pack, overlay's folders) may touch. run: a command
+        that changes it, whose lock is taken and interrupted run finished on entry (create=False: only where
+        .applier/ exists)."""
         from applier.catalog.allowlist import install_for
-        return install_for(self.target(), self.catalog, overlay)
+        return install_for(self.target(), self.catalog, overlay, run=run, create=create)
 
 
 pass_invocation = click.make_pass_decorator(Invocation, ensure=True)
@@ -429,7 +431,7 @@ def apply(invocation, only, skip, dry_run, fuzz):
     catalog = invocation.catalog
     chosen = select_patches(catalog, tuple(only), tuple(skip))
     explicit = bool(only) and all(o not in COMPONENTS for o in only)
-    with invocation.install() as install:
+    with invocation.install(run=True, create=not dry_run) as install:
         result = operations.apply(install, chosen, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
         if not dry_run:
             remember_interpreter(invocation, install)
@@ -516,7 +518,7 @@ def revert(invocation, only, force, dry_run, forget):
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, tuple(only))
-    with invocation.install() as install:
+    with invocation.install(run=True, create=False) as install:
         if forget:   # its own operation, spelled as revert's adverb on the command line
             result = operations.forget(install, tuple(only), dry_run=dry_run)
         else:
@@ -556,7 +558,7 @@ def accept(invocation, only):
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, tuple(only))
-    with invocation.install() as install:
+    with invocation.install(run=True, create=False) as install:
         reports = operations.accept(install, catalog, tuple(only))
     if invocation.as_json:
         return out_json({"ok": True, "patches": [{"id": r.id, "files": [vars(f) for f in r.files]}
@@ -577,7 +579,7 @@ def clean(invocation):
     """
     from applier import operations
     found = invocation.target()
-    with invocation.install() as install:
+    with invocation.install(run=True, create=False) as install:
         result = operations.clean(install)
     if invocation.as_json:
         return out_json({"ok": True, "removed": result.removed, "existed": result.existed, "kept": result.kept})

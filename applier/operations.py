@@ -43,42 +43,40 @@ class ApplyResult:
 def apply(install: Install, patches: list[Patch], *, fuzz: int = 0, dry_run: bool = False,
           explicit: bool = False) -> ApplyResult:
     """Apply every selected patch or none. Already-applied patches are reported and left alone. What the state may
-    name is bounded by the install's confinement (the whole catalog, opened by the command's entry). Planning reads
-    only; the writes (backups, files, state) are handed to the install in one go."""
-    with install.transaction(dry_run=dry_run) as (recovered, state):
-        plans = plan_apply(install.target, patches, fuzz=fuzz, explicit=explicit,
-                           recorded={pid: rec.variant for pid, rec in state.applied.items()})
-        result = ApplyResult(plans, dry_run, recovered)
-        result.warnings += hardlink_warnings(plans)
-        ops = merge_ops(plans)
-        new_state, backups = State(dict(state.applied)), []
-        for seq, plan in enumerate(result.applied, start=state.next_seq()):
-            new_state.applied[plan.patch.id] = record_plan(plan, seq, fuzz, backups)
-        result.stale = stale_records(install, plans, state)
-        if dry_run or not result.applied:
-            return result
-        install.execute(ops, new_state,
-                        f"apply {', '.join(p.patch.id for p in result.applied)} to {install.root}", backups=backups)
+    name is bounded by the install's confinement (the whole catalog, opened by the command's entry, which took its
+    lock and read its state: Install.open_run). Planning reads only; the writes (backups, files, state) are handed
+    to the install in one go."""
+    state = install.state
+    plans = plan_apply(install.target, patches, fuzz=fuzz, explicit=explicit,
+                       recorded={pid: rec.variant for pid, rec in state.applied.items()})
+    result = ApplyResult(plans, dry_run, install.recovered)
+    result.warnings += hardlink_warnings(plans)
+    ops, backups = merge_ops(plans), []
+    records = [record_plan(plan, fuzz, backups) for plan in result.applied]
+    result.stale = stale_records(install, plans, state)
+    if dry_run or not result.applied:
         return result
+    new_state = state.adding(records)
+    install.execute(ops, new_state,
+                    f"apply {', '.join(p.patch.id for p in result.applied)} to {install.root}", backups=backups)
+    return result
 
 
-def record_plan(plan: PatchPlan, seq: int, fuzz: int, backups: list[Backup]) -> AppliedPatch:
-    """The state record of one patch about to be applied; the backups of its originals are added to `backups` (the
-    journal writes them before any target file)."""
+def record_plan(plan: PatchPlan, fuzz: int, backups: list[Backup]) -> AppliedPatch:
+    """The state record of one patch about to be applied (State.adding numbers it); the backups of its originals
+    are added to `backups` (the journal writes them before any target file)."""
     files = []
     for change in plan.changes:
         backup = None
         if change.plan.old is not None:
             backup = backup_name(plan.patch.id, plan.patch.component, change.relpath)
-            # no more readable than the original: a private nodes.py gets a private backup
-            backups.append(Backup(backup, change.plan.old, private_mode(file_stat(change.path))))
+            backups.append(Backup(backup, change.plan.old, file_stat(change.path)))
         files.append(AppliedFile(
             relpath=change.relpath, sha256_before=digest(change.plan.old), sha256_after=digest(change.plan.new),
             backup=backup, mode=file_mode(change.path)))
     return AppliedPatch(
         id=plan.patch.id, variant=plan.variant.name, component=plan.patch.component, files=files,
-        component_version=plan.component_version, applied_at=now(), applier_version=__version__, seq=seq,
-        fuzz=fuzz)
+        component_version=plan.component_version, applied_at=now(), applier_version=__version__, fuzz=fuzz)
 
 
 def stale_records(install: Install, plans: list[PatchPlan], state: State) -> list[tuple[str, str]]:
@@ -217,45 +215,45 @@ def drop_records(install: Install, only: tuple[str, ...], undo_file: FileUndo, *
     """Revert and forget: undo_file decides each file of the selected records (latest patch first), then one
     journal run writes the files and the state without those records, and the backups no longer needed go."""
     store = install.store
-    store.check_folder()
-    if not store.state_file.exists() and not install.needs_recovery():
+    if not install.locked or not store.state_file.exists():   # open_run finished any interrupted run first
         if only:
             raise RefusedError(f"nothing recorded as applied in {install.root}: cannot revert {', '.join(only)}",
                                hint="`applier status` lists what is applied")
-        return RevertResult([])
-    with install.transaction() as (recovered, state):
-        chosen = [rec for _, rec in state.in_order() if not only or rec.id in only or rec.component in only]
-        unknown = [name for name in only if name not in state.applied and name not in ("comfyui", "torch")]
-        if unknown:
-            raise RefusedError(f"not recorded as applied: {', '.join(unknown)}",
-                               hint="`applier status` lists what is applied")
-        pending: dict[Place, bytes | None] = {}
-        originals: dict[Place, bytes | None] = {}
-        displaced: list[tuple[Place, bytes]] = []
-        reports = []
-        for rec in reversed(chosen):
-            files = []
-            for f in rec.files:
-                path = store.path_of(rec, f)
-                if path not in pending:
-                    originals[path] = pending[path] = path.read(limit=MAX_READ_BYTES)
-                outcome, new, note = undo_file(store, rec, f, pending[path])
-                if outcome is FileOutcome.FORCED and pending[path] is not None:
-                    displaced.append((path, pending[path]))
-                pending[path] = new
-                files.append(FileRevert(str(path), outcome, note))
-            reports.append(RevertReport(rec.id, files))
-        result = RevertResult(reports, recovered)
-        if dry_run:
-            return result
-        if displaced:
-            result.displaced = store.save_displaced(displaced)
-        ops = [FileOp(path, originals[path], pending[path]) for path in pending if originals[path] != pending[path]]
-        chosen_ids = {rec.id for rec in chosen}
-        new_state = State({k: v for k, v in state.applied.items() if k not in chosen_ids})
-        install.execute(ops, new_state, f"revert {', '.join(r.id for r in chosen)} in {install.root}")
-        tidy_after_revert(store, reports, new_state)
+        return RevertResult([], install.recovered)
+    recovered = install.recovered
+    state = install.state
+    chosen = [rec for _, rec in state.in_order() if not only or rec.id in only or rec.component in only]
+    unknown = [name for name in only if name not in state.applied and name not in ("comfyui", "torch")]
+    if unknown:
+        raise RefusedError(f"not recorded as applied: {', '.join(unknown)}",
+                           hint="`applier status` lists what is applied")
+    pending: dict[Place, bytes | None] = {}
+    originals: dict[Place, bytes | None] = {}
+    displaced: list[tuple[Place, bytes]] = []
+    reports = []
+    for rec in reversed(chosen):
+        files = []
+        for f in rec.files:
+            path = store.path_of(rec, f)
+            if path not in pending:
+                originals[path] = pending[path] = path.read(limit=MAX_READ_BYTES)
+            outcome, new, note = undo_file(store, rec, f, pending[path])
+            if outcome is FileOutcome.FORCED and pending[path] is not None:
+                displaced.append((path, pending[path]))
+            pending[path] = new
+            files.append(FileRevert(str(path), outcome, note))
+        reports.append(RevertReport(rec.id, files))
+    result = RevertResult(reports, recovered)
+    if dry_run:
         return result
+    if displaced:
+        result.displaced = store.save_displaced(displaced)
+    ops = [FileOp(path, originals[path], pending[path]) for path in pending if originals[path] != pending[path]]
+    chosen_ids = {rec.id for rec in chosen}
+    new_state = State({k: v for k, v in state.applied.items() if k not in chosen_ids})
+    install.execute(ops, new_state, f"revert {', '.join(r.id for r in chosen)} in {install.root}")
+    tidy_after_revert(store, reports, new_state)
+    return result
 
 
 def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: State) -> None:
@@ -392,44 +390,44 @@ def accept(install: Install, catalog: list[Patch], only: tuple[str, ...]) -> lis
                            hint="`applier status` lists the modified ones")
     store = install.store
     store.check_folder()
-    with install.transaction() as (_, state):
-        by_id = {p.id: p for p in catalog}
-        unknown = [name for name in only if name not in state.applied]
-        if unknown:
-            raise RefusedError(f"not recorded as applied: {', '.join(unknown)}",
-                               hint="`applier status` lists what is applied; `applier apply --only ID` applies it")
-        new_state = State(dict(state.applied))
-        reports = []
-        for patch_id in only:
-            rec = state.applied[patch_id]
-            files = []
-            new_files = []
-            for f in rec.files:
-                path = store.path_of(rec, f)
-                current = path.read(limit=MAX_READ_BYTES)
-                if current is None or digest(current) == f.sha256_after:
-                    files.append(FileRevert(str(path), FileOutcome.UNCHANGED, "holds the recorded patched bytes"))
-                    new_files.append(f)
-                    continue
-                writer = state.last_writer(rec.component, f.relpath)
-                if writer is not None and writer.id != rec.id:
-                    raise RefusedError(f"{path}: {writer.id} was applied on top of {rec.id}",
-                                       hint=f"accept {writer.id} instead: it wrote the file last")
-                if not isinstance(reverse_in_place(rec, f, current, by_id.get(rec.id)), HunksReversed):
-                    raise RefusedError(f"{path}: the hunks of {rec.id} are not all in the file, so it is not a "
-                                       "patched file that could be accepted",
-                                       hint=f"`applier revert --target {install.root} --only {rec.id} --forget` drops "
-                                            "the record and leaves the file as it is")
-                new_files.append(AppliedFile(f.relpath, f.sha256_before, digest(current), f.backup, f.mode,
-                                             accepted=True))
-                files.append(FileRevert(str(path), FileOutcome.ACCEPTED, "its current bytes are now the patched state"))
-            new_state.applied[patch_id] = AppliedPatch(
-                id=rec.id, variant=rec.variant, component=rec.component, files=new_files,
-                component_version=rec.component_version, applied_at=rec.applied_at,
-                applier_version=rec.applier_version, seq=rec.seq, fuzz=rec.fuzz)
-            reports.append(AcceptReport(patch_id, files))
-        install.execute([], new_state, f"accept the edited files of {', '.join(only)} in {install.root}")
-        return reports
+    state = install.state
+    by_id = {p.id: p for p in catalog}
+    unknown = [name for name in only if name not in state.applied]
+    if unknown:
+        raise RefusedError(f"not recorded as applied: {', '.join(unknown)}",
+                           hint="`applier status` lists what is applied; `applier apply --only ID` applies it")
+    new_state = State(dict(state.applied))
+    reports = []
+    for patch_id in only:
+        rec = state.applied[patch_id]
+        files = []
+        new_files = []
+        for f in rec.files:
+            path = store.path_of(rec, f)
+            current = path.read(limit=MAX_READ_BYTES)
+            if current is None or digest(current) == f.sha256_after:
+                files.append(FileRevert(str(path), FileOutcome.UNCHANGED, "holds the recorded patched bytes"))
+                new_files.append(f)
+                continue
+            writer = state.last_writer(rec.component, f.relpath)
+            if writer is not None and writer.id != rec.id:
+                raise RefusedError(f"{path}: {writer.id} was applied on top of {rec.id}",
+                                   hint=f"accept {writer.id} instead: it wrote the file last")
+            if not isinstance(reverse_in_place(rec, f, current, by_id.get(rec.id)), HunksReversed):
+                raise RefusedError(f"{path}: the hunks of {rec.id} are not all in the file, so it is not a "
+                                   "patched file that could be accepted",
+                                   hint=f"`applier revert --target {install.root} --only {rec.id} --forget` drops "
+                                        "the record and leaves the file as it is")
+            new_files.append(AppliedFile(f.relpath, f.sha256_before, digest(current), f.backup, f.mode,
+                                         accepted=True))
+            files.append(FileRevert(str(path), FileOutcome.ACCEPTED, "its current bytes are now the patched state"))
+        new_state.applied[patch_id] = AppliedPatch(
+            id=rec.id, variant=rec.variant, component=rec.component, files=new_files,
+            component_version=rec.component_version, applied_at=rec.applied_at,
+            applier_version=rec.applier_version, seq=rec.seq, fuzz=rec.fuzz)
+        reports.append(AcceptReport(patch_id, files))
+    install.execute([], new_state, f"accept the edited files of {', '.join(only)} in {install.root}")
+    return reports
 
 
 # ---------------------------------------------------------------- clean
@@ -448,19 +446,19 @@ def clean(install: Install) -> CleanResult:
     store.check_folder()
     if not os.path.lexists(store.dir):
         return CleanResult(False, [], existed=False)
-    with install.transaction() as (_, state):
-        if state.applied:
-            raise RefusedError(f"patches are applied in {install.root}: {', '.join(sorted(state.applied))}",
-                               hint=f"`applier revert --target {install.root}` first")
-        if store.overlay_manifest.exists():
-            raise RefusedError(f"an overlay pack is installed in {install.root}",
-                               hint=f"`applier overlay uninstall --target {install.root}` first")
-        for name in ("state.json", "journal.json", "python.json"):
-            store.remove(store.dir / name)
-        for folder in ("backups", "journal-data"):
-            store.remove_tree(store.dir / folder)
-        if store.displaced.exists():
-            return CleanResult(False, [f"{store.displaced}: bytes a forced revert or uninstall saved; remove them "
-                                       "by hand once you no longer need them"])
+    state = install.state
+    if state.applied:
+        raise RefusedError(f"patches are applied in {install.root}: {', '.join(sorted(state.applied))}",
+                           hint=f"`applier revert --target {install.root}` first")
+    if store.overlay_manifest.exists():
+        raise RefusedError(f"an overlay pack is installed in {install.root}",
+                           hint=f"`applier overlay uninstall --target {install.root}` first")
+    for name in ("state.json", "journal.json", "python.json"):
+        store.remove(store.dir / name)
+    for folder in ("backups", "journal-data"):
+        store.remove_tree(store.dir / folder)
+    if store.displaced.exists():
+        return CleanResult(False, [f"{store.displaced}: bytes a forced revert or uninstall saved; remove them "
+                                   "by hand once you no longer need them"])
     store.remove_tree(store.dir)
     return CleanResult(not os.path.lexists(store.dir), [])

@@ -147,7 +147,7 @@ def test_disk_full_while_backing_up_leaves_no_backup_and_no_journal(tmp_path, mo
 
     monkeypatch.setattr(StateStore, "write", fill_the_disk_at_the_second_backup)
     patches = load_catalog(catalog)
-    with pytest.raises(IOFailure, match="backups"), install_for(detect(comfy, gpu=False), patches) as install:
+    with pytest.raises(IOFailure, match="backups"), install_for(detect(comfy, gpu=False), patches, run=True) as install:
         operations.apply(install, patches)
     assert len(backups) == 2
     assert tree_bytes(comfy) == before
@@ -165,22 +165,22 @@ def test_disk_full_mid_run_rolls_back_and_says_so(tmp_path, monkeypatch):
     from applier.catalog.allowlist import install_for
     from applier.detect import detect
     from applier.errors import IOFailure
-    from applier.store import journal
+    from applier.store.heldroot import HeldRoot
 
     comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
     before = tree_bytes(comfy)
-    real_write = journal.write_target
+    real_replace = HeldRoot.replace
     calls = []
 
-    def write_then_fill_the_disk(path, data, **kw):
-        calls.append(path)
+    def replace_then_fill_the_disk(self, rel, data):
+        calls.append(rel)
         if len(calls) == 2 and data is not None:       # the second file of the run: the disk is full
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(path, data, **kw)
+        return real_replace(self, rel, data)
 
-    monkeypatch.setattr(journal, "write_target", write_then_fill_the_disk)
+    monkeypatch.setattr(HeldRoot, "replace", replace_then_fill_the_disk)
     patches = load_catalog(catalog)
-    with pytest.raises(IOFailure, match="no space left"), install_for(detect(comfy, gpu=False), patches) as install:
+    with pytest.raises(IOFailure, match="no space left"), install_for(detect(comfy, gpu=False), patches, run=True) as install:
         operations.apply(install, patches)
     assert tree_bytes(comfy) == before                   # the first file was rolled back
     assert not (comfy / ".applier" / "journal.json").exists()

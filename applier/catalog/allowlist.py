@@ -41,6 +41,8 @@ def store_for(target: Target, catalog: list[Patch] | None = None,
     return StateStore(target.state_dir, confinement_for(target, catalog, overlay), install_root=target.root)
 
 
-def install_for(target: Target, catalog: list[Patch] | None = None, overlay: OverlayPrefixes | None = None):
-    """The target's install opened once (a context manager), confined by confinement_for(target, catalog, overlay)."""
-    return open_install(target, confinement_for(target, catalog, overlay))
+def install_for(target: Target, catalog: list[Patch] | None = None, overlay: OverlayPrefixes | None = None, *,
+                run: bool = False, create: bool = True):
+    """The target's install opened once (a context manager), confined by confinement_for(target, catalog, overlay);
+    with `run`, locked, recovered and its state read (open_install)."""
+    return open_install(target, confinement_for(target, catalog, overlay), run=run, create=create)

@@ -228,6 +228,25 @@ REPAIR_HINT = ("the state was edited or crafted; nothing was changed. Inspect .a
                "or move it aside and reinstall the files it names")
 
 
+def missing_folders(places: list[Place]) -> list[Place]:
+    """The folders the run's writes will create (they do not exist yet), deepest first: a rolled-back run removes
+    them again when it leaves them empty."""
+    out = {}
+    for place in places:
+        parts = place.relpath.split("/")[:-1]
+        while parts:
+            rel = "/".join(parts)
+            try:
+                there = place.held.lstat(rel) is not None
+            except (OSError, IOFailure):
+                there = True
+            if there:
+                break
+            out[(place.root, rel)] = Place(place.root, rel, place.held)
+            parts.pop()
+    return sorted(out.values(), key=lambda p: p.relpath.count("/"), reverse=True)
+
+
 def check_relpath(relpath, what: str) -> str:
     if not isinstance(relpath, str) or not relpath or "\x00" in relpath or "\\" in relpath:
         raise StateCorruptError(f"{what} holds an invalid relative path: {relpath!r}", hint=REPAIR_HINT)

@@ -156,38 +156,13 @@ def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:
 
 
 def remove_stale_bytecode(path: Path) -> list[Path]:
-    """remove_stale_bytecode_at for a path, the folder holding it held for the call."""
+    """HeldRoot.remove_stale_bytecode for a path, the folder holding it held for the call."""
     path = Path(path)
     held = hold(path.parent)
     try:
-        return [path.parent / rel for rel in remove_stale_bytecode_at(held, path.name)]
+        return [path.parent / rel for rel in held.remove_stale_bytecode(path.name)]
     finally:
         held.close()
-
-
-def remove_stale_bytecode_at(held: HeldRoot, rel: str) -> list[str]:
-    """Delete __pycache__/<stem>.*.pyc of a rewritten .py file (rel, below held): a timestamp pyc written in the same
-    second as a same-size edit, or a hash-based pyc that is never revalidated, would keep the old code running. Only
-    a real __pycache__ folder is looked in (one that is a link may lead anywhere); returns what was removed."""
-    parts = parts_of(rel)
-    if not parts or not parts[-1].endswith(".py"):
-        return []
-    stem = parts[-1][:-3]
-    cache = "/".join((*parts[:-1], "__pycache__"))
-    st = held.lstat(cache)
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return []
-    removed = []
-    for name in held.listdir(cache):
-        if name.startswith(stem + ".") and name.endswith(".pyc") and name.count(".") == stem.count(".") + 2:
-            try:
-                if held.remove(f"{cache}/{name}", follow_last=False):
-                    removed.append(f"{cache}/{name}")
-            except OSError:
-                continue
-    return removed
-
-
 
 
 def check_writable(path: Path) -> None:

@@ -450,6 +450,53 @@ class HeldRoot:
         finally:
             os.close(fd)
 
+    def replace(self, rel: str, data: bytes | None) -> None:
+        """Give the file rel its new bytes (None: remove it), as a run's write does. A symlink stays a symlink: the
+        file it points to inside the root gets the bytes; one leading outside is refused (LeadsOutside). The
+        bytecode of the file, under both names, goes with the old bytes (remove_stale_bytecode)."""
+        try:
+            resolved = "/".join(self.resolved(rel))
+        except (FileNotFoundError, NotADirectoryError):     # a new file in folders the write creates
+            resolved = rel
+        if data is None:
+            self.remove(rel)
+        else:
+            self.write(rel, data)
+        for name in dict.fromkeys((rel, resolved)):
+            self.remove_stale_bytecode(name)
+
+    def remove_if_empty(self, rel: str) -> None:
+        """Remove the folder rel that a run emptied: its __pycache__ first when nothing is left there (replace removed
+        the bytecode of every file it removed), then the folder itself when nothing is left. A folder holding
+        anything (a user's file, a user's bytecode) stays; nothing is followed through a link."""
+        for name in (f"{rel}/__pycache__", rel):
+            try:
+                self.rmdir(name)
+            except (OSError, IOFailure):    # a link leading out on the way: nothing there is this run's
+                return
+
+    def remove_stale_bytecode(self, rel: str) -> list[str]:
+        """Delete __pycache__/<stem>.*.pyc of a rewritten .py file rel: a timestamp pyc written in the same second as
+        a same-size edit, or a hash-based pyc that is never revalidated, would keep the old code running. Only a real
+        __pycache__ folder is looked in (one that is a link may lead anywhere); returns what was removed."""
+        parts = parts_of(rel)
+        if not parts or not parts[-1].endswith(".py"):
+            return []
+        stem = parts[-1][:-3]
+        cache = "/".join((*parts[:-1], "__pycache__"))
+        st = self.lstat(cache)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return []
+        removed = []
+        for name in self.listdir(cache):
+            if name.startswith(stem + ".") and name.endswith(".pyc") and name.count(".") == stem.count(".") + 2:
+                try:
+                    if self.remove(f"{cache}/{name}", follow_last=False):
+                        removed.append(f"{cache}/{name}")
+                except OSError:
+                    continue
+        return removed
+
     def remove(self, rel, *, follow_last: bool = True) -> bool:
         """Remove the file rel leads to (with follow_last, a link's target inside the root; else the link itself).
         False when there was nothing; a folder is left alone (IsADirectoryError)."""

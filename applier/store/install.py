@@ -1,12 +1,14 @@
 """One install, opened once per command: its held roots, its state store (`.applier/`), its lock and its journal.
 
-The command's entry opens it (open_install, a context manager) from the target it resolved once; the operations
-receive it and ask it. They never rebuild a store, an allow-list or a root from a path: what the install may touch
-(its Confinement) is fixed when it is opened.
+The command's entry opens it (open_install, a context manager) from the target it resolved once. A command that
+changes the install opens it with `run`: the lock is taken, an interrupted run is finished (or rolled back) and the
+state is read, once, before the operation starts, and the lock is held until the command is done. The operations
+receive it and ask it (`state`, `recovered`, `execute`). They never rebuild a store, an allow-list or a root from a
+path: what the install may touch (its Confinement) is fixed when it is opened.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from applier.store import journal
 from applier.store.confine import Confinement
@@ -16,12 +18,16 @@ from applier.target import Target
 
 
 class Install:
-    """The target (as detected) and its state store, held for one command. `transaction` takes the lock and
-    finishes any interrupted run; `execute` hands the file operations to the journal in one go."""
+    """The target (as detected) and its state store, held for one command. `open_run` takes the lock and finishes
+    any interrupted run; `execute` hands the file operations to the journal in one go."""
 
     def __init__(self, target: Target, confinement: Confinement):
         self.target = target
         self.store = StateStore(target.state_dir, confinement, install_root=target.root)
+        self.state = State()             # as recorded, once open_run has read it
+        self.recovered: str | None = None  # what finishing an interrupted run did, in words
+        self.locked = False
+        self._held = ExitStack()
 
     def __enter__(self) -> "Install":
         return self
@@ -30,6 +36,8 @@ class Install:
         self.close()
 
     def close(self) -> None:
+        self._held.close()
+        self.locked = False
         self.store.close()
         self.store.install.close()
 
@@ -46,24 +54,28 @@ class Install:
         self.store.check_folder()
         return self.store.dir.exists()
 
-    @contextmanager
-    def transaction(self, *, reader: bool = False, dry_run: bool = False):
-        """The install's lock held, any interrupted run finished (or rolled back) first; yields (what recovery did,
-        in words or None, the state as recorded). A dry run on an install without `.applier/` creates nothing: it
-        yields (None, the empty state) without a lock."""
-        if dry_run and not self.has_state():
-            yield None, State()
+    def open_run(self, *, create: bool = True) -> None:
+        """Take the install's lock (held until close), finish (or roll back) any interrupted run, then read the
+        state. create=False: only where `.applier/` exists; elsewhere nothing is created and the state is empty (a
+        dry run, a revert with nothing recorded)."""
+        if not create and not self.has_state():
             return
-        with self.store.locked(reader=reader):
-            recovered = journal.recover(self.store)
-            yield recovered, self.store.load()
+        self._held.enter_context(self.store.locked())
+        self.locked = True
+        self.recovered = journal.recover(self.store)
+        self.state = self.store.load()
 
     def execute(self, ops: list[FileOp], new_state: State, description: str, **kwargs) -> None:
-        """The journal's one run: ops written, new_state recorded, or nothing changed. Inside transaction()."""
+        """The journal's one run: ops written, new_state recorded, or nothing changed. After open_run."""
+        assert self.locked, "execute() needs the lock open_run takes"
         journal.execute(self.store, ops, new_state, description, **kwargs)
+        self.state = new_state
 
     def record_interpreter(self, python) -> None:
         """Record the interpreter `--python` named for this install, under its lock."""
+        if self.locked:
+            self.store.record_interpreter(python)
+            return
         with self.store.locked():
             self.store.record_interpreter(python)
 
@@ -76,10 +88,13 @@ class Install:
 
 
 @contextmanager
-def open_install(target: Target, confinement: Confinement):
-    """The install of target, opened once, closed when the command is done."""
+def open_install(target: Target, confinement: Confinement, *, run: bool = False, create: bool = True):
+    """The install of target, opened once, closed when the command is done; with `run`, its run opened too
+    (Install.open_run(create=create)): locked, recovered, its state read."""
     install = Install(target, confinement)
     try:
+        if run:
+            install.open_run(create=create)
         yield install
     finally:
         install.close()

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from applier import __version__
 from applier.errors import IOFailure, StateCorruptError
-from applier.store.confine import Place, legacy_relative
+from applier.store.confine import Place, legacy_relative, missing_folders
 from applier.store.failpoints import failpoint, hook
 from applier.store.fsutil import (MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
-                            io_failure, remove_stale_bytecode_at, sha256_bytes)
+                            io_failure, sha256_bytes)
 from applier.store.heldroot import HeldRoot, is_temp_name
 from applier.store.state import KEEP, SHA256, State, StateStore, dump_json
 
@@ -54,33 +54,25 @@ class Backup:
     """A file of the state folder a run writes before any target file: an original's bytes under backups/."""
     name: str                  # relative to the state folder (state.backup_name)
     data: bytes
-    mode: int
+    original: os.stat_result | None   # the file's stat (None: unknown): the backup is no more readable than it
 
 
 def execute(store: StateStore, ops: list[FileOp], new_state: State, description: str, *,
             manifest_after=KEEP, prune: tuple = (), backups: list[Backup] = ()) -> None:
     """Write `backups` into the state folder, replace every file of ops, record new_state (and the overlay
     manifest, None to remove it), then remove the folders of `prune` that the run left empty; or change nothing (a
-    failure before the commit point removes what the run wrote in the state folder). Caller holds the target lock.
+    failure before the commit point removes what the run wrote in the state folder; one while files are replaced
+    gives the ones written their old bytes back). Caller holds the target lock.
 
     Each path is checked once, here, and carried from then on as a Place: every write goes through its root's held
     handle, so a link swapped in after this check is refused at the write (the run is rolled back), never followed."""
     confinement = store.confinement
     places = [confinement.relative(op.path) for op in ops]    # refuses any path no patch or overlay may touch
     prune_places = [confinement.relative_dir(folder) for folder in prune]
+    fresh = missing_folders(places)
     for place in places:
         check_writable(place.path)
-    blobs, journal = run_document(ops, places, prune_places, new_state.to_json(), description, manifest_after)
-    store.begin_run(backups, blobs, dump_json(journal))
-    failpoint("after-journal")
-    write_all(store, ops, places)
-    failpoint("after-files")
-    finish(store, new_state, manifest_after, prune_places)
-
-
-def run_document(ops: list[FileOp], places: list[Place], prune: list[Place], state_after: dict, description: str,
-                 manifest_after) -> tuple[list[tuple[str, bytes]], dict]:
-    """The blobs of journal-data/ (the bytes every file will have and had) and journal.json that names them."""
+    # journal-data/ holds the bytes every file will have and had; journal.json names them
     blobs, entries = [], []
     for n, (op, place) in enumerate(zip(ops, places)):
         entry = {"root": place.root, "relpath": place.relpath, "old_sha256": op.old_sha,
@@ -99,47 +91,27 @@ def run_document(ops: list[FileOp], places: list[Place], prune: list[Place], sta
                        "being replaced; the next applier command finishes the run: each file still at "
                        "old_sha256 gets the bytes in journal-data/<new_bytes>",
         "files": entries,
-        "prune": [{"root": p.root, "relpath": p.relpath} for p in prune],
-        "state_after": state_after,
+        "prune": [{"root": p.root, "relpath": p.relpath} for p in prune_places],
+        "state_after": new_state.to_json(),
     }
     if manifest_after is not KEEP:
         journal["manifest_after"] = manifest_after
-    return blobs, journal
+    store.begin_run(backups, blobs, dump_json(journal))
+    failpoint("after-journal")
 
-
-def write_all(store: StateStore, ops: list[FileOp], places: list[Place]) -> None:
-    """Give every file its new bytes; on a failure, give the ones written their old bytes back (undo)."""
     done: list[tuple[Place, FileOp]] = []
-    fresh = missing_folders(places)
     for op, place in zip(ops, places):
         try:
             store.check_roots()   # a moved or deleted install: stop; its journal goes with it and finishes there
             hook("before-write", place)
-            write_target(place, op.new)
+            place.held.replace(place.relpath, op.new)
         except (OSError, IOFailure) as exc:
             undo(store, done, exc, place, fresh)
         done.append((place, op))
         if len(done) == 1:
             failpoint("after-first-file")
-
-
-def missing_folders(places: list[Place]) -> list[Place]:
-    """The folders the run's writes will create (they do not exist yet), deepest first: a rolled-back run removes
-    them again when it leaves them empty."""
-    out = {}
-    for place in places:
-        parts = place.relpath.split("/")[:-1]
-        while parts:
-            rel = "/".join(parts)
-            try:
-                there = place.held.lstat(rel) is not None
-            except (OSError, IOFailure):
-                there = True
-            if there:
-                break
-            out[(place.root, rel)] = Place(place.root, rel, place.held)
-            parts.pop()
-    return sorted(out.values(), key=lambda p: p.relpath.count("/"), reverse=True)
+    failpoint("after-files")
+    finish(store, new_state, manifest_after, prune_places)
 
 
 def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException, place: Place,
@@ -149,9 +121,9 @@ def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException
     rollback itself fail, the journal stays: the next command finishes the run."""
     try:
         for written, op in reversed(done):
-            write_target(written, op.old)
+            written.held.replace(written.relpath, op.old)
         for folder in fresh:
-            remove_if_empty(folder)
+            folder.held.remove_if_empty(folder.relpath)
     except (OSError, IOFailure) as second:
         raise IOFailure(f"cannot replace {place}: {exc}; rolling back failed too ({second})",
                         hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
@@ -168,37 +140,10 @@ def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException
 
 def finish(store: StateStore, state_after: State, manifest_after, prune: list[Place]) -> None:
     """Remove the folders the run emptied, then record what it leaves (manifest, state) and remove the journal."""
-    hook("before-state", store)
     for folder in sorted(prune, key=lambda p: p.relpath.count("/"), reverse=True):
-        remove_if_empty(folder)
+        folder.held.remove_if_empty(folder.relpath)
+    hook("before-state", store)
     store.end_run(state_after, manifest_after)
-
-
-def write_target(place: Place, data: bytes | None) -> None:
-    """Give the file its new bytes (None: remove it), through its root's held handle. A symlink stays a symlink:
-    the file it points to inside the root gets the bytes; one leading outside is refused (LeadsOutside)."""
-    held = place.held
-    try:
-        resolved = "/".join(held.resolved(place.relpath))
-    except (FileNotFoundError, NotADirectoryError):     # a new file in folders the write creates
-        resolved = place.relpath
-    if data is None:
-        held.remove(place.relpath)
-    else:
-        held.write(place.relpath, data)
-    for rel in dict.fromkeys((place.relpath, resolved)):
-        remove_stale_bytecode_at(held, rel)
-
-
-def remove_if_empty(folder: Place) -> None:
-    """Remove a folder the run emptied: its __pycache__ first when nothing is left there (write_target removed the
-    bytecode of every file it removed), then the folder itself when nothing is left. A folder holding anything (a
-    user's file, a user's bytecode) stays; nothing is followed through a link."""
-    for rel in (f"{folder.relpath}/__pycache__", folder.relpath):
-        try:
-            folder.held.rmdir(rel)
-        except (OSError, IOFailure):    # a link leading out on the way: nothing there is this run's
-            return
 
 
 def recover(store: StateStore) -> str | None:
@@ -235,7 +180,7 @@ def finish_interrupted(store: StateStore, journal: dict, state_after: State) -> 
                                         hint=f"see {store.journal_file}")
         try:
             hook("before-write", place)
-            write_target(place, new)
+            place.held.replace(place.relpath, new)
         except OSError as exc:
             raise io_failure(exc, place.path, "finish the interrupted run on") from exc
         finished += 1

@@ -25,7 +25,7 @@ import re
 import stat
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from applier import __version__
@@ -178,6 +178,13 @@ class State:
 
     def next_seq(self) -> int:
         return max((p.seq for p in self.applied.values()), default=0) + 1
+
+    def adding(self, records: list["AppliedPatch"]) -> "State":
+        """This state with records added on top, in their order (their seq numbered after every recorded one)."""
+        applied = dict(self.applied)
+        for seq, record in enumerate(records, start=self.next_seq()):
+            applied[record.id] = replace(record, seq=seq)
+        return State(applied)
 
     def last_writer(self, component: str, relpath: str) -> "AppliedPatch | None":
         """The applied patch that wrote the file last (its sha256_after is what the file should hold)."""
@@ -428,14 +435,15 @@ class StateStore:
             return None
 
     def begin_run(self, backups, blobs: list[tuple[str, bytes]], journal: bytes) -> None:
-        """Write a run's backups (each a journal.Backup: name under the state folder, bytes, mode), its blobs into
+        """Write a run's backups (each a journal.Backup: name under the state folder, bytes, its original's stat), its blobs into
         journal-data/ and then journal.json, the run's commit point; or, on a failure (disk full), remove what was
         written and raise IOFailure."""
         self.check_roots()
         written = []
         try:
             for backup in backups:
-                self.write(self.dir / backup.name, backup.data, mode=backup.mode)
+                # no more readable than the original: a private nodes.py gets a private backup
+                self.write(self.dir / backup.name, backup.data, mode=private_mode(backup.original))
                 written.append(self.dir / backup.name)
         except OSError as exc:
             self.remove_all(written)
