@@ -5,7 +5,9 @@ measured one (attention-kernels' JSON), at the peaks of applier's GPU table (app
 its vendor source). An exact kernel (cuDNN, FLASH: bf16 Q K^T and P V) scales with the bf16 peak. The pack's FP8
 kernel in its default formats does half its work as INT8 Q K^T and half as 16-bit P V: its time is modelled as two
 equal halves at one efficiency e, T = F/2 / (e * int8_peak) + F/2 / (e * bf16_peak), e fitted on the measured GPU
-and kept; cuDNN's FP8 SDPA (e4m3 both products) scales with the FP8 peak. On an RTX 4090 INT8 runs at 4x the bf16
+and kept; SageAttention 2's formats (INT8 Q K^T, e4m3 P V: SageAttention 2 itself, the pack's kernel on its recipe)
+are the same two halves at the INT8 and FP8 peaks; cuDNN's FP8 SDPA (e4m3 both products, with or without the
+rotation) scales with the FP8 peak; FlashAttention-4 (bf16, exact) with the bf16 peak. On an RTX 4090 INT8 runs at 4x the bf16
 rate with FP32 accumulate (the H200: 2x), which is where a 4090 stands to gain more from the FP8 mode than the
 H200 does; whether it does is for a 4090 to measure.
 
@@ -20,9 +22,10 @@ from pathlib import Path
 from . import results
 
 # kernel key in attention-kernels' "speed" -> how its time scales to another GPU
-EXACT_KERNELS = ("sdpa_CUDNN_ATTENTION", "sdpa_FLASH_ATTENTION", "sdpa_EFFICIENT_ATTENTION")
+EXACT_KERNELS = ("sdpa_CUDNN_ATTENTION", "sdpa_FLASH_ATTENTION", "sdpa_EFFICIENT_ATTENTION", "fa4")
 INT8_QK_KERNELS = ("fp8_default", "sage")      # INT8 Q K^T, 16-bit P V (sage 1.0.6: the same formats)
-FP8_KERNELS = ("cudnn_fp8",)
+INT8_QK_FP8_PV_KERNELS = ("fp8_sage2", "sage2")  # INT8 Q K^T, e4m3 P V (SageAttention 2.2's sm90 kernel, the recipe)
+FP8_KERNELS = ("cudnn_fp8", "cudnn_fp8_rotated")
 
 
 def gpu_table() -> dict:
@@ -36,18 +39,26 @@ def projected_ms(kernel: str, flops: float, measured_ms: float, source, target) 
     if kernel in EXACT_KERNELS:
         return measured_ms * source.bf16_tflops / target.bf16_tflops
     if kernel in INT8_QK_KERNELS:
-        if not (source.int8_tops and target.int8_tops):
-            return None
-        # e from the measured time: T = F/2 (1/(e*P_i8) + 1/(e*P_bf)); the same e on the target
-        half = flops / 2 / 1e12
-        seconds = measured_ms / 1e3
-        e = half * (1 / source.int8_tops + 1 / source.bf16_tflops) / seconds
-        return 1e3 * half * (1 / (e * target.int8_tops) + 1 / (e * target.bf16_tflops))
+        return two_halves(flops, measured_ms, (source.int8_tops, source.bf16_tflops),
+                          (target.int8_tops, target.bf16_tflops))
+    if kernel in INT8_QK_FP8_PV_KERNELS:
+        return two_halves(flops, measured_ms, (source.int8_tops, source.fp8_tflops),
+                          (target.int8_tops, target.fp8_tflops))
     if kernel in FP8_KERNELS:
         if not (source.fp8_tflops and target.fp8_tflops):
             return None
         return measured_ms * source.fp8_tflops / target.fp8_tflops
     return None
+
+
+def two_halves(flops: float, measured_ms: float, source_peaks: tuple, target_peaks: tuple) -> float | None:
+    """Q K^T and P V as two equal halves of the work at the peaks of their formats and one efficiency e: e from the
+    measured time, T = F/2 (1/(e*P_qk) + 1/(e*P_pv)), kept on the target (None: a peak is not known)."""
+    if not (all(source_peaks) and all(target_peaks)):
+        return None
+    half = flops / 2 / 1e12
+    e = half * sum(1 / p for p in source_peaks) / (measured_ms / 1e3)
+    return 1e3 * half * sum(1 / (e * p) for p in target_peaks)
 
 
 def project(measured: dict, source, target) -> dict:

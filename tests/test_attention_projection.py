@@ -31,6 +31,22 @@ def test_an_int8_qk_kernel_is_two_halves_at_one_efficiency():
     assert ap.projected_ms("cudnn_fp8", 1e12, 10.0, gpu(1000, fp8=2000), gpu(100)) is None  # no FP8 peak
 
 
+@pytest.mark.parametrize("kernel", ["fp8_sage2", "sage2"])
+def test_sageattention_2s_formats_are_an_int8_and_an_fp8_half(kernel):
+    """INT8 Q K^T and e4m3 P V (SageAttention 2, the pack's kernel on its recipe): the P V half scales with the FP8
+    peak, not the bf16 one."""
+    assert ap.projected_ms(kernel, 1e12, 10.0, gpu(1000, 2000, 2000), gpu(1000, 2000, 2000)) == pytest.approx(10.0)
+    projected = ap.projected_ms(kernel, 1e12, 10.0, gpu(1000, 2000, 2000), gpu(100, 400, 200))
+    assert projected == pytest.approx(10.0 * (1 / 400 + 1 / 200) / (1 / 2000 + 1 / 2000))
+    assert ap.projected_ms(kernel, 1e12, 10.0, gpu(1000, 2000, 2000), gpu(100, 400)) is None   # no FP8 peak
+
+
+def test_the_rotated_cudnn_fp8_path_scales_with_the_fp8_peak_and_fa4_with_bf16():
+    assert ap.projected_ms("cudnn_fp8_rotated", 1e12, 10.0, gpu(1000, fp8=2000), gpu(100, fp8=500)) == \
+        pytest.approx(40.0)
+    assert ap.projected_ms("fa4", 1e12, 10.0, gpu(1000), gpu(250)) == pytest.approx(40.0)
+
+
 def test_a_projection_compares_each_kernel_with_projected_cudnn_exact():
     measured = {"shapes": {"s": {"b_h_lq_lkv_d": [1, 1, 8, 8, 8], "flops": 4e12,
                                  "speed": {"sdpa_CUDNN_ATTENTION": {"ms": 10.0}, "sdpa_FLASH_ATTENTION": {"ms": 20.0},
