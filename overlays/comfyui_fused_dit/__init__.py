@@ -1,15 +1,19 @@
 """ComfyUI custom node "FusedDiTOps": MODEL -> MODEL with the fused_dit overlays installed for sampling.
 
-A thin call. The registry (fused_dit.registry) picks what each op family runs on the model it is given, or why the
-family stays stock, and says so in one line per model (logger `fused_dit`, shown on ComfyUI's console; the long
-reasons at DEBUG); this module puts that choice on a clone of the ModelPatcher, so the original MODEL, other branches
-of the graph and other models are untouched:
-- an APPLY_MODEL wrapper (the hook ComfyUI's own torch.compile helper uses) that installs the chosen families
-  before each model call and restores the stock forwards in `finally`; none where every family stays stock;
+A thin call, cheap at the node's run: the registry (fused_dit.registry) decides from cheap facts (the request, the
+loaded ComfyUI's SDPA order, the ModelPatcher's load device, VRAM mode and options, the diffusion model's class) what
+may run, and this module puts that decision on a clone of the ModelPatcher, so the original MODEL, other branches of
+the graph and other models are untouched. What needs the model's blocks waits for its first use (`FirstCall`, once
+per model): the registry settles each family on the blocks and says so in one line per model (logger `fused_dit`,
+shown on ComfyUI's console; the long reasons at DEBUG). On the clone:
+- an APPLY_MODEL wrapper (the hook ComfyUI's own torch.compile helper uses) that, from the first call on, installs
+  the families that run before each model call and restores the stock forwards in `finally`; none where nothing
+  may run (the MODEL as given comes back where neither that nor the attention override applies);
 - the attention family's `optimized_attention_override` in the clone's options;
 - with FP8 holding its codes in the weights' place (fused_dit.families: `fp8_weights` no_extra_memory under
-  ComfyUI's legacy ModelPatcher), one object patch per FP8 Linear, which ComfyUI restores when it unloads the clone;
-- with FP8 on, an ON_CLEANUP callback that drops the FP8 copies of the weights when ComfyUI cleans the clone up.
+  ComfyUI's legacy ModelPatcher), a PREPARE_SAMPLING wrapper that, at the first sampling and before ComfyUI loads
+  the weights, adds one object patch per FP8 Linear, which ComfyUI restores when it unloads the clone;
+- with FP8 asked for, an ON_CLEANUP callback that drops the FP8 copies of the weights when ComfyUI cleans the clone up.
 The families and the fp8_weights policies, with their earlier names, are data in fused_dit/families.py.
 
 The node module imports no torch (applier's node-pack tools read its inputs in a bare interpreter): the registry is
@@ -22,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import weakref
 
 
 def _load_carried_fused_dit() -> None:
@@ -49,18 +55,20 @@ from fused_dit import families, fingerprint, state, variants  # noqa: E402
 
 WRAPPER_KEY = "fused_dit"
 log = logging.getLogger("fused_dit")
-# the values of comfy.patcher_extension.WrappersMP.APPLY_MODEL and CallbacksMP.ON_CLEANUP, used when ComfyUI's
-# module is not importable (tests); in ComfyUI the constants are read from the module itself
+# the values of comfy.patcher_extension's WrappersMP.APPLY_MODEL, WrappersMP.PREPARE_SAMPLING and
+# CallbacksMP.ON_CLEANUP, used when ComfyUI's module is not importable (tests); in ComfyUI they are read from it
 _APPLY_MODEL = "apply_model"
+_PREPARE_SAMPLING = "prepare_sampling"
 _ON_CLEANUP = "on_cleanup"
+FAILED_LINE = "Fused DiT Ops on %s: stock, the node's setup at the model's first use failed (%s: %s)"
 
 
-def _hook_names() -> tuple[str, str]:
+def _hook_names() -> tuple[str, str, str]:
     try:
         from comfy.patcher_extension import CallbacksMP, WrappersMP
     except ImportError:
-        return _APPLY_MODEL, _ON_CLEANUP
-    return WrappersMP.APPLY_MODEL, CallbacksMP.ON_CLEANUP
+        return _APPLY_MODEL, _PREPARE_SAMPLING, _ON_CLEANUP
+    return WrappersMP.APPLY_MODEL, WrappersMP.PREPARE_SAMPLING, CallbacksMP.ON_CLEANUP
 
 
 def _registry():
@@ -69,43 +77,85 @@ def _registry():
     return registry
 
 
-def make_apply_model_wrapper(ops: tuple[str, ...], keep_resident_codes: bool = False):
-    """ComfyUI's APPLY_MODEL wrapper: `ops` installed on the diffusion model for each model call."""
-    enabled = _registry().enabled
+class FirstCall:
+    """The node's hooks on its clone, for one patch-time decision (registry.Decision). What reads the model's
+    blocks is done once per diffusion model, at its first use, and kept: `settle` (recognising and fingerprinting
+    the blocks, the install plan, the one line for the model) and, with FP8 codes in the weights' place, their
+    object patches. Under a lock: ComfyUI's executor may run two prompts' samplers on threads. Any exception of
+    that work leaves the model stock, said once; the model call's own exceptions are its own.
+    - prepare_sampling (ComfyUI's PREPARE_SAMPLING wrapper, before the sampler loads the model): the codes must be
+      object patches before ComfyUI loads the weights, as ComfyUI applies those at load;
+    - apply_model (the APPLY_MODEL wrapper, the hook ComfyUI's own torch.compile helper uses): the chosen families
+      installed around each model call, the stock forwards back in `finally`. The first-use work is host work done
+      here, before the model's forward: never inside the model compiler's record or a CUDA graph capture, which
+      open within the forward (integration/model_compiler.py)."""
 
-    def fused_dit_apply_model(executor, *args, **kwargs):
-        x = args[0] if args else kwargs.get("x")
-        with enabled(executor.class_obj.diffusion_model, ops, keep_resident_codes, getattr(x, "device", None)):
+    def __init__(self, decision):
+        self.decision = decision
+        self._lock = threading.Lock()
+        self._selections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> Selection or None
+
+    def selection(self, diffusion_model):
+        """The registry's selection for `diffusion_model`, settled at its first use; None: stock after a failure."""
+        with self._lock:
+            if diffusion_model not in self._selections:
+                self._selections[diffusion_model] = self._guarded(diffusion_model, _registry().settle,
+                                                                  self.decision, diffusion_model)
+            return self._selections[diffusion_model]
+
+    def _guarded(self, diffusion_model, work, *args):
+        try:
+            return work(*args)
+        except Exception as error:      # never into the user's prompt: this model stays stock
+            state.say_once(FAILED_LINE, self.decision.model_name, type(error).__name__, str(error),
+                           level=logging.WARNING)
+            self._selections[diffusion_model] = None
+            return None
+
+    def prepare_sampling(self, executor, patcher, *args, **kwargs):
+        diffusion_model = patcher.model.diffusion_model
+        selection = self.selection(diffusion_model)
+        if selection is not None and selection.fp8_weights == families.CODES_IN_PLACE:
+            with self._lock:
+                replaced = self._guarded(diffusion_model, _registry().put_codes_in_place, patcher)
+            if replaced is not None and replaced.linears:
+                log.info("fused_dit: %d Linears hold FP8 codes in place of their weights (%.1f GiB less)",
+                         replaced.linears, replaced.bytes_saved / 2 ** 30)
+        return executor(patcher, *args, **kwargs)
+
+    def apply_model(self, executor, *args, **kwargs):
+        selection = self.selection(executor.class_obj.diffusion_model)
+        if selection is None or not selection.wrap:
             return executor(*args, **kwargs)
-    return fused_dit_apply_model
+        x = args[0] if args else kwargs.get("x")
+        with _registry().enabled(executor.class_obj.diffusion_model, selection.ops, selection.keep_resident_codes,
+                                 getattr(x, "device", None)):
+            return executor(*args, **kwargs)
 
 
 def _drop_fp8_weights(patcher) -> None:
     _registry().drop_fp8_weights(patcher.model.diffusion_model)
 
 
-def apply(model, selection):
-    """A clone of the ModelPatcher `model` carrying the registry's `selection` (see the module docstring); `model`
-    itself where the selection runs nothing and `model` carries no wrapper of this node's (the MODEL as given:
+def apply(model, decision):
+    """A clone of the ModelPatcher `model` carrying the registry's patch-time `decision` (see the module
+    docstring); `model` itself where nothing may run and `model` carries no hook of this node's (the MODEL as given:
     sampling is stock by construction, loading included)."""
-    registry = _registry()
-    apply_model, on_cleanup = _hook_names()
-    runs_nothing = not (selection.wrap or selection.attention or selection.fp8_weights == families.CODES_IN_PLACE
-                        or "fp8_linear" in selection.ops)
-    if runs_nothing and not getattr(model, "wrappers", {}).get(apply_model, {}).get(WRAPPER_KEY):
+    apply_model, prepare_sampling, on_cleanup = _hook_names()
+    ours = [getattr(model, "wrappers", {}).get(name, {}).get(WRAPPER_KEY) for name in (apply_model, prepare_sampling)]
+    if not (decision.may_run or decision.attention) and not any(ours):
         return model
     patched = model.clone()
-    patched.remove_wrappers_with_key(apply_model, WRAPPER_KEY)
-    if selection.wrap:
-        patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, make_apply_model_wrapper(
-            selection.ops, keep_resident_codes=selection.keep_resident_codes))
-    if selection.attention:
-        registry.install_attention(patched.model_options, selection)
-    if selection.fp8_weights == families.CODES_IN_PLACE:
-        replaced = registry.put_codes_in_place(patched)
-        log.info("fused_dit: %d Linears hold FP8 codes in place of their weights (%.1f GiB less)",
-                 replaced.linears, replaced.bytes_saved / 2 ** 30)
-    if "fp8_linear" in selection.ops and hasattr(patched, "add_callback_with_key"):
+    for name in (apply_model, prepare_sampling):
+        patched.remove_wrappers_with_key(name, WRAPPER_KEY)
+    if decision.may_run:
+        first = FirstCall(decision)
+        patched.add_wrapper_with_key(apply_model, WRAPPER_KEY, first.apply_model)
+        if decision.fp8_weights == families.CODES_IN_PLACE:
+            patched.add_wrapper_with_key(prepare_sampling, WRAPPER_KEY, first.prepare_sampling)
+    if decision.attention:
+        _registry().install_attention(patched.model_options, decision)
+    if "fp8_linear" in decision.may_run and hasattr(patched, "add_callback_with_key"):
         patched.remove_callbacks_with_key(on_cleanup, WRAPPER_KEY)
         patched.add_callback_with_key(on_cleanup, WRAPPER_KEY, _drop_fp8_weights)
     return patched
@@ -222,7 +272,10 @@ class FusedDiTOps:
                  "attention": attention}
         request = registry.Request(tuple(name for name, on in asked.items() if on), fp8_weights,
                                    attention_mode=attention_mode)
-        return (apply(model, registry.choose(model, request)),)
+        decision = registry.decide(model, request)
+        if not decision.may_run:
+            registry.settle(decision)   # nothing waits for a first call: the model's line is said now
+        return (apply(model, decision),)
 
 
 from .tiled_sampling import TiledSampling  # noqa: E402  (the second node; it finds fused_dit as this one does)

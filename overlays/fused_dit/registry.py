@@ -10,6 +10,10 @@ The FP8 family also gets its weight mechanism here (families.FP8_WEIGHTS). Every
 once-only log (state.say_once): per model one INFO line (what runs, what stays stock, a short reason each), the
 long reasons per family at DEBUG.
 
+The node picks in two steps: `decide` when it runs, from cheap facts only (the request, the release's SDPA order,
+the ModelPatcher's load device, VRAM mode and options, the diffusion model's class), and `settle` at the model's
+first use, on its blocks (recognition, fingerprints, the install plan), where the lines are said; `choose` is both.
+
 Per op call, dispatch.py still chooses Triton or eager for the tensors it is given; the installer
 (integration/__init__.py) puts the chosen families in around each model call (`enable`, `disable`).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +31,9 @@ from .families import (ATTENTION_MODES, CACHED_CODES, CODES_BESIDE_WEIGHTS, CODE
                        FASTEST_SDPA, FP8, FP8_ATTENTION, FP8_WEIGHTS, GENERIC_FP8_EVIDENCE, LEGACY, LINEAR_FP8_SEAM,
                        NO_EXTRA_MEMORY, PER_CALL_CODES, PER_CALL_EVIDENCE, RESIDENT_CODES, Implementation, Needs,
                        fp8_weight_policy)
-from .integration import (GENERIC_MIN_BLOCKS, OP_FAMILIES, UnsupportedModelError, attention, attention_fp8,
-                          fp8_codes, fp8_weights, fp8_linear_modules, generic_blocks, is_active, recognition,
-                          supported_blocks)
+from .integration import (BLOCK_SPECS, GENERIC_MIN_BLOCKS, OP_FAMILIES, UNSUPPORTED, UnsupportedModelError,
+                          attention, attention_fp8, fp8_codes, fp8_weights, fp8_linear_modules, generic_blocks,
+                          is_active, recognition, supported_blocks)
 from .integration import disable as _disable
 from .integration import enable as _enable
 from .ops import fp8_linear
@@ -71,9 +76,9 @@ def drop_fp8_weights(model: torch.nn.Module) -> None:
     _disable(model, drop_fp8_weights=True)
 
 
-def install_attention(model_options: dict, selection: "Selection | None" = None) -> str:
+def install_attention(model_options: dict, selection: "Selection | Decision | None" = None) -> str:
     """Put the attention family's override for `selection`'s mode (None: exact) into a cloned ModelPatcher's
-    options (choose said whether it runs)."""
+    options (decide said whether it runs)."""
     if selection is None or selection.attention_mode != FP8:
         return attention.install(model_options)
     exact = attention.FastestSdpa() if selection.attention_exact_fallback else None
@@ -81,7 +86,11 @@ def install_attention(model_options: dict, selection: "Selection | None" = None)
 
 
 def put_codes_in_place(patcher) -> fp8_codes.Replacement:
-    """CODES_IN_PLACE on the node's clone: an object patch of FP8 codes for each Linear FP8 runs."""
+    """CODES_IN_PLACE on the ModelPatcher ComfyUI is about to load (the node's PREPARE_SAMPLING hook): an object
+    patch of FP8 codes for each Linear FP8 runs, once per patcher (one that has them, or came from one that had
+    them, keeps them: nothing is quantised again)."""
+    if fp8_codes.holds_codes(patcher):
+        return fp8_codes.Replacement(0, 0)
     return fp8_codes.add_object_patches(patcher, fp8_linear_modules(patcher.model.diffusion_model))
 
 
@@ -159,35 +168,102 @@ def _runs_on_order(implementation: Implementation, order: list[str] | None) -> s
     return f"{attention.RUNS} ({'; '.join(why)})" if why else attention.RUNS
 
 
-def choose(patcher, request: Request) -> Selection:
-    """The implementation of each family asked for on `patcher`'s diffusion model, or why it stays stock: one line
-    per model said once at INFO (logger `fused_dit`, shown on ComfyUI's console), each family's long reason at
-    DEBUG."""
-    model = patcher.model.diffusion_model
+@dataclass(frozen=True)
+class Decision:
+    """What the node decides when it runs, from cheap facts: the request, the loaded ComfyUI (its SDPA order), the
+    ModelPatcher (load device, VRAM mode, options) and the diffusion model's class. What needs the model's blocks
+    (recognising and fingerprinting them, the install plan, FP8 codes) waits for its first call: `settle`."""
+    request: Request
+    model_name: str                              # the diffusion model's class name
+    model_module: str                            # the module that defines it
+    blocks_named: bool                           # its class's module names a block class the overlays know
+    asked_ops: tuple[str, ...]                   # the op families asked for, in OP_FAMILIES' order
+    captured: tuple[tuple[str, str], ...]        # (family, line): refused where blocks are captured in CUDA graphs
+    fp8_weights: str | None                      # the weight mechanism where FP8 runs (families.FP8_WEIGHTS)
+    fp8_line: str                                # its line ("" where fp8_linear is not asked or refused)
+    attention: bool                              # put the attention override into the clone's options
+    attention_mode: str
+    attention_exact_fallback: bool
+    attention_line: str                          # "" where attention is not asked for
+    attention_brief: str
+
+    @property
+    def may_run(self) -> tuple[str, ...]:
+        """The op families the first model call may run: block families only on a class that names their blocks
+        (`names_known_blocks`), FP8 on any model (the Linear seam of its transformer stacks)."""
+        refused = {name for name, _ in self.captured}
+        return tuple(name for name in self.asked_ops
+                     if name not in refused and (name == "fp8_linear" or self.blocks_named))
+
+
+def names_known_blocks(model_class: type) -> bool:
+    """Whether the module of `model_class`, or of one of its bases, names a class of the blocks the overlays know
+    (ComfyUI's Flux and Wan models import or define theirs there): read from the class, without walking a model."""
+    for cls in model_class.__mro__:
+        namespace = getattr(sys.modules.get(cls.__module__), "__dict__", {})
+        if any(isinstance(value, type) and any(c.__name__ in BLOCK_SPECS for c in value.__mro__)
+               for value in list(namespace.values())):
+            return True
+    return False
+
+
+def decide(patcher, request: Request) -> Decision:
+    """The node's choice when it runs, from cheap facts only (see Decision); says none of the node's lines."""
+    model_class = type(patcher.model.diffusion_model)
     policy = fp8_weight_policy(request.fp8_weights)
     asked = set(request.families)
-    ops = tuple(name for name in OP_FAMILIES if name in asked)
-    lines: list[str] = []
-    stock: dict[str, str] = {}                   # family -> why it stays stock, in a few words
-    try:
-        supported_blocks(model)
-    except UnsupportedModelError as unknown:
-        ops, lines, stock = _on_unknown_model(model, ops, unknown)
-    lines += [f"{family}: {line}" for family, line in recognition(model, ops).items()]
-    kept = []
-    for name in ops:
+    asked_ops = tuple(name for name in OP_FAMILIES if name in asked)
+    captured = []
+    for name in asked_ops:
         refused = [capture_refusal(impl, request) for impl in FAMILIES[name].implementations]
         if all(refused):
-            lines.append(f"{name}: stock ({'; '.join(refused)})")
-            stock[name] = CAPTURE_SHORT
-        else:
-            kept.append(name)
-    ops = tuple(kept)
+            captured.append((name, f"{name}: stock ({'; '.join(refused)})"))
+    mechanism, fp8_line = None, ""
+    if "fp8_linear" in asked_ops and "fp8_linear" not in dict(captured):
+        mechanism, fp8_line = _fp8_weights(patcher, policy)
+    attention_parts = (False, EXACT, False, "", "")
+    if "attention" in asked:
+        attention_parts = _attention(patcher, request)
+    use_attention, mode, exact_fallback, attention_line, brief = attention_parts
+    return Decision(request, model_class.__name__, model_class.__module__, names_known_blocks(model_class),
+                    asked_ops, tuple(captured), mechanism, fp8_line, use_attention, mode, exact_fallback,
+                    attention_line, brief)
+
+
+def choose(patcher, request: Request) -> Selection:
+    """The implementation of each family asked for on `patcher`'s diffusion model, or why it stays stock, all at
+    once (scripts, tests): `decide`, then `settle` on the model."""
+    return settle(decide(patcher, request), patcher.model.diffusion_model)
+
+
+def settle(decision: Decision, model: torch.nn.Module | None = None) -> Selection:
+    """The decision made on `model`'s blocks (the node's first model call): one line per model said once at INFO
+    (logger `fused_dit`, shown on ComfyUI's console), each family's long reason at DEBUG. model None: where
+    nothing waits for a first call (decision.may_run empty), the class's facts stand for its blocks."""
+    ops = decision.asked_ops
+    lines: list[str] = []
+    stock: dict[str, str] = {}                   # family -> why it stays stock, in a few words
+    if model is None:
+        if not decision.blocks_named:
+            unknown = UnsupportedModelError(UNSUPPORTED.format(model=f"{decision.model_module}.{decision.model_name}",
+                                                               blocks=", ".join(BLOCK_SPECS)))
+            ops, lines, stock = _on_unknown_model(None, tuple(n for n in ops if n != "fp8_linear"), unknown)
+            ops += ("fp8_linear",) if "fp8_linear" in decision.asked_ops else ()
+    else:
+        try:
+            supported_blocks(model)
+        except UnsupportedModelError as unknown:
+            ops, lines, stock = _on_unknown_model(model, ops, unknown)
+        lines += [f"{family}: {line}" for family, line in recognition(model, ops).items()]
+    refused = dict(decision.captured)
+    lines += [refused[name] for name in ops if name in refused]
+    stock.update((name, CAPTURE_SHORT) for name in ops if name in refused)
+    ops = tuple(name for name in ops if name not in refused)
     wrap = bool(ops) and is_active(model, ops)
     if ops and not wrap:
-        # a wrapper that installs nothing still costs a call per step: the model runs as ComfyUI's own
-        lines.append(f"{', '.join(ops)}: every one stays stock on {type(model).__name__} (above), so the node adds "
-                     f"no wrapper to its model calls")
+        # nothing to install around the calls: the model runs as ComfyUI's own
+        lines.append(f"{', '.join(ops)}: every one stays stock on {decision.model_name} (above), so the node's "
+                     f"wrapper passes its model calls straight through")
     runs: dict[str, str] = {}                    # family -> what runs, in a few words
     for name in ops:
         if wrap and (len(ops) == 1 or is_active(model, (name,))):
@@ -196,21 +272,20 @@ def choose(patcher, request: Request) -> Selection:
             stock[name] = _code_differs(name)
     mechanism = None
     if "fp8_linear" in ops:
-        mechanism, line = _fp8_weights(patcher, policy)
-        lines.append(line)
+        mechanism = decision.fp8_weights
+        lines.append(decision.fp8_line)
         if mechanism and "fp8_linear" in runs:
             runs["fp8_linear"] = f"FP8 Linears, {mechanism}"
-    use_attention, mode, exact_fallback = False, EXACT, False
-    if "attention" in asked:
-        use_attention, mode, exact_fallback, line, brief = _attention(patcher, request)
-        lines.append(line)
-        (runs if use_attention else stock)["attention"] = brief
-    off = [name for name in FAMILIES if name not in asked]
-    summary = summary_line(type(model).__name__, runs, stock, off)
+    if decision.attention_line:
+        lines.append(decision.attention_line)
+        (runs if decision.attention else stock)["attention"] = decision.attention_brief
+    off = [name for name in FAMILIES if name not in decision.request.families]
+    summary = summary_line(decision.model_name, runs, stock, off)
     for line in lines:
         state.say_once(DETAIL_LINE, line, level=logging.DEBUG)
     state.say_once(NODE_LINE, summary)
-    return Selection(ops, wrap, use_attention, mechanism, tuple(lines), mode, exact_fallback, summary)
+    return Selection(ops, wrap, decision.attention, mechanism, tuple(lines), decision.attention_mode,
+                     decision.attention_exact_fallback, summary)
 
 
 CAPTURE_SHORT = "not safe under the model compiler's CUDA graphs"

@@ -18,7 +18,7 @@ import blocks
 import comfyui_fused_dit as node_pack
 import era_blocks
 import fused_dit
-from comfy_fakes import FakeModelPatcher
+from comfy_fakes import FakeModelPatcher, call_model
 from fused_dit import fingerprint, state, variants
 from fused_dit.integration import add_verified_model, eras, flux as flux_overlay, recognition
 
@@ -112,11 +112,12 @@ def test_the_0_3_64_shaped_fixtures_run_their_verified_variant():
 
 
 def test_the_node_says_once_per_family_what_runs_and_what_stays_stock(caplog, cudnn_first):
-    model, _ = era_blocks.make_flux()
+    model, inputs = era_blocks.make_flux()
     state.forget_said()
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         for _ in range(2):
-            node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
+            (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
+            call_model(patched, **inputs)           # the blocks are read at the model's first call
     records = [r for r in caplog.records if r.getMessage().startswith("Fused DiT Ops:")]
     lines = [r.getMessage() for r in records]
     # norm_rope, adaln, gate and attention (fp8_linear is off by default), each said once, at DEBUG
@@ -124,7 +125,8 @@ def test_the_node_says_once_per_family_what_runs_and_what_stays_stock(caplog, cu
     assert all("stock (code differs from every release" in line for line in lines[:3])
     assert lines[3].startswith("Fused DiT Ops: attention: stock: the release's SDPA order puts CUDNN_ATTENTION first")
     # and one line at INFO for the model: what runs, what stays stock, a short reason each
-    [summary] = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    [summary] = [r.getMessage() for r in caplog.records
+                 if r.levelno >= logging.INFO and r.getMessage().startswith("Fused DiT Ops")]
     assert summary.startswith("Fused DiT Ops on Flux: runs norm_rope (fused Triton kernels). Stock: adaln, gate (")
     assert summary.endswith("attention (CUDNN_ATTENTION is first in this release's SDPA order). Off: fp8_linear. "
                             "Details at DEBUG.")
@@ -263,7 +265,8 @@ def test_the_rope_seam_stays_out_where_the_functions_around_it_differ(caplog):
 def test_the_node_puts_the_seam_back_when_the_model_call_raises():
     model, inputs = era_blocks.make_flux()
     stock_rope = dict(vars(era_blocks.CK))
-    wrapper = node_pack.make_apply_model_wrapper(("norm_rope",))
+    (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), True, False, False, False)
+    [wrapper] = patched.wrappers["apply_model"][node_pack.WRAPPER_KEY]
 
     class Executor:
         class_obj = type("BaseModel", (), {"diffusion_model": model})

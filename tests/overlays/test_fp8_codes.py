@@ -114,9 +114,16 @@ class LifecyclePatcher(FakeModelPatcher):
             state.current_uuid = self.patches_uuid
         state.loaded_by = self
 
+    def prepare(self):
+        """ComfyUI's prepare_sampling for this clone: its PREPARE_SAMPLING wrappers around load_models_gpu."""
+        wrappers = self.wrappers.get("prepare_sampling", {}).get(node_pack.WRAPPER_KEY, [])
+        load = lambda patcher, *args, **kwargs: patcher.load()    # noqa: E731
+        return wrappers[0](load, self, (1,), []) if wrappers else load(self)
+
     def sample(self, inputs):
-        """One model call as BaseModel.apply_model makes it, through the node's APPLY_MODEL wrapper if any."""
-        self.load()
+        """One model call as a sampler makes it: prepare_sampling, then BaseModel.apply_model through the node's
+        APPLY_MODEL wrapper if any."""
+        self.prepare()
         diffusion_model = self.model.diffusion_model
 
         def call():
@@ -135,6 +142,14 @@ def _node(patcher, fp8_weights=families.NO_EXTRA_MEMORY):
     return patched
 
 
+def _prepared(patched):
+    """`patched` after the node's PREPARE_SAMPLING hook, as a sampler's first prepare_sampling runs it, without the
+    load that follows (the codes are object patches; ComfyUI puts them in the tree when it loads the clone)."""
+    [hook] = patched.wrappers["prepare_sampling"][node_pack.WRAPPER_KEY]
+    hook(lambda patcher, *args, **kwargs: None, patched, (1,), [])
+    return patched
+
+
 def _codes_in_tree(model) -> int:
     return sum(isinstance(m, Fp8CodesLinear) for m in model.modules())
 
@@ -145,6 +160,8 @@ def test_replace_swaps_every_fp8_linear_through_object_patches_of_the_clone_only
     base = LifecyclePatcher(model)
     size, base_uuid = base.size, base.patches_uuid
     patched = _node(base)
+    assert not patched.object_patches and not fp8_calls and patched.size == size    # the node's run quantises nothing
+    _prepared(patched)                                        # the first sampling does, before ComfyUI loads
     names = [f"diffusion_model.{name}" for name, _ in fp8_linear_modules(model)]
     assert sorted(patched.object_patches) == sorted(names) and names
     assert all(isinstance(m, Fp8CodesLinear) and m.weight.dtype == torch.float8_e4m3fn
@@ -231,7 +248,7 @@ def test_codes_come_from_the_weights_before_lora_while_a_patched_model_is_loaded
     lora.add_patches({f"{name}.weight": torch.ones(original.shape)})
     lora.sample(inputs)                                       # loaded: the tree holds the LoRA'd weight
     assert not torch.equal(_get(SimpleNamespace(diffusion_model=model), name).weight, original)
-    codes = _node(lora).object_patches[name]
+    codes = _prepared(_node(lora)).object_patches[name]
     expected = Fp8CodesLinear.from_linear(torch.nn.Linear(1, 1), original, torch.device("cpu"), torch.device("cpu"))
     assert torch.equal(codes.weight.view(torch.uint8), expected.weight.view(torch.uint8))
 
@@ -242,7 +259,7 @@ def test_a_second_node_run_while_codes_are_loaded_quantises_the_originals(fp8_ca
     first = _node(base)
     out = first.sample(inputs)
     assert _codes_in_tree(model) > 0
-    second = _node(base)                                      # e.g. another toggle changed: the node runs again
+    second = _prepared(_node(base))                           # e.g. another toggle changed: the node runs again
     assert sorted(second.object_patches) == sorted(first.object_patches)
     assert all(torch.equal(second.object_patches[k].weight.view(torch.uint8), m.weight.view(torch.uint8))
                for k, m in first.object_patches.items())
@@ -251,11 +268,12 @@ def test_a_second_node_run_while_codes_are_loaded_quantises_the_originals(fp8_ca
 
 def test_no_extra_memory_registers_nothing_where_the_fp8_forward_cannot_run(caplog):
     # CPU without the test's FP8 emulation: dispatch declines fp8_linear, codes would only lose precision
-    model, _ = blocks.make_flux_stack(dtype=torch.bfloat16)
+    model, inputs = blocks.make_flux_stack(dtype=torch.bfloat16)
     state.forget_said()
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         patched = _node(LifecyclePatcher(model))
-    assert not patched.object_patches
+        patched.sample(inputs)                                # the model's lines come at its first call
+    assert not patched.object_patches and not patched.wrappers.get("prepare_sampling")
     selection = registry.choose(LifecyclePatcher(model), registry.Request(("fp8_linear",)))
     assert selection.fp8_weights is None and "fp8_linear" in selection.ops
     assert any("fp8_weights: no_extra_memory left the bf16 weights (" in r.getMessage()
@@ -280,7 +298,9 @@ def test_the_node_offers_the_fp8_weight_policies_and_their_earlier_names():
 def test_a_saved_workflows_earlier_fp8_weights_name_does_what_its_policy_does(fp8_calls, earlier, policy):
     model, _ = blocks.make_flux_stack(dtype=torch.bfloat16)
     base = LifecyclePatcher(model)
-    by_name, by_alias = _node(base, policy), _node(base, earlier)
+    by_name, by_alias = (_node(base, value) for value in (policy, earlier))
+    for patched in (by_name, by_alias):
+        patched.prepare()
     assert sorted(by_name.object_patches) == sorted(by_alias.object_patches)
     assert bool(by_name.object_patches) == (policy == "no_extra_memory")
     chosen = [registry.choose(base, registry.Request(("fp8_linear",), value)) for value in (policy, earlier)]

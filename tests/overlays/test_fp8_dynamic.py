@@ -75,11 +75,12 @@ def test_fp8_gemms_run_under_dynamic_vram_on_weights_comfys_cast_streams_in(name
 
 
 def test_replace_under_dynamic_vram_swaps_nothing_and_says_why(fp8_calls, caplog):
-    model, _ = _model("flux")
+    model, inputs = _model("flux")
     state.forget_said()
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         patched = _node(ops.DynamicPatcher(model))
-    assert not patched.object_patches
+        patched.sample(inputs)                                            # the lines come at the first call
+    assert not patched.object_patches and not patched.wrappers.get("prepare_sampling")
     assert "DynamicVRAM" in caplog.text
 
 
@@ -175,11 +176,12 @@ def test_the_node_says_once_how_fp8_holds_weights_under_dynamic_vram_and_where_i
     per_call_codes, and the node says so once, citing the results that compare it with codes_beside_weights and
     --disable-dynamic-vram (never the figures themselves)."""
     monkeypatch.setattr(registry, "runs_on", lambda device, needs: None)
-    model, _ = _model(sorted(MAKERS)[0])
+    model, inputs = _model(sorted(MAKERS)[0])
     state.forget_said()
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         first = _node(ops.DynamicPatcher(model))
-        _node(ops.DynamicPatcher(model))
+        for patched in (first, _node(ops.DynamicPatcher(model))):
+            patched.sample(inputs)                                        # said at the first call, once
     assert not first.object_patches
     lines = [r.getMessage() for r in caplog.records if "--disable-dynamic-vram" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("Fused DiT Ops: fp8_weights: per_call_codes (")

@@ -15,8 +15,8 @@ from torch import nn
 
 import comfyui_fused_dit as node_pack
 import fused_dit
-from comfy_fakes import FakeModelPatcher
-from fused_dit import families, state
+from comfy_fakes import FakeModelPatcher, call_model
+from fused_dit import families, registry, state
 from fused_dit.integration import generic_blocks, modulation_prefixes
 from fused_dit.testing import fp8_emulated
 
@@ -117,6 +117,9 @@ def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stoc
     model, inputs = toy()
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), fp8_linear=True, fp8_weights="alongside")
+        assert not caplog.records                                 # the blocks are read at the first call
+        with fp8_emulated([]):
+            call_model(patched, **inputs)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops:")]
     [summary] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops on ")]
     assert summary.startswith("Fused DiT Ops on ToyModel: runs fp8_linear (FP8 Linears, cached_codes). Stock: "
@@ -141,8 +144,12 @@ def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stoc
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-def test_a_model_without_a_stack_of_blocks_stays_stock_with_fp8_on():
+def test_a_model_without_a_stack_of_blocks_stays_stock_with_fp8_on(monkeypatch):
     state.forget_said()
-    model, _ = toy(depth=2)
+    model, inputs = toy(depth=2)
+    enables = []
+    monkeypatch.setattr(registry, "_enable", lambda *a, **kw: enables.append(a))
     (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), fp8_linear=True)
-    assert not patched.wrappers.get("apply_model")
+    stock = call_model(FakeModelPatcher(model), **inputs)
+    assert torch.equal(call_model(patched, **inputs), stock)  # settled at the first call: nothing to install
+    assert not enables

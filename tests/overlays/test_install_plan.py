@@ -17,8 +17,8 @@ import blocks
 import comfyui_fused_dit as node_pack
 import era_blocks
 import fused_dit
-from comfy_fakes import FakeModelPatcher
-from fused_dit import integration, state
+from comfy_fakes import FakeModelPatcher, call_model
+from fused_dit import integration, registry, state
 from fused_dit.integration import eras
 
 OPS = ("norm_rope", "adaln", "gate", "fp8_linear")
@@ -128,14 +128,20 @@ def test_disable_without_a_plan_still_restores_everything():
     assert not _overlaid(model)
 
 
-def test_node_adds_no_wrapper_when_every_family_stays_stock(caplog):
-    model, _ = era_blocks.make_flux("2026")            # 2026 blocks: no block-forward variant matches
+def test_node_installs_nothing_around_the_calls_when_every_family_stays_stock(caplog, monkeypatch):
+    """Whether a block runs its verified code is read at the model's first call; where none does, that call and
+    every later one go straight to ComfyUI's model, no install and restore around them."""
+    model, inputs = era_blocks.make_flux("2026")       # 2026 blocks: no block-forward variant matches
     state.forget_said()
+    enables = []
+    monkeypatch.setattr(registry, "_enable", lambda *a, **kw: enables.append(a))
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), False, True, True, False)
-    assert not patched.wrappers.get("apply_model")
-    assert "adds no wrapper" in caplog.text
-    assert not integration.is_active(model, ("adaln", "gate"))
+        assert "passes its model calls straight through" not in caplog.text
+        for _ in range(2):
+            call_model(patched, **inputs)
+    assert "passes its model calls straight through" in caplog.text
+    assert not enables and not integration.is_active(model, ("adaln", "gate"))
 
 
 def test_node_keeps_its_wrapper_for_an_op_seam_alone(monkeypatch):

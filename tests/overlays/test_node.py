@@ -7,6 +7,7 @@ values ("apply_model", "on_cleanup") when comfy.patcher_extension is not importa
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
@@ -15,6 +16,8 @@ import logging
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,8 +26,9 @@ import torch
 
 import blocks
 import comfyui_fused_dit as node_pack
-from comfy_fakes import FakeModelPatcher
+from comfy_fakes import FakeModelPatcher, call_model
 from fused_dit import state
+from fused_dit.integration.fp8_codes import Fp8CodesLinear
 
 PRESTARTUP = Path(node_pack.__file__).with_name("prestartup_script.py")
 
@@ -88,9 +92,11 @@ def test_node_leaves_a_model_it_does_not_know_stock_and_says_why_once(caplog, fl
     seam, model-agnostic) still applies."""
     state.forget_said()
     unknown = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    x = torch.randn(2, 4)
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
         (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True, attention=True)
-        node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True)
+        (again,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(unknown), fp8_linear=True)
+        outputs = [call_model(p, x) for p in (patched, again, patched)]   # read at the first call of each
     said = [r.getMessage() for r in caplog.records if "supports ComfyUI's Flux" in r.getMessage()]
     assert len(said) == len(set(said)) == 2 and all("stock" in line and "Sequential" in line for line in said)
     assert any(line.startswith("Fused DiT Ops: fp8_linear: stock") for line in said)
@@ -98,8 +104,7 @@ def test_node_leaves_a_model_it_does_not_know_stock_and_says_why_once(caplog, fl
     assert line == ("Fused DiT Ops on Sequential: runs attention (fastest exact SDPA backend per shape, measured "
                     "once). Stock: norm_rope, adaln, gate (no Flux or Wan blocks); fp8_linear (no Flux or Wan "
                     "blocks, and no stack of blocks of one class). Details at DEBUG.")
-    assert not patched.wrappers.get("apply_model") and not patched.callbacks.get("on_cleanup")
-    assert "forward" not in unknown[0].__dict__
+    assert all(torch.equal(out, unknown(x)) for out in outputs) and "forward" not in unknown[0].__dict__
     assert "optimized_attention_override" in patched.model_options["transformer_options"]
 
 
@@ -112,10 +117,11 @@ def test_on_a_current_release_the_node_says_one_info_line_per_model_and_never_wa
     from fused_dit.integration import eras
     monkeypatch.delenv("FUSED_DIT_SEAMS")             # the RoPE seam off, as shipped
     eras.clear_caches()
-    model, _ = era_blocks.make_flux(depth=2)
+    model, inputs = era_blocks.make_flux(depth=2)
     with caplog.at_level(logging.DEBUG, logger="fused_dit"):
-        node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
-        node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
+        for _ in range(2):
+            (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), attention=True)
+            call_model(patched, **inputs)
     info = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert info == [f"Fused DiT Ops on {type(model).__name__}: runs attention (fastest exact SDPA backend per shape, "
@@ -123,6 +129,150 @@ def test_on_a_current_release_the_node_says_one_info_line_per_model_and_never_wa
                     "tests/overlays/blocks.py's blocks, not this release's). Off: fp8_linear. Details at DEBUG."]
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert any("differs from every release it was verified on" in line for line in debug)
+
+
+@pytest.fixture
+def first_use_work(monkeypatch):
+    """Counts of the work that reads the model's blocks: fingerprinting a block's code (eras.block_match), the
+    registry's recognition of the blocks, the install plans, the FP8 weight quantisations."""
+    from fused_dit import registry
+    from fused_dit.integration import eras
+    from fused_dit.ops import fp8_linear
+    import fused_dit.integration as integration
+
+    eras.clear_caches()
+    counts = {"fingerprint": 0, "recognition": 0, "plan": 0, "quantise": 0}
+
+    def counted(owner, name, key):
+        real = getattr(owner, name)
+
+        def count(*args, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, count)
+    counted(eras, "block_match", "fingerprint")
+    counted(registry, "recognition", "recognition")
+    counted(integration, "plan", "plan")
+    counted(fp8_linear, "quantize_weight_fp8", "quantise")
+    return counts
+
+
+def test_the_nodes_run_reads_no_block_and_the_first_use_does_it_once(first_use_work, fp8_calls, caplog):
+    """The node's run decides from cheap facts and wraps: no block is fingerprinted, planned or quantised. The
+    sampler's first prepare_sampling puts the FP8 codes in the weights' place (before ComfyUI loads the clone),
+    its first model call reads the blocks and says the model's line; later calls and samplings do neither again."""
+    from test_fp8_codes import LifecyclePatcher
+
+    model, inputs = blocks.make_flux_stack(dtype=torch.bfloat16)
+    state.forget_said()
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        (patched,) = node_pack.FusedDiTOps().patch(LifecyclePatcher(model), fp8_linear=True)
+        assert first_use_work == {"fingerprint": 0, "recognition": 0, "plan": 0, "quantise": 0}
+        assert not patched.object_patches and not caplog.records
+        patched.sample(inputs)
+        first = dict(first_use_work)
+        assert first["fingerprint"] and first["recognition"] == 1 and first["plan"]
+        assert first["quantise"] == len(patched.object_patches) > 0           # codes in place, once per Linear
+        assert sum(isinstance(m, Fp8CodesLinear) for m in model.modules()) == len(patched.object_patches)
+        for _ in range(2):
+            patched.sample(inputs)
+    assert first_use_work["recognition"] == 1 and first_use_work["quantise"] == first["quantise"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops on ")]
+    assert said == ["Fused DiT Ops on Flux: runs norm_rope, adaln, gate (fused Triton kernels); fp8_linear (FP8 "
+                    "Linears, codes_in_place). Stock: attention (no SDPA order to change). Details at DEBUG."]
+    [cleanup] = patched.callbacks["on_cleanup"][node_pack.WRAPPER_KEY]
+    cleanup(patched)                                          # ComfyUI cleans the clone up: FP8 copies dropped
+    assert not any(getattr(m, "_fused_dit_install_plans", None) for m in model.modules())
+
+
+def test_each_model_is_read_once_when_two_threads_make_its_first_call(monkeypatch):
+    """Two samplers on ComfyUI's executor threads: one reads the model, the other waits for what it read. (The
+    calls themselves are stubbed: the Triton interpreter of a CPU run is not for two threads.)"""
+    from fused_dit import registry
+
+    model, _ = blocks.make_wan_stack()
+    (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
+    [wrapper] = patched.wrappers["apply_model"][node_pack.WRAPPER_KEY]
+    monkeypatch.setattr(registry, "enabled", lambda *a, **kw: contextlib.nullcontext())
+    settled, started, errors = [], threading.Barrier(2), []
+    real = registry.settle
+
+    def slow_settle(decision, diffusion_model=None):
+        settled.append(diffusion_model)
+        time.sleep(0.2)                                     # the other thread arrives meanwhile
+        return real(decision, diffusion_model)
+    monkeypatch.setattr(registry, "settle", slow_settle)
+
+    def call(diffusion_model):
+        run = lambda: "called"                              # noqa: E731
+        run.class_obj = SimpleNamespace(diffusion_model=diffusion_model)
+        return wrapper(run)
+
+    def first_call():
+        started.wait()
+        try:
+            assert call(model) == "called"
+        except BaseException as error:                      # noqa: BLE001 (reported below)
+            errors.append(error)
+    threads = [threading.Thread(target=first_call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and settled == [model]
+    other, _ = blocks.make_wan_stack()                      # a second model under the same wrapper: its own once
+    call(other)
+    call(model)
+    assert settled == [model, other]
+
+
+def test_a_failure_at_the_first_call_leaves_that_model_stock_and_is_said_once(monkeypatch, caplog):
+    """Never an exception inside a user's prompt: what the first call does for the node fails (here, reading the
+    blocks), the model runs ComfyUI's own forwards on this call and the next, one WARNING says why."""
+    from fused_dit import registry
+
+    model, inputs = blocks.make_flux_stack()
+    stock = call_model(FakeModelPatcher(model), **inputs)
+    (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model))
+    monkeypatch.setattr(registry, "recognition", lambda *a, **kw: 1 / 0)
+    enables = []
+    monkeypatch.setattr(registry, "_enable", lambda *a, **kw: enables.append(a))
+    state.forget_said()
+    with caplog.at_level(logging.WARNING, logger="fused_dit"):
+        outputs = [call_model(patched, **inputs) for _ in range(2)]
+    assert all(torch.equal(out, stock) for out in outputs) and not enables
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line == ("Fused DiT Ops on Flux: stock, the node's setup at the model's first use failed "
+                    "(ZeroDivisionError: division by zero)")
+
+
+def test_a_failure_putting_codes_in_place_leaves_the_clone_as_it_was_and_the_model_stock(fp8_calls, monkeypatch,
+                                                                                         caplog):
+    from fused_dit.ops import fp8_linear
+    from test_fp8_codes import LifecyclePatcher
+
+    model, inputs = blocks.make_flux_stack(dtype=torch.bfloat16)
+    base = LifecyclePatcher(model)
+    stock = base.sample(inputs)
+    (patched,) = node_pack.FusedDiTOps().patch(base, norm_rope=False, adaln=False, gate=False, fp8_linear=True)
+    quantised = []
+
+    def failing(weight):
+        if quantised:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        quantised.append(weight)
+        return real(weight)
+    real = fp8_linear.quantize_weight_fp8
+    monkeypatch.setattr(fp8_linear, "quantize_weight_fp8", failing)
+    state.forget_said()
+    with caplog.at_level(logging.WARNING, logger="fused_dit"):
+        out = patched.sample(inputs)
+        patched.sample(inputs)
+    assert not patched.object_patches and patched.size == base.size          # none of the codes registered
+    assert torch.equal(out, stock) and not fp8_calls
+    assert [r.getMessage() for r in caplog.records] == [
+        "Fused DiT Ops on Flux: stock, the node's setup at the model's first use failed (OutOfMemoryError: CUDA "
+        "out of memory)"]
 
 
 def test_the_description_names_attention_first_and_the_fused_kernels_by_their_era():

@@ -226,10 +226,13 @@ def test_each_line_is_said_once_in_the_packs_one_log(caplog):
     assert first.summary.startswith("Flux: runs norm_rope (fused Triton kernels); fp8_linear (FP8 Linears")
 
 
-def test_the_node_applies_the_selection_and_nothing_else(monkeypatch):
+def test_the_node_applies_the_decision_and_the_selection_and_nothing_else(monkeypatch):
     model, inputs = blocks.make_wan_stack()
+    decide = registry.decide
+    monkeypatch.setattr(registry, "decide", lambda patcher, request: dataclasses.replace(
+        decide(patcher, request), asked_ops=("gate",), attention=False, fp8_weights=None))
     chosen = registry.Selection(ops=("gate",), wrap=True, attention=False, fp8_weights=None, lines=())
-    monkeypatch.setattr(registry, "choose", lambda patcher, request: chosen)
+    monkeypatch.setattr(registry, "settle", lambda decision, model=None: chosen)
     (patched,) = node_pack.FusedDiTOps().patch(FakeModelPatcher(model), fp8_linear=True, attention=True)
     [wrapper] = patched.wrappers["apply_model"][node_pack.WRAPPER_KEY]
     installed = []

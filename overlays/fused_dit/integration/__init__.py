@@ -172,15 +172,17 @@ def modulation_prefixes(block: torch.nn.Module) -> tuple[str, ...]:
     return tuple(name for name, _ in block.named_modules() if name and "mod" in name.rsplit(".", 1)[-1])
 
 
+UNSUPPORTED = ("fused_dit supports ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel) "
+               "diffusion models; {model} has none of their blocks ({blocks})")
+
+
 def supported_blocks(model: torch.nn.Module) -> int:
     """How many blocks of `model` the overlays know; raises UnsupportedModelError when none."""
     names = tuple(BLOCK_SPECS)
     count = sum(1 for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__))
     if not count:
-        raise UnsupportedModelError(
-            f"fused_dit supports ComfyUI's Flux (comfy.ldm.flux.model.Flux) and Wan (comfy.ldm.wan.model.WanModel) "
-            f"diffusion models; {type(model).__module__}.{type(model).__name__} has none of their blocks "
-            f"({', '.join(names)})")
+        raise UnsupportedModelError(UNSUPPORTED.format(model=f"{type(model).__module__}.{type(model).__name__}",
+                                                       blocks=", ".join(names)))
     return count
 
 

@@ -132,6 +132,11 @@ def _original_weight(patcher, key: str, module: torch.nn.Linear) -> torch.Tensor
     return module.weight if backup is None else backup.weight
 
 
+def holds_codes(patcher) -> bool:
+    """Whether `patcher` has object patches of FP8 codes already (its own, or those of the clone it came from)."""
+    return any(isinstance(obj, Fp8CodesLinear) for obj in getattr(patcher, "object_patches", {}).values())
+
+
 def add_object_patches(patcher, modules: list[tuple[str, torch.nn.Module]]) -> Replacement:
     """Register an Fp8CodesLinear object patch on `patcher` (a ModelPatcher clone) for each (name, Linear) of its
     diffusion model that the FP8 forward would run; names are relative to the diffusion model.
@@ -142,7 +147,8 @@ def add_object_patches(patcher, modules: list[tuple[str, torch.nn.Module]]) -> R
     """
     load_device = getattr(patcher, "load_device", None)
     store = torch.device(getattr(patcher, "offload_device", None) or "cpu")
-    saved = count = 0
+    saved = 0
+    replacements: dict[str, Fp8CodesLinear] = {}
     with torch.inference_mode():   # as ComfyUI loads weights: no autograd bookkeeping for the codes
         for name, module in modules:
             key = f"{DIFFUSION_MODEL}.{name}"
@@ -158,14 +164,14 @@ def add_object_patches(patcher, modules: list[tuple[str, torch.nn.Module]]) -> R
             weight = module.weight
             if weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
                 continue   # ComfyUI's fp8 checkpoints hold 1 byte per parameter already
-            replacement = Fp8CodesLinear.from_linear(module, source, torch.device(load_device), store)
-            patcher.add_object_patch(key, replacement)
-            saved += weight.numel() * weight.element_size() - replacement.weight.numel() - 4
-            count += 1
-    if count:
+            replacements[key] = Fp8CodesLinear.from_linear(module, source, torch.device(load_device), store)
+            saved += weight.numel() * weight.element_size() - replacements[key].weight.numel() - 4
+    for key, replacement in replacements.items():     # all or none: a failure above registers nothing
+        patcher.add_object_patch(key, replacement)
+    if replacements:
         # the weights differ from the MODEL this clone came from: ComfyUI unpatches and moves the model when it
         # switches between the two (see the module docstring), as after add_patches
         patcher.patches_uuid = uuid.uuid4()
         if getattr(patcher, "size", 0) > saved:
             patcher.size -= saved
-    return Replacement(count, saved)
+    return Replacement(len(replacements), saved)
