@@ -146,8 +146,9 @@ def compile_only(options) -> int:
     import re
     os.environ.pop("TRITON_INTERPRET", None)
     from fused_dit.ops import attention_fp8 as af
-    report = {"environment": results.environment("cpu"), "what": "the FP8 attention kernels compiled ahead of time "
-              "for sm_89 (Ada) and sm_90 (Hopper) without a GPU", "builds": []}
+    report = {"environment": results.environment("cpu"), "what": "the FP8 attention kernels, and the quantiser of "
+              "cuDNN FP8's fused rotation, compiled ahead of time for sm_89 (Ada) and sm_90 (Hopper) without a GPU",
+              "builds": []}
     for arch in (89, 90):
         default, recipe = af.launch_for(divmod(arch, 10)), af.sage2_launch_for(divmod(arch, 10))
         for launch in [default, recipe] + [l for l in sweep_launches() if l not in (default, recipe)]:
@@ -164,6 +165,9 @@ def compile_only(options) -> int:
                 entry["error"] = f"{type(error).__name__}: {error}"[:400]
             report["builds"].append(entry)
             results.write_json(report, options.out)
+    from fused_dit.ops import rotate_quantize_fp8
+    report["rotate_quantize_fp8"] = rotate_quantize_fp8.compile_report()   # cuDNN FP8's fused rotation
+    results.write_json(report, options.out)
     print(f"wrote {options.out}")
     return 0
 
