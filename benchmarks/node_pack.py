@@ -8,7 +8,8 @@ Steps (each recorded in the JSON; no network but PyPI for the venv):
   3. the pack as ComfyUI-Manager's "Install via Git URL" installs it: `applier overlay export` into a git repository
      WORK/fused-dit, then `git clone` of it into custom_nodes/ComfyUI-fused-dit (Manager clones a URL there and runs
      pip only for a requirements.txt, which the pack has none of);
-  4. `python main.py --cpu --listen 127.0.0.1 --port N`; GET /object_info/FusedDiTOps says whether the node is listed;
+  4. `python main.py --cpu --listen 127.0.0.1 --port N --front-end-root temp_empty_frontend` (an empty folder: no
+     frontend package is needed); GET /object_info/FusedDiTOps says whether the node is listed;
   5. a prompt of ComfyUI's own nodes: UNETLoader (a tiny random Wan 2.1 written by the release's own WanModel: dim 256,
      1 block) -> FusedDiTOps (its defaults) -> KSampler (1 step) with zero CONDITIONING from a one-file probe node this
      script writes, EmptyHunyuanLatentVideo 64x64x5 -> SaveLatent. On the CPU every family falls back to stock
@@ -38,6 +39,7 @@ SOURCE = "github:jwijaya83/ComfyUI"
 FOLDER = "ComfyUI-fused-dit"            # a clone of https://.../ComfyUI-fused-dit lands in custom_nodes/ under this
 TORCH = ("torch==2.13.0", "torchvision==0.28.0")
 CHECKPOINT = "node-pack-tiny-wan.safetensors"
+EMPTY_FRONTEND = "temp_empty_frontend"  # --front-end-root, relative to the tree (the server's working folder)
 TINY_WAN = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=16, dim=256, ffn_dim=512, freq_dim=256,
                 text_dim=4096, out_dim=16, num_heads=2, num_layers=1, window_size=(-1, -1), qk_norm=True,
                 cross_attn_norm=True, eps=1e-6)
@@ -154,9 +156,17 @@ def wait_for(base: str, server: subprocess.Popen, timeout: float) -> float:
 
 
 # the node's defaults, then FP8 and attention on (FP8's seam is verified on 0.33.0: on the CPU it takes the eager path)
-NODE_CONFIGS = {"defaults": {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": False},
-                "fp8_linear+attention": {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": True,
-                                         "attention": True}}
+# the node's inputs per prompt: "defaults" are the ones the server's /object_info gives (the release decides some)
+NODE_CONFIGS = {"defaults": None,
+                "every family on": {"norm_rope": True, "adaln": True, "gate": True, "fp8_linear": True,
+                                    "attention": True}}
+
+
+def node_defaults(info: dict) -> dict:
+    """The FusedDiTOps inputs' defaults as /object_info/FusedDiTOps states them (the model input aside)."""
+    inputs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+    return {name: spec[1]["default"] for name, spec in inputs.items()
+            if name != "model" and len(spec) > 1 and isinstance(spec[1], dict) and "default" in spec[1]}
 
 
 def run_prompt(base: str, timeout: float, node: dict) -> dict:
@@ -213,6 +223,7 @@ def git_head() -> str | None:
 def add_arguments(parser) -> None:
     parser.add_argument("--mirror", type=Path, required=True, help="the fetched ComfyUI git folder")
     parser.add_argument("--rev", default="master", help="the revision to check out (default master: 0.33.0)")
+    parser.add_argument("--source", default=SOURCE, help=f"where the mirror came from, for the record ({SOURCE})")
     parser.add_argument("--work", type=Path, required=True, help="a folder outside the repository")
     parser.add_argument("--python", type=Path, help="an interpreter with ComfyUI's requirements (default: make one)")
     parser.add_argument("--port", type=int, default=8199)
@@ -233,9 +244,11 @@ def run(args, parser) -> int:
     models = comfyui / "models" / "diffusion_models"
     models.mkdir(parents=True, exist_ok=True)
     sh([python, "-c", WRITE_CHECKPOINT, models / CHECKPOINT, json.dumps(TINY_WAN)], cwd=comfyui, timeout=600)
-    server_args = ["--cpu", "--listen", "127.0.0.1", "--port", str(args.port)]
+    (comfyui / EMPTY_FRONTEND).mkdir()     # no frontend package needed: the server serves an empty folder
+    server_args = ["--cpu", "--listen", "127.0.0.1", "--port", str(args.port), "--front-end-root", EMPTY_FRONTEND]
     base = f"http://127.0.0.1:{args.port}"
-    report = {"comfyui": {"release": release, "source": SOURCE, "commit": commit, "files_absent_from_mirror": missing},
+    report = {"comfyui": {"release": release, "source": args.source, "commit": commit,
+                          "files_absent_from_mirror": missing},
               "pack": pack, "server_args": server_args}
     with open(work / "server.log", "w") as log:
         server = subprocess.Popen([str(python), "main.py", *server_args], cwd=comfyui, stdout=log,
@@ -246,14 +259,18 @@ def run(args, parser) -> int:
             report["listed"] = "FusedDiTOps" in info
             report["object_info"] = {k: info["FusedDiTOps"][k] for k in ("display_name", "category", "python_module")
                                      } if report["listed"] else None
-            report["prompts"] = {name: run_prompt(base, args.timeout, node) if report["listed"] else {"ran": False}
-                                 for name, node in NODE_CONFIGS.items()}
+            configs = {name: node if node is not None else node_defaults(info["FusedDiTOps"])
+                       for name, node in NODE_CONFIGS.items()} if report["listed"] else {}
+            report["prompts"] = {name: {"inputs": configs[name], **run_prompt(base, args.timeout, configs[name])}
+                                 if report["listed"] else {"ran": False} for name in NODE_CONFIGS}
         finally:
             server.terminate()
             server.wait(timeout=60)
     lines = re.sub(r"\x1b\[[0-9;]*m", "", (work / "server.log").read_text(errors="replace")).splitlines()
     report["server_log"] = {"pack_import": [ln for ln in lines if FOLDER in ln],
-                            "node_says": [ln for ln in lines if "Fused DiT Ops:" in ln or "fused_dit" in ln],
+                            # the model's line comes at its first call, after the sampler's progress bar
+                            "node_says": [ln[ln.index("Fused DiT Ops"):] if "Fused DiT Ops" in ln else ln
+                                          for ln in lines if "Fused DiT Ops" in ln or "fused_dit" in ln],
                             "errors": [ln for ln in lines if "Traceback" in ln or "IMPORT FAILED" in ln]}
     report["applier"] = {"commit": git_head(), **applier_view(comfyui, work)}
     report["environment"] = {

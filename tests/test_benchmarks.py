@@ -402,3 +402,14 @@ def test_node_defaults_hands_the_node_every_input_at_its_declared_default():
     assert absent == [] and set(inputs) == set(declared) - {"model"}
     assert all(inputs[name] == declared[name][1]["default"] for name in inputs)
     assert "node_defaults" in generation.CONFIGS and generation.parse_run_spec("node_defaults").name == "node_defaults"
+
+
+def test_the_node_pack_run_takes_the_defaults_the_server_states():
+    """validate node-pack's "defaults" prompt runs the node with the defaults the release's server gives
+    (/object_info), not the ones the script assumed: a release where a family cannot run defaults it off."""
+    from benchmarks.node_pack import node_defaults
+    info = {"input": {"required": {"model": ["MODEL"], "norm_rope": ["BOOLEAN", {"default": False, "tooltip": "t"}]},
+                      "optional": {"attention": ["BOOLEAN", {"default": True}],
+                                   "fp8_weights": [["no_extra_memory", "codes_beside_weights"],
+                                                   {"default": "no_extra_memory"}]}}}
+    assert node_defaults(info) == {"norm_rope": False, "attention": True, "fp8_weights": "no_extra_memory"}

@@ -7,6 +7,7 @@ compute capability >= 8.9. `FUSED_DIT_BACKEND=eager` forces eager everywhere (fo
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from dataclasses import dataclass
 
@@ -44,14 +45,16 @@ def interpreting() -> bool:
 
 
 def choose(op: str, *tensors: torch.Tensor, min_capability: tuple[int, int] | None = None) -> Choice:
-    """Pick the backend for one call of `op` on these tensors and log the reason the first time."""
+    """Pick the backend for one call of `op` on these tensors and log the reason the first time, at DEBUG (the node's
+    one INFO line per model says what runs; which backend a call takes is a detail)."""
     choice = _decide(tensors, min_capability)
-    state.say_once(BACKEND_LINE, op, choice.backend, choice.reason)
+    state.say_once(BACKEND_LINE, op, choice.backend, choice.reason, level=logging.DEBUG)
     return choice
 
 
 def say_once(op: str, backend: str, reason: str) -> None:
-    """Log a decision that is not a backend choice (e.g. an FP8 linear declining a module) once per reason."""
+    """Log a decision that is not a backend choice (e.g. an FP8 linear declining a module) once per reason: where a
+    family the user turned on stays stock, INFO says why."""
     state.say_once(BACKEND_LINE, op, backend, reason)
 
 

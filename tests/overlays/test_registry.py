@@ -246,3 +246,17 @@ def test_the_node_applies_the_decision_and_the_selection_and_nothing_else(monkey
     assert installed == [True] and "forward" not in model.blocks[0].__dict__
     assert "optimized_attention_override" not in patched.model_options["transformer_options"]
     assert not patched.callbacks.get("on_cleanup")
+
+
+def test_a_backend_choice_is_said_at_debug_and_a_decline_at_info(caplog):
+    """The node's one INFO line per model says what runs; which backend a call takes is a DEBUG detail, while a family
+    the user turned on that stays stock for a call says why at INFO."""
+    from fused_dit import dispatch
+    state.forget_said()
+    with caplog.at_level(logging.DEBUG, logger="fused_dit"):
+        dispatch.choose("probe_op", torch.zeros(1))
+        dispatch.say_once("probe_op", "stock forward", "a probe's reason")
+    levels = {r.getMessage(): r.levelno for r in caplog.records if "probe_op" in r.getMessage()}
+    assert [lvl for msg, lvl in levels.items() if "stock forward" not in msg] == [logging.DEBUG]
+    assert [lvl for msg, lvl in levels.items() if "stock forward" in msg] == [logging.INFO]
+    state.forget_said()
