@@ -60,6 +60,19 @@ def test_dry_run_writes_nothing(setup):
     assert tree_bytes(comfy) == before
 
 
+@pytest.mark.parametrize("command", [("accept", "--only", "comfyui/maxres"), ("revert",),
+                                     ("revert", "--only", "comfyui/maxres"), ("clean",)])
+def test_a_command_on_an_install_with_nothing_recorded_creates_nothing(setup, command):
+    """The install is opened for a run only where .applier/ exists: a refusal or a no-op on a fresh install leaves
+    no state folder behind (accept created one before refusing)."""
+    comfy, catalog = setup
+    before = tree_bytes(comfy)
+    proc = run_cli(*command, "--target", str(comfy), "--patches", str(catalog))
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr      # done, or refused (nothing recorded)
+    assert not (comfy / ".applier").exists()
+    assert tree_bytes(comfy) == before
+
+
 def test_only_and_skip_select_patches(setup):
     comfy, catalog = setup
     code, out = cli_json("apply", "--target", str(comfy), "--patches", str(catalog), "--only", "comfyui/maxres")
