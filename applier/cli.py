@@ -735,8 +735,9 @@ def overlay_install(invocation):
     """
     from applier.pack import overlays
     found = invocation.target()
-    result = overlays.install(found, catalog=invocation.catalog)
-    with invocation.install() as install:
+    meta = overlays.read_pack(overlays.OVERLAYS_DIR)
+    with invocation.install(overlays.prefixes(found, meta), run=True) as install:
+        result = overlays.install(install, meta=meta)
         remember_interpreter(invocation, install)
     if invocation.as_json:
         return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})
@@ -756,7 +757,8 @@ def overlay_uninstall(invocation, force):
     """
     from applier.pack import overlays
     found = invocation.target()
-    result = overlays.uninstall(found, catalog=invocation.catalog, force=force)
+    with invocation.install(overlays.prefixes(found), run=True, create=False) as install:
+        result = overlays.uninstall(install, force=force)
     if invocation.as_json:
         return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})
     say_interpreter(found)

@@ -8,11 +8,27 @@ import pytest
 
 from applier import __version__
 from applier.catalog import load_catalog
+from applier.catalog.allowlist import install_for
+from applier.catalog.packmeta import read_pack
 from applier.cli import cli
 from applier.detect import detect
 from applier.errors import DriftError, RefusedError
-from applier.pack.overlays import install, listing, uninstall
+from applier.pack import overlays
+from applier.pack.overlays import listing
 from shelltools import REPO, cli_json, make_comfy, make_torch_env, run_cli, tree_bytes, write_patch
+
+
+def install(target, pack_dir):
+    """`applier overlay install` as the command runs it: the install opened for a run with the pack's folders."""
+    meta = read_pack(pack_dir)
+    with install_for(target, load_catalog(), overlays.prefixes(target, meta), run=True) as opened:
+        return overlays.install(opened, pack_dir, meta)
+
+
+def uninstall(target, *, force=False):
+    """`applier overlay uninstall` as the command runs it (nothing created where no state folder exists)."""
+    with install_for(target, load_catalog(), overlays.prefixes(target), run=True, create=False) as opened:
+        return overlays.uninstall(opened, force=force)
 
 
 def test_help_lists_the_commands_and_version_works():

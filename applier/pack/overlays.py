@@ -17,6 +17,7 @@ from applier.resources import OVERLAYS_DIR
 from applier.store import journal
 from applier.store.confine import REPAIR_HINT, OverlayPrefixes, Place
 from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
+from applier.store.install import Install
 from applier.store.journal import FileOp
 from applier.store.state import SHA256, StateStore, check_format, read_state_document
 from applier.target import Target
@@ -44,59 +45,59 @@ def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path
 MANIFEST_FORMAT = 2
 
 
-def install(target: Target, pack_dir: Path = OVERLAYS_DIR, *, catalog: list | None = None) -> dict:
-    meta = read_pack(pack_dir)
-    store = overlay_store(target, catalog, meta)
-    store.check_folder()
-    with store.locked():
-        journal.recover(store)
-        ours = manifest_hashes(store)
-        # every destination checked once, before anything there is read (a link on the way out of the target is
-        # exit 7), and carried from then on as a Place: reads and writes go through the root's held handle
-        wanted = [(store.confinement.relative(p), d) for p, d in planned_files(target, pack_dir, meta)]
-        refuse_foreign_folders(store, ours)
-        refuse_second_copies(target, meta)
-        files = [manifest_entry(p, sha256_bytes(d)) for p, d in wanted]
-        ops = []
-        for path, data in wanted:
-            current = path.read(limit=MAX_READ_BYTES)
-            if current is not None and path not in ours:
-                raise RefusedError(f"{path} exists and was not installed by applier: refusing to overwrite it",
-                                   hint="move it aside, then install again")
-            if current is not None and sha256_bytes(current) != ours[path]:
-                raise DriftError(f"{path} was edited since the overlay was installed",
-                                 hint="`applier overlay uninstall --force` saves and removes it")
-            if current != data:
-                ops.append(FileOp(path, current, data))
-        wanted_paths = {p for p, _ in wanted}
-        for stale in sorted(set(ours) - wanted_paths, key=str):  # files an older pack had and this one does not
-            current = stale.read(limit=MAX_READ_BYTES)
-            if current is not None:
-                ops.append(FileOp(stale, current, None))
-        manifest = {"format": MANIFEST_FORMAT, "applier_version": __version__, "pack": meta["name"], "version": meta["version"],
-                    "package": meta["package"], "node": meta["node"],
-                    "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
-        # One transaction: the files and the manifest that names them land together, or an interrupted install
-        # is finished by the next command (journal.recover).
-        journal.execute(store, ops, store.load(), f"install overlay pack {meta['name']} {meta['version']}",
-                        manifest_after=manifest,
-                        prune=pack_folders(store, [op.path for op in ops if op.new is None]))
-        return {"pack": meta["name"], "version": meta["version"], "files": [str(p) for p, _ in wanted],
-                "changed": len(ops), "roots": [str(p) for p in install_tops(target, meta)]}
+def install(opened: Install, pack_dir: Path = OVERLAYS_DIR, meta: dict | None = None) -> dict:
+    """Install the pack of pack_dir (its metadata `meta`) into the install the command opened for a run, confined by
+    prefixes(target, meta): every file, then the manifest naming them, in one journal run."""
+    meta = meta or read_pack(pack_dir)
+    store, target = opened.store, opened.target
+    ours = manifest_hashes(store)
+    # every destination checked once, before anything there is read (a link on the way out of the target is
+    # exit 7), and carried from then on as a Place: reads and writes go through the root's held handle
+    wanted = [(store.confinement.relative(p), d) for p, d in planned_files(target, pack_dir, meta)]
+    refuse_foreign_folders(store, ours)
+    refuse_second_copies(target, meta)
+    files = [manifest_entry(p, sha256_bytes(d)) for p, d in wanted]
+    ops = []
+    for path, data in wanted:
+        current = path.read(limit=MAX_READ_BYTES)
+        if current is not None and path not in ours:
+            raise RefusedError(f"{path} exists and was not installed by applier: refusing to overwrite it",
+                               hint="move it aside, then install again")
+        if current is not None and sha256_bytes(current) != ours[path]:
+            raise DriftError(f"{path} was edited since the overlay was installed",
+                             hint="`applier overlay uninstall --force` saves and removes it")
+        if current != data:
+            ops.append(FileOp(path, current, data))
+    wanted_paths = {p for p, _ in wanted}
+    for stale in sorted(set(ours) - wanted_paths, key=str):  # files an older pack had and this one does not
+        current = stale.read(limit=MAX_READ_BYTES)
+        if current is not None:
+            ops.append(FileOp(stale, current, None))
+    manifest = {"format": MANIFEST_FORMAT, "applier_version": __version__, "pack": meta["name"], "version": meta["version"],
+                "package": meta["package"], "node": meta["node"],
+                "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files}
+    # One transaction: the files and the manifest that names them land together, or an interrupted install
+    # is finished by the next command (journal.recover).
+    opened.execute(ops, opened.state, f"install overlay pack {meta['name']} {meta['version']}",
+                   manifest_after=manifest, prune=pack_folders(store, [op.path for op in ops if op.new is None]))
+    return {"pack": meta["name"], "version": meta["version"], "files": [str(p) for p, _ in wanted],
+            "changed": len(ops), "roots": [str(p) for p in install_tops(target, meta)]}
 
 
-def overlay_store(target: Target, catalog: list | None, meta: dict | None = None) -> StateStore:
-    """The target's state folder, its confinement allowing the pack's install folders (and the catalog's files:
-    the state it shares with `apply` names them; default: the packaged catalog). Without the pack's metadata
-    (uninstall, list), the folders the manifest names, when they are plain package names: a crafted manifest can
-    then at most name files of one package folder inside the target, and uninstall still removes only files whose
-    bytes match the sha256 it records."""
-    if catalog is None:
-        catalog = load_catalog()
+def prefixes(target: Target, meta: dict | None = None) -> OverlayPrefixes:
+    """The folders the overlay may touch, beside the catalog's files (the state it shares with `apply` names them):
+    the pack's install folders. Without the pack's metadata (uninstall, list), the folders the manifest names, when
+    they are plain package names: a crafted manifest can then at most name files of one package folder inside the
+    target, and uninstall still removes only files whose bytes match the sha256 it records."""
     if meta is None:
         meta = manifest_pack(target.state_dir)
-    prefixes = OverlayPrefixes(meta["package"], meta["node"]) if meta else pack_prefixes()
-    return store_for(target, catalog, prefixes)
+    return OverlayPrefixes(meta["package"], meta["node"]) if meta else pack_prefixes()
+
+
+def overlay_store(target: Target, catalog: list | None) -> StateStore:
+    """The target's state folder for a reading command (list), confined by prefixes(target) and the catalog
+    (default: the packaged one)."""
+    return store_for(target, load_catalog() if catalog is None else catalog, prefixes(target))
 
 
 def manifest_pack(state_dir: Path) -> dict | None:
@@ -235,33 +236,30 @@ def legacy_overlay_relative(path, store: StateStore, where: str) -> tuple[str, s
     raise StateCorruptError(f"{where} names {path}, which is not a file of the overlay pack", hint=REPAIR_HINT)
 
 
-def uninstall(target: Target, *, catalog: list | None = None, force: bool = False) -> dict:
-    store = overlay_store(target, catalog)
-    store.check_folder()
-    if not store.overlay_manifest.exists() and not journal.needs_recovery(store):
+def uninstall(opened: Install, *, force: bool = False) -> dict:
+    """Remove exactly the files the manifest records, from the install the command opened for a run (create=False)
+    and confined by prefixes(target); with force, files edited since install are saved under displaced/ first."""
+    store = opened.store
+    manifest = read_manifest(store) if opened.locked else None     # no .applier/: nothing installed
+    if manifest is None:
         return {"removed": [], "displaced": None}
-    with store.locked():
-        journal.recover(store)
-        manifest = read_manifest(store)
-        if manifest is None:
-            return {"removed": [], "displaced": None}
-        ops, displaced = [], []
-        files = manifest_hashes(store)
-        for path, sha in files.items():
-            current = path.read(limit=MAX_READ_BYTES)
-            if current is None:
-                continue
-            if sha and sha256_bytes(current) != sha:
-                if not force:
-                    raise DriftError(f"{path} was edited since the overlay was installed",
-                                     hint="`--force` saves it under .applier/displaced/ and removes it")
-                displaced.append((path, current))
-            ops.append(FileOp(path, current, None))
-        saved = store.save_displaced(displaced) if displaced else None
-        # only folders that held a file of the manifest are removed, and only when the run left them empty
-        journal.execute(store, ops, store.load(), f"uninstall overlay pack {manifest.get('pack')}",
-                        manifest_after=None, prune=pack_folders(store, list(files)))
-        return {"removed": [str(op.path) for op in ops], "displaced": str(saved) if saved else None}
+    ops, displaced = [], []
+    files = manifest_hashes(store)
+    for path, sha in files.items():
+        current = path.read(limit=MAX_READ_BYTES)
+        if current is None:
+            continue
+        if sha and sha256_bytes(current) != sha:
+            if not force:
+                raise DriftError(f"{path} was edited since the overlay was installed",
+                                 hint="`--force` saves it under .applier/displaced/ and removes it")
+            displaced.append((path, current))
+        ops.append(FileOp(path, current, None))
+    saved = store.save_displaced(displaced) if displaced else None
+    # only folders that held a file of the manifest are removed, and only when the run left them empty
+    opened.execute(ops, opened.state, f"uninstall overlay pack {manifest.get('pack')}",
+                   manifest_after=None, prune=pack_folders(store, list(files)))
+    return {"removed": [str(op.path) for op in ops], "displaced": str(saved) if saved else None}
 
 
 def listing(target: Target, *, catalog: list | None = None) -> dict:
