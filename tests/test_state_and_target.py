@@ -146,6 +146,25 @@ def test_a_crafted_journal_cannot_make_status_write_outside(setup, tmp_path):
     assert outside.read_text() == "precious\n"
 
 
+@pytest.mark.parametrize("name", ["\ud800", "0000.new\n", "..", "a b", "0000.new/"])
+def test_a_journal_naming_a_blob_no_file_can_have_is_refused_not_a_traceback(setup, name):
+    """A blob name of journal-data/ is a plain ASCII name (applier writes 0000.old / 0000.new): a lone surrogate,
+    which no file system name can hold, once reached the read as an exception of its own (found by fuzzing)."""
+    comfy, catalog = setup
+    run_cli("apply", "--target", str(comfy), "--patches", str(catalog), check=True)
+    store = comfy / ".applier"
+    (store / "journal-data").mkdir()
+    (store / "journal-data" / "0000.new").write_bytes(b"x\n")
+    entry = {"root": "comfyui", "relpath": "nodes.py", "old_sha256": sha(comfy / "nodes.py"),
+             "new_sha256": hashlib.sha256(b"x\n").hexdigest(), "old_bytes": None, "new_bytes": name}
+    (store / "journal.json").write_text(json.dumps({"format": 2, "files": [entry],
+                                                    "state_after": {"format": 2, "applied": {}}}))
+    before = tree_bytes(comfy)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog))
+    assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc.stderr
+    assert tree_bytes(comfy) == before
+
+
 def test_a_catalog_diff_into_the_state_folder_is_refused(setup, tmp_path):
     comfy, _ = setup
     catalog = tmp_path / "evil"

@@ -17,6 +17,7 @@ the target's Confinement: a crafted journal cannot make recovery write outside t
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass
@@ -229,9 +230,13 @@ def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], 
     return out, prune
 
 
+BLOB_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")   # applier writes 0000.old, 0000.new
+
+
 def is_blob_name(name) -> bool:
-    return isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name \
-        and name not in (".", "..") and "\x00" not in name
+    """A plain file name in journal-data/: ASCII letters, digits, dot, dash and underscore, no separator, no "..",
+    nothing a file system could not encode (a lone surrogate, a NUL)."""
+    return isinstance(name, str) and BLOB_NAME.fullmatch(name) is not None
 
 
 def temp_files(store: StateStore) -> list[tuple[HeldRoot, str]]:

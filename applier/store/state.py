@@ -431,7 +431,7 @@ class StateStore:
         """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
         try:
             return self.read(self.run_data / name, limit=MAX_READ_BYTES)
-        except (OSError, IOFailure):     # gone, special, far larger than any file a run writes: damaged
+        except (OSError, IOFailure, ValueError):   # gone, special, far too large, a name no file can have: damaged
             return None
 
     def begin_run(self, backups, blobs: list[tuple[str, bytes]], journal: bytes) -> None:
