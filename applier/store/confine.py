@@ -250,6 +250,10 @@ def missing_folders(places: list[Place]) -> list[Place]:
 def check_relpath(relpath, what: str) -> str:
     if not isinstance(relpath, str) or not relpath or "\x00" in relpath or "\\" in relpath:
         raise StateCorruptError(f"{what} holds an invalid relative path: {relpath!r}", hint=REPAIR_HINT)
+    try:
+        os.fsencode(relpath)     # a lone surrogate (JSON can hold one) is no name a file system can have
+    except UnicodeEncodeError:
+        raise StateCorruptError(f"{what} holds a path no file name can have: {relpath!r}", hint=REPAIR_HINT) from None
     parts = PurePosixPath(relpath).parts
     if relpath.startswith("/") or (len(relpath) > 1 and relpath[1] == ":") or ".." in parts or "." in parts \
             or PurePosixPath(relpath).as_posix() != relpath:

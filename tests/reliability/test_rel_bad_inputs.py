@@ -207,6 +207,8 @@ OVERLAY_CASES = {        # the installed manifest -> what a crafted one holds in
     "sha-a-list": lambda m: first_entry(m, sha256=["x"]),
     "manifest-a-list": lambda m: [m],
     "files-null": lambda m: {**m, "files": None},
+    # JSON holds a lone surrogate, which no file name can have: refused before any file call sees it
+    "relpath-a-lone-surrogate": lambda m: first_entry(m, relpath="fused_dit/\ud800.py"),
 }
 
 
