@@ -15,11 +15,11 @@ from applier.catalog.planner import PatchPlan, PlanAction, load_file_patches, pl
 from applier.diffengine import HunkState
 from applier.errors import DriftError, HunkConflict, RefusedError
 from applier.store.confine import Place
-from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
+from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
 from applier.store.install import Install
 from applier.store.journal import Backup, FileOp
 from applier.store.record import pristine_hashes
-from applier.store.state import AppliedFile, AppliedPatch, State, StateStore, backup_name, private_mode
+from applier.store.state import AppliedFile, AppliedPatch, State, StateStore, backup_name
 from applier.strenum import StrEnum, assert_never
 
 

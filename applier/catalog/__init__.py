@@ -232,6 +232,17 @@ def _unknown_keys(meta_path: Path, where: str, table: dict, allowed: tuple[str, 
                            hint=f"known keys: {', '.join(allowed)} ({FORMAT_DOC})")
 
 
+def _check_table(meta_path: Path, where: str, raw, allowed, required: tuple[str, ...]) -> None:
+    """One entry of an array of tables ([[variant]], [[requires_text]]): a table, with only `allowed` keys and every
+    `required` one."""
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{meta_path}: {where}must be a table, not {type(raw).__name__}")
+    _unknown_keys(meta_path, where, raw, allowed)
+    for key in required:
+        if key not in raw:
+            raise CatalogError(f"{meta_path}: {where}lacks {key!r}")
+
+
 def _variants(meta_path: Path, meta: dict, shared: tuple[Path, ...]) -> tuple[Variant, ...]:
     raw_variants = meta.get("variant")
     if raw_variants is None:
@@ -242,12 +253,7 @@ def _variants(meta_path: Path, meta: dict, shared: tuple[Path, ...]) -> tuple[Va
     variants = []
     for index, raw in enumerate(raw_variants, start=1):
         where = f"[[variant]] #{index}: "
-        if not isinstance(raw, dict):
-            raise CatalogError(f"{meta_path}: {where}must be a table, not {type(raw).__name__}")
-        _unknown_keys(meta_path, where, raw, VARIANT_KEYS)
-        for key in ("name", "versions", "diff"):
-            if key not in raw:
-                raise CatalogError(f"{meta_path}: a [[variant]] lacks {key!r}")
+        _check_table(meta_path, where, raw, VARIANT_KEYS, ("name", "versions", "diff"))
         name = _expect(meta_path, where, "name", raw["name"], str, "a string")
         where = f"variant {name!r}: "
         if not name.strip():
@@ -276,12 +282,7 @@ def _requires_text(meta_path: Path, value) -> tuple[TextRequirement, ...]:
     found = []
     for index, raw in enumerate(value, start=1):
         where = f"[[requires_text]] #{index}: "
-        if not isinstance(raw, dict):
-            raise CatalogError(f"{meta_path}: {where}must be a table, not {type(raw).__name__}")
-        _unknown_keys(meta_path, where, raw, REQUIRES_TEXT_KEYS)
-        for key in ("file", "pattern"):
-            if key not in raw:
-                raise CatalogError(f"{meta_path}: {where}lacks {key!r}")
+        _check_table(meta_path, where, raw, REQUIRES_TEXT_KEYS, ("file", "pattern"))
         file = _expect(meta_path, where, "file", raw["file"], str, "a path (string)")
         parts = PurePosixPath(file.replace("\\", "/")).parts
         if not file or file.startswith(("/", "\\")) or ".." in parts:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from applier.errors import IOFailure
 from applier.store.heldroot import (SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside, NotRegularFile, hold,
-                              kind_of, parts_of, read_fd)
+                              kind_of, read_fd)
 from applier.store.paths import real_inside
 
 # The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
