@@ -27,11 +27,17 @@ RESULTS = REPO / "benchmarks" / "results"
 # Folders of the machine that runs a script, longest first, and what a committed file says instead.
 _TEMP_ROOTS = ("/tmp", "/var/tmp", tempfile.gettempdir())
 _HOME_PATTERN = re.compile(r"(?<![\w./])/(?:home/[^/\s\"']+|root)(?=/|\b)")
+# the interpreter's virtual environment (the device machine's, say): VENV; a system interpreter's
+# prefix (/usr) is no folder of anyone's and stays
+_VENV = sys.prefix if sys.prefix != sys.base_prefix else None
 
 
 def placeholder_paths(text: str) -> str:
-    """text with this machine's repository, temporary and home folders replaced by REPO, TMP and HOME."""
+    """text with this machine's repository, virtual environment, temporary and home folders replaced by REPO, VENV,
+    TMP and HOME."""
     text = text.replace(str(REPO), "REPO")
+    if _VENV and not _VENV.startswith(str(REPO)):
+        text = re.sub(r"(?<![\w./])" + re.escape(_VENV.rstrip("/")) + r"(?=/|\b)", "VENV", text)
     for root in sorted(set(_TEMP_ROOTS), key=len, reverse=True):
         text = re.sub(r"(?<![\w./])" + re.escape(root.rstrip("/")) + r"(?=/|\b)", "TMP", text)
     return _HOME_PATTERN.sub("HOME", text)

@@ -68,6 +68,15 @@ def test_a_result_names_no_folder_of_the_machine_that_wrote_it(tmp_path):
                                             "REPO/key": ["HOME/data", "/tmpfoo"]}
 
 
+def test_a_result_names_no_virtual_environment_of_the_machine_that_wrote_it(tmp_path, monkeypatch):
+    """The device machine runs from /opt/torch/.venv: its site-packages paths become VENV/..."""
+    monkeypatch.setattr(results, "_VENV", "/opt/torch/.venv")
+    path = results.write_json({"files": ["/opt/torch/.venv/lib/python3.12/site-packages/fused_dit/x.py",
+                                         "/opt/torch/.venvs/other"]}, tmp_path, "kind")
+    assert json.loads(path.read_text()) == {"files": ["VENV/lib/python3.12/site-packages/fused_dit/x.py",
+                                                      "/opt/torch/.venvs/other"]}
+
+
 def test_a_table_of_cases_is_one_line_per_case():
     text = results.dumps({"runs": [{"config": f"c{i}", "s_per_step": 0.1 * i, "note": "x" * 40} for i in range(3)]})
     assert [line.strip()[:14] for line in text.splitlines()] == \
