@@ -140,13 +140,23 @@ def bind_sage_attention() -> dict:
                 _UNDO.append((module, attribute, old))
                 setattr(module, attribute, sage)
                 rebound.append(f"{name}.{attribute}")
+    return {"attention": "comfy.ldm.modules.attention.attention_sage", "sageattention": sage_version(),
+            "rebound": sorted(rebound)}
+
+
+def sage_version() -> str | None:
+    """The installed sageattention's version from its package metadata (SageAttention 2's build sets no
+    `__version__`), or the module's attribute, or None."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("sageattention")
+    except importlib.metadata.PackageNotFoundError:
+        pass
     try:
         import sageattention
-        version = getattr(sageattention, "__version__", None)
     except ImportError:
-        version = None
-    return {"attention": "comfy.ldm.modules.attention.attention_sage", "sageattention": version,
-            "rebound": sorted(rebound)}
+        return None
+    return getattr(sageattention, "__version__", None)
 
 
 def set_ops_under_compile(families) -> list[str] | None:

@@ -225,8 +225,10 @@ KINDS: dict[str, Kind] = {
         "python -m benchmarks generation --comfyui TREE --out benchmarks/results/generation-RELEASE.json", ""),
     "attention-kernels-h200.json": Kind(
         "attention per DiT shape (Flux-dev 1024/2048/4096, Wan 2.1 14B 480x832x81) on the H200: TFLOPS of SDPA's "
-        "cuDNN, FLASH and EFFICIENT, the FP8 kernel's launch sweep and SageAttention 1.0.6 against the bf16 and FP8 "
-        "peaks; per call error against fp32 attention (relative Frobenius, cosine) on Gaussian and DiT-like inputs",
+        "cuDNN, FLASH and EFFICIENT, SageAttention 2 (built from source there, the fp8 mode's yardstick) and 1.0.6, "
+        "the pack's FP8 kernel (both recipes), cuDNN's FP8 SDPA plain and Hadamard-rotated, against the bf16 and FP8 "
+        "peaks; per call error against fp32 attention (relative Frobenius, cosine) on Gaussian and DiT-like inputs; "
+        "the FP8 kernel's launch sweep of the run before (earlier_sweep)",
         "python -m benchmarks attention-kernels --out benchmarks/results/attention-kernels-h200.json", "", H200),
     "attention-fp8-compile.json": Kind(
         "the FP8 attention kernels compiled ahead of time for sm_89 and sm_90 without a GPU, at every launch of the "

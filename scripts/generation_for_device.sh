@@ -19,7 +19,7 @@ for phase in "$@"; do
     [ -n "$extra" ] && IFS=+ read -r -a more <<<"$extra" && args+=("${more[@]}")
     name="gen-$era-${model//,/_}${tag:+-$tag}.json"
     echo "== $(date -u +%T) phase $phase" | tee -a "$log"
-    PYTHONPATH="$(era_path "$era")" timeout "$seconds" python3 -m benchmarks generation "${args[@]}" --out "$out/$name" 2>&1 \
+    PYTHONPATH="${PREPEND_PATH:+$PREPEND_PATH:}$(era_path "$era")" timeout "$seconds" python3 -m benchmarks generation "${args[@]}" --out "$out/$name" 2>&1 \
         | grep -v '^USDT\|profiler_st' | tee -a "$log"
     echo "== $(date -u +%T) exit ${PIPESTATUS[0]}; disk: $(df -h /tmp | tail -1)" | tee -a "$log"
 done

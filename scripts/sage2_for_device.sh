@@ -6,7 +6,7 @@
 #   bash scripts/sage2_for_device.sh                       # there: the sm_90 extension into /tmp, then measure
 # COMMIT defaults to the one ComfyUI's fork pins where the mirror has it, else the mirror's HEAD (REVISION says which).
 # There: $OUT gets attention-kernels-sage2-h200.json, sage2.log and sage2-build.log. Environment: BUILD_LIMIT (200 s),
-# BENCH_LIMIT (150 s), BUDGET_S (100: the command's --budget-s), SHAPES (attention-kernels' --shapes; default all),
+# BENCH_LIMIT (150 s), BUDGET_S (100: the command's --budget-s), ONLY_BUILD (set: build and install, measure nothing), SHAPES (attention-kernels' --shapes; default all),
 # WORK (/tmp/sage2: the source, its build folder and the wheel, kept, so a build cut by its limit resumes on a warm
 # machine's next call).
 set -uo pipefail
@@ -98,6 +98,7 @@ export SAGEATTENTION_SOURCE="thu-ml/SageAttention $(head -n 1 "$kit/REVISION") (
 sm_90 extension built on this machine"
 python3 -c 'import importlib.metadata as m, sageattention.core as c; print("sageattention", m.version("sageattention"),
 "SM90_ENABLED", c.SM90_ENABLED)' 2>&1 | tee -a "$log"
+[ -n "${ONLY_BUILD:-}" ] && { echo "built into $site (ONLY_BUILD: no measurement)" | tee -a "$log"; exit 0; }
 
 echo "== $(date -u +%T) attention-kernels (limit ${BENCH_LIMIT} s, budget ${BUDGET_S} s)" | tee -a "$log"
 # shellcheck disable=SC2086  # SHAPES is a list of words
