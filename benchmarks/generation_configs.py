@@ -126,6 +126,8 @@ def bind_sage_attention() -> dict:
     """What `--use-sage-attention` does at import, done for one run: every loaded comfy module that holds
     ComfyUI's current optimized_attention (or optimized_attention_masked) now holds attention_sage."""
     from comfy.ldm.modules import attention
+
+    from . import attention_kernels
     if not getattr(attention, "SAGE_ATTENTION_IS_AVAILABLE", False) or not hasattr(attention, "attention_sage"):
         raise ConfigSkipped("sageattention is not importable here (ComfyUI's SAGE_ATTENTION_IS_AVAILABLE is False)")
     sage = attention.attention_sage
@@ -140,23 +142,8 @@ def bind_sage_attention() -> dict:
                 _UNDO.append((module, attribute, old))
                 setattr(module, attribute, sage)
                 rebound.append(f"{name}.{attribute}")
-    return {"attention": "comfy.ldm.modules.attention.attention_sage", "sageattention": sage_version(),
-            "rebound": sorted(rebound)}
-
-
-def sage_version() -> str | None:
-    """The installed sageattention's version from its package metadata (SageAttention 2's build sets no
-    `__version__`), or the module's attribute, or None."""
-    import importlib.metadata
-    try:
-        return importlib.metadata.version("sageattention")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
-        import sageattention
-    except ImportError:
-        return None
-    return getattr(sageattention, "__version__", None)
+    return {"attention": "comfy.ldm.modules.attention.attention_sage",
+            "sageattention": attention_kernels.sage_version(), "rebound": sorted(rebound)}
 
 
 def set_ops_under_compile(families) -> list[str] | None:

@@ -6,9 +6,9 @@
 #   bash scripts/sage2_for_device.sh                       # there: the sm_90 extension into /tmp, then measure
 # COMMIT defaults to the one ComfyUI's fork pins where the mirror has it, else the mirror's HEAD (REVISION says which).
 # There: $OUT gets attention-kernels-sage2-h200.json, sage2.log and sage2-build.log. Environment: BUILD_LIMIT (200 s),
-# BENCH_LIMIT (150 s), BUDGET_S (100: the command's --budget-s), ONLY_BUILD (set: build and install, measure nothing), SHAPES (attention-kernels' --shapes; default all),
-# WORK (/tmp/sage2: the source, its build folder and the wheel, kept, so a build cut by its limit resumes on a warm
-# machine's next call).
+# BENCH_LIMIT (150 s), BUDGET_S (100: the command's --budget-s), ONLY_BUILD (set: build and install, measure
+# nothing), SHAPES (attention-kernels' --shapes; default all), WORK (/tmp/sage2: the source, its build folder and
+# the wheel, kept, so a build cut by its limit resumes on a warm machine's next call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 kit=.sage2-device

@@ -135,8 +135,8 @@ class AttentionFP8Launch:
 
 LAUNCH = AttentionFP8Launch()
 # compute capability -> the launch a call on that GPU gets (LAUNCH elsewhere: the interpreter, other GPUs)
-# sm_90: the sweep of attention-kernels-h200.json (earlier_sweep.shapes.*.fp8_sweep): among launches at SageAttention 1's error,
-# 128x64 tiles with 8 warps were as fast as 128x128 at Flux 2048/4096 and Wan, faster at Flux 1024, with less error
+# sm_90: the sweep of attention-kernels-h200.json (earlier_sweep.shapes.*.fp8_sweep): among launches at
+# SageAttention 1's error, 128x64 tiles with 8 warps were as fast as 128x128 at Flux 2048/4096 and Wan, faster at Flux 1024, with less error
 LAUNCHES = {(9, 0): AttentionFP8Launch(block_m=128, block_n=64, num_warps=8, num_stages=3),
             (8, 9): AttentionFP8Launch(block_m=128, block_n=64, num_warps=4, num_stages=3)}
 
