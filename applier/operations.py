@@ -19,7 +19,8 @@ from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
 from applier.store.install import Install
 from applier.store.journal import Backup, FileOp
 from applier.store.record import pristine_hashes
-from applier.store.state import AppliedFile, AppliedPatch, State, StateStore, backup_name
+from applier.store.applied import AppliedFile, AppliedPatch, State, backup_name
+from applier.store.state import StateStore
 from applier.strenum import StrEnum, assert_never
 
 
@@ -111,10 +112,8 @@ def hardlink_warnings(plans: list[PatchPlan]) -> list[str]:
     out = []
     for plan in plans:
         for change in plan.changes:
-            try:
-                links = change.path.stat().st_nlink
-            except FileNotFoundError:
-                continue
+            st = file_stat(change.path)
+            links = 0 if st is None else st.st_nlink
             if links > 1:
                 out.append(f"{change.path} has {links} hard links (a uv cache?): applier writes a new file and "
                            "leaves the other links untouched")

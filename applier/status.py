@@ -17,7 +17,7 @@ from applier.pack.overlays import manifest_pack
 from applier.store.confine import Confinement
 from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
 from applier.store.record import pristine_hashes
-from applier.store.state import AppliedPatch, State
+from applier.store.applied import AppliedPatch, State
 from applier.strenum import StrEnum, assert_never
 from applier.target import Target
 

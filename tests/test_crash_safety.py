@@ -131,21 +131,21 @@ def test_disk_full_while_backing_up_leaves_no_backup_and_no_journal(tmp_path, mo
     from applier.catalog.allowlist import install_for
     from applier.detect import detect
     from applier.errors import IOFailure
-    from applier.store.state import StateStore
+    from applier.store.heldroot import HeldRoot
 
     comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
     before = tree_bytes(comfy)
-    real_write = StateStore.write
+    real_write = HeldRoot.write
     backups = []
 
-    def fill_the_disk_at_the_second_backup(self, path, data, **kw):
-        if "backups" in path.parts:
-            backups.append(path)
+    def fill_the_disk_at_the_second_backup(self, rel, data, **kw):
+        if self.path.name == ".applier" and str(rel).startswith("backups/"):
+            backups.append(rel)
             if len(backups) == 2:
                 raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(self, path, data, **kw)
+        return real_write(self, rel, data, **kw)
 
-    monkeypatch.setattr(StateStore, "write", fill_the_disk_at_the_second_backup)
+    monkeypatch.setattr(HeldRoot, "write", fill_the_disk_at_the_second_backup)
     patches = load_catalog(catalog)
     with pytest.raises(IOFailure, match="backups"), install_for(detect(comfy, gpu=False), patches, run=True) as install:
         operations.apply(install, patches)
@@ -185,3 +185,24 @@ def test_disk_full_mid_run_rolls_back_and_says_so(tmp_path, monkeypatch):
     assert tree_bytes(comfy) == before                   # the first file was rolled back
     assert not (comfy / ".applier" / "journal.json").exists()
     assert not (comfy / ".applier" / "state.json").exists()
+
+
+def test_recovery_checks_every_file_before_it_writes_any(tmp_path):
+    """An interrupted run whose last file someone edited meanwhile (neither its old nor its new bytes) is refused
+    (exit 7) before recovery writes anything: the files before it keep the bytes they had, the journal stays."""
+    import json
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    before = tree_bytes(comfy)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog),
+                   env={"APPLIER_FAILPOINT": "after-journal"})
+    assert proc.returncode == failpoints.EXIT_CODE, proc.stdout + proc.stderr
+    entries = json.loads((comfy / ".applier" / "journal.json").read_text())["files"]
+    assert len(entries) >= 2
+    edited = comfy / entries[-1]["relpath"]
+    edited.write_bytes(edited.read_bytes() + b"# a hand edit made while the run was interrupted\n")
+    proc = run_cli("status", "--target", str(comfy), "--patches", str(catalog))
+    assert proc.returncode == 7 and "neither its old nor its new bytes" in proc.stderr, proc.stderr
+    now = tree_bytes(comfy)
+    for entry in entries[:-1]:
+        assert now[entry["relpath"]] == before[entry["relpath"]], entry["relpath"]
+    assert (comfy / ".applier" / "journal.json").exists()

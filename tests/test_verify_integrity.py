@@ -6,7 +6,7 @@ from pathlib import Path
 
 from applier.catalog import load_catalog
 from applier.resources import load_verify
-from applier.store.state import AppliedFile, AppliedPatch, State
+from applier.store.applied import AppliedFile, AppliedPatch, State
 from applier.target import Target
 
 verify = load_verify()

@@ -11,7 +11,7 @@ from applier.catalog import load_catalog
 from applier.cli import cli
 from applier.errors import EXIT_USAGE, EXIT_VERIFY_FAILED
 from applier.resources import load_verify
-from applier.store.state import State
+from applier.store.applied import State
 from applier.target import Target
 from tests.fixtures.comfy_tree import build_comfy_tree
 

@@ -10,7 +10,7 @@ import pytest
 
 from applier.catalog import load_catalog
 from applier.resources import load_verify
-from applier.store.state import AppliedFile, AppliedPatch, State
+from applier.store.applied import AppliedFile, AppliedPatch, State
 from applier.target import Target
 
 verify = load_verify()

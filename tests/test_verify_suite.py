@@ -12,7 +12,7 @@ import pytest
 from applier.catalog import load_catalog
 from applier.errors import RefusedError
 from applier.resources import REPO_ROOT, load_verify
-from applier.store.state import AppliedPatch, State
+from applier.store.applied import AppliedPatch, State
 from applier.target import Target
 
 verify = load_verify()

@@ -38,7 +38,7 @@ DEFAULT_KERNEL_TIMEOUT_S = 900.0
 class VerifyOptions:
     target: Target
     catalog: list[Patch]
-    state: Any = None                    # applier.store.state.State; None reads as "nothing applied"
+    state: Any = None                    # applier.store.applied.State; None reads as "nothing applied"
     device: str = "auto"                 # "auto" | "cuda" | "cpu", passed to every probe
     kernels: bool = False                # also run kernel parity (slow without a GPU)
     real_import: bool = False            # import the target's ComfyUI in its interpreter (seconds, needs torch)
@@ -88,7 +88,7 @@ class VerifyContext:
         """applier.status.compute_status for the whole catalog, computed once."""
         if self._statuses is None:
             from applier.status import compute_status   # imported late: only integrity needs it
-            from applier.store.state import State
+            from applier.store.applied import State
             state = self.options.state if self.options.state is not None else State()
             self._statuses = list(compute_status(self.target, self.catalog, state))
         return self._statuses

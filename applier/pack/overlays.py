@@ -19,7 +19,8 @@ from applier.store.confine import REPAIR_HINT, OverlayPrefixes, Place
 from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
 from applier.store.install import Install
 from applier.store.journal import FileOp
-from applier.store.state import SHA256, StateStore, check_format, read_state_document
+from applier.store.applied import SHA256, check_format
+from applier.store.state import StateStore, read_state_document
 from applier.target import Target
 
 def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path, bytes]]:

@@ -80,22 +80,26 @@ class Place:
 
 @dataclass
 class Confinement:
-    """The roots of one target and the relative paths each may hold; each root is held as a directory handle,
-    opened once, the first time a file there is resolved."""
+    """The roots of one target and the relative paths each may hold; each root the target has is held as a
+    directory handle from the moment the confinement is made (once per command), so the root a command checks is
+    the one it writes."""
     roots: dict[str, Path | None]
     state_dir: Path
     catalog_paths: dict[str, set[str]] = field(default_factory=dict)
     overlay: OverlayPrefixes = OverlayPrefixes()
     handles: dict[str, HeldRoot] = field(default_factory=dict, repr=False, compare=False)
 
-    def handle(self, root: str) -> HeldRoot:
-        """The held handle of a root, opened once per run (so the root this run checked is the one it writes)."""
-        if root not in self.handles:
-            base = self.root_path(root)
-            try:
-                self.handles[root] = hold(base)
-            except OSError as exc:
+    def __post_init__(self) -> None:
+        for root, base in self.roots.items():
+            if base is not None and root not in self.handles:
+                try:
+                    self.handles[root] = hold(base)
+                except OSError as exc:
                     raise io_failure(exc, base, "open") from exc
+
+    def handle(self, root: str) -> HeldRoot:
+        """The held handle of a root (StateCorruptError for a root the target does not have)."""
+        self.root_path(root)
         return self.handles[root]
 
     def place(self, root: str, relpath: str) -> Place:

@@ -1,9 +1,9 @@
 """Named failpoints: APPLIER_FAILPOINT=<name> makes the process exit abruptly (os._exit) at that step.
 
-Used by the tests to kill apply and revert at every step and prove the next command recovers. Hooks (`hook`) are
-the in-process counterpart for race tests: a test registers a function for a hook point (`HOOKS["before-write"]`,
-called with the Place about to be written, after every check of the run; `HOOKS["before-state"]`, called with
-the StateStore before the state and manifest are recorded) and swaps a link in there,
+Used by the tests to kill apply and revert at every step and prove the next command recovers. Hooks are the
+in-process counterpart for race tests: a test registers a function for a hook point (`HOOKS["before-write"]`,
+called with the Place about to be written, after every check of the run; `HOOKS["before-state"]`, called with the
+run's RunEnds before the state and manifest are recorded; heldroot.carry_out calls them) and swaps a link in there,
 deterministically, where a real attacker would need to win a race. Failpoint names:
     after-backups      originals backed up, journal not yet written (no target file changed)
     after-journal      journal committed, no target file changed yet
@@ -23,12 +23,6 @@ EXIT_CODE = 77
 HOOK_NAMES = ("before-write", "before-state")
 HOOKS: dict = {}       # {hook name: callable}; empty outside tests
 
-
-def hook(name: str, *args) -> None:
-    assert name in HOOK_NAMES, name
-    function = HOOKS.get(name)
-    if function is not None:
-        function(*args)
 
 
 def failpoint(name: str) -> None:

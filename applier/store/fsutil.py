@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import stat
 from pathlib import Path
 
 from applier.errors import IOFailure
 from applier.store.heldroot import (SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside, NotRegularFile, hold,
-                              kind_of, read_fd)
+                              io_failure, kind_of, read_fd)
 from applier.store.paths import real_inside
 
 # The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
@@ -26,11 +27,16 @@ MAX_READ_BYTES = 64 * 1024 * 1024
 MAX_WALK_DEPTH = 64
 MAX_WALK_ENTRIES = 200_000
 
-__all__ = ["TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "kind_of"]
+__all__ = ["TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "io_failure", "kind_of"]
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def dump_json(data) -> bytes:
+    """A JSON document as applier writes it: indented, UTF-8, one trailing newline."""
+    return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
 
 
 
@@ -121,22 +127,6 @@ def read_inside_or_none(top: Path, path: Path, *, limit: int = MAX_READ_BYTES) -
     return _none_if_absent(lambda: read_inside(top, path, limit=limit), path)
 
 
-
-
-def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
-    reason = {
-        errno.EACCES: "permission denied",
-        errno.EPERM: "operation not permitted",
-        errno.ENOSPC: "no space left on the device",
-        errno.EROFS: "read-only file system",
-        errno.EDQUOT: "disk quota exceeded",
-        errno.EFBIG: "file too large",
-        errno.ENOTDIR: "a folder on the way is a file",
-        errno.EISDIR: "it is a folder",
-        errno.ELOOP: "a symbolic link on the way loops (or too many links lead there)",
-    }.get(exc.errno, exc.strerror or str(exc))
-    return IOFailure(f"cannot {action} {path}: {reason}",
-                     hint="nothing was changed; fix the cause (permissions, free space) and run the command again")
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int | None = None) -> None:

@@ -17,7 +17,11 @@ is never written through: the final step is a rename onto the held parent or an 
 link itself or fail.
 
 Where the platform lacks `dir_fd` (Windows), `supported()` is False and callers fall back to path operations with
-a check before each step: a race there can still lead outside (the README's safety section says so)."""
+a check before each step: a race there can still lead outside (the README's safety section says so).
+
+The last section is the one writer of a run (`carry_out`): the journal plans a run whole, as data (a `Run`: the
+backups, journal.json and its blobs, each target file as a Place with its old and new bytes, the state to record),
+and carry_out writes it through these handles in that order, all or nothing; nothing else writes a run."""
 from __future__ import annotations
 
 import errno
@@ -25,9 +29,12 @@ import os
 import secrets
 import shutil
 import stat
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from applier.errors import IOFailure
+from applier.errors import BadTargetError, IOFailure, StateCorruptError
+from applier.store.failpoints import HOOK_NAMES, HOOKS, failpoint
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -631,8 +638,8 @@ def is_temp_name(name: str) -> bool:
     stem = name[:-len(TEMP_SUFFIX)]
     marker = stem.rsplit(".", 1)[-1]
     token = marker[len(TEMP_MARKER):]
-    return marker.startswith(TEMP_MARKER) and len(token) == 32 and all(c in "0123456789abcdef" for c in token) \
-        and len(stem) > len(marker) + 2
+    return (marker.startswith(TEMP_MARKER) and len(token) == 32 and all(c in "0123456789abcdef" for c in token)
+            and len(stem) > len(marker) + 2)
 
 
 def copy_metadata(old_fd: int | None, new_fd: int, mode: int | None) -> None:
@@ -933,3 +940,221 @@ class PathRoot(HeldRoot):
 def hold(path: Path, *, links: bool = True) -> HeldRoot:
     """A handle on the folder: HeldRoot where the platform has dir_fd, PathRoot (checked paths) where it has not."""
     return HeldRoot(path, links=links) if supported() else PathRoot(path, links=links)
+
+
+# ---------------------------------------------------------------------- a run, written through held handles
+# In this order: the originals it replaces (`backups/`) and the bytes every file will have and had (`journal-data/`),
+# then `journal.json` (the commit point), then each target file (temp file + fsync + os.replace), then the folders
+# the run emptied, then the overlay manifest and `state.json`, then the journal is removed. An error (disk full,
+# permission, a link swapped in) before the commit point removes what the run wrote; one while files are replaced
+# gives the written ones their old bytes back. A run committed already (an interrupted one that recovery finishes)
+# has nothing to roll back: an error leaves its journal for the next command. Every write into the state folder goes
+# through its handle, which refuses links anywhere inside it (exit 7); before every write the install's roots are
+# checked to be the folders the command opened (exit 9).
+
+def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
+    reason = {
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.ENOSPC: "no space left on the device",
+        errno.EROFS: "read-only file system",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EFBIG: "file too large",
+        errno.ENOTDIR: "a folder on the way is a file",
+        errno.EISDIR: "it is a folder",
+        errno.ELOOP: "a symbolic link on the way loops (or too many links lead there)",
+    }.get(exc.errno, exc.strerror or str(exc))
+    return IOFailure(f"cannot {action} {path}: {reason}",
+                     hint="nothing was changed; fix the cause (permissions, free space) and run the command again")
+
+
+KEEP = object()              # a run's manifest: leave the overlay manifest as it is
+
+
+@dataclass(frozen=True)
+class RunEnds:
+    """What a run needs of the state folder (StateStore.run_ends): its held handle (created, 0700, with its
+    .gitignore), the names of the run's files in it, its path for messages, the install's roots as the command
+    opened them ({path: (device, inode)}), and the documents recorded at the end, as the journal holds them
+    (state_after, manifest_after) and as they are written (state, manifest): the state, and the overlay manifest
+    (KEEP: left as it is; None: removed)."""
+    folder: HeldRoot
+    shown: Path
+    roots: dict
+    state_after: dict
+    state: bytes
+    manifest_after: object = KEEP
+    manifest: object = KEEP
+    state_name: str = "state.json"
+    manifest_name: str = "overlays.json"
+    journal_name: str = "journal.json"
+    data_name: str = "journal-data"
+
+
+@dataclass
+class Write:
+    """One target file of a run: its place (a confine.Place) and the bytes it has (None: absent) and will have
+    (None: removed)."""
+    place: object               # confine.Place
+    old: bytes | None
+    new: bytes | None
+
+
+@dataclass
+class Run:
+    """A whole run as data: what carry_out writes, in order. journal None: committed already (recovery)."""
+    ends: RunEnds
+    files: list[Write]
+    journal: bytes | None = None
+    backups: list[tuple[str, bytes, int]] = field(default_factory=list)   # (name in the state folder, bytes, mode)
+    blobs: list[tuple[str, bytes]] = field(default_factory=list)          # (name in journal-data/, bytes)
+    fresh: list = field(default_factory=list)     # folders the run creates: removed again on a rollback
+    prune: list = field(default_factory=list)     # folders to remove where the run left them empty
+
+
+def carry_out(run: Run) -> None:
+    """Write the run, or change nothing (before the commit point, and on a failure while files are replaced); a
+    committed run's failure leaves its journal, which the next command finishes. Caller holds the target lock."""
+    fresh_run = run.journal is not None
+    if fresh_run:
+        commit(run)
+        failpoint("after-journal")
+    done: list[Write] = []
+    for write in run.files:
+        try:
+            check_roots(run.ends.roots)   # a moved or deleted install: stop; its journal goes with it, finishes there
+            call_hook("before-write", write.place)
+            write.place.held.replace(write.place.relpath, write.new)
+        except (OSError, IOFailure) as exc:
+            if not fresh_run:
+                if isinstance(exc, IOFailure):
+                    raise
+                raise io_failure(exc, write.place.path, "finish the interrupted run on") from exc
+            roll_back(run, done, exc, write.place)
+        done.append(write)
+        if fresh_run and len(done) == 1:
+            failpoint("after-first-file")
+    if fresh_run:
+        failpoint("after-files")
+    finish(run)
+
+
+def commit(run: Run) -> None:
+    """The backups, journal-data/ and then journal.json, the run's commit point; or, on a failure (disk full),
+    remove what was written and raise IOFailure."""
+    ends, folder = run.ends, run.ends.folder
+    check_roots(ends.roots)
+    written = []
+    try:
+        with state_folder_refusals():
+            for name, data, mode in run.backups:
+                folder.write(name, data, mode=mode)
+                written.append(name)
+    except OSError as exc:
+        remove_all(ends, written)
+        raise io_failure(exc, ends.shown / "backups", "write backups into") from exc
+    try:
+        with state_folder_refusals():
+            folder.remove_tree(ends.data_name)
+            folder.make_folders(ends.data_name, mode=0o700)
+            for name, data in run.blobs:
+                folder.write(f"{ends.data_name}/{name}", data, mode=0o600)
+            failpoint("after-backups")
+            check_roots(ends.roots)
+            folder.write(ends.journal_name, run.journal, mode=0o600)
+    except OSError as exc:
+        with state_folder_refusals():
+            folder.remove_tree(ends.data_name)
+        remove_all(ends, written)
+        raise io_failure(exc, ends.shown, "write the journal in") from exc
+
+
+def roll_back(run: Run, done: list[Write], exc: BaseException, place) -> None:
+    """A write failed (disk full, permission, a link leading out swapped in): give the files already written their
+    old bytes back, remove the folders the run created, drop the journal, then raise what failed. Should the
+    rollback itself fail, the journal stays: the next command finishes the run."""
+    try:
+        for written in reversed(done):
+            written.place.held.replace(written.place.relpath, written.old)
+        for folder in run.fresh:
+            folder.held.remove_if_empty(folder.relpath)
+    except (OSError, IOFailure) as second:
+        raise IOFailure(f"cannot replace {place}: {exc}; rolling back failed too ({second})",
+                        hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
+                             "install, which finishes the run") from exc
+    drop(run.ends)
+    if isinstance(exc, NotRegularFile):
+        raise IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
+                        hint="the files this run had replaced got their old bytes back; nothing outside the install "
+                             "was touched. " + (exc.hint or "")) from exc
+    if isinstance(exc, IOFailure):
+        raise exc
+    raise io_failure(exc, place.path, "replace") from exc
+
+
+def finish(run: Run) -> None:
+    """Remove the folders the run emptied, then record what it leaves (manifest, state) and remove the journal."""
+    ends, folder = run.ends, run.ends.folder
+    for place in sorted(run.prune, key=lambda p: p.relpath.count("/"), reverse=True):
+        place.held.remove_if_empty(place.relpath)
+    call_hook("before-state", ends)
+    try:
+        with state_folder_refusals():
+            if ends.manifest is None:
+                folder.remove(ends.manifest_name, follow_last=False)
+            elif ends.manifest is not KEEP:
+                folder.write(ends.manifest_name, ends.manifest, mode=0o600)
+            folder.write(ends.state_name, ends.state, mode=0o600)
+    except OSError as exc:
+        raise io_failure(exc, ends.shown, "record the state in") from exc
+    failpoint("after-state")
+    drop(ends)
+
+
+def drop(ends: RunEnds) -> None:
+    """Remove the journal and its blobs (a finished run, or one rolled back)."""
+    with state_folder_refusals():
+        ends.folder.remove(ends.journal_name, follow_last=False)
+        ends.folder.remove_tree(ends.data_name)
+
+
+def remove_all(ends: RunEnds, names: list[str]) -> None:
+    with state_folder_refusals():
+        for name in names:
+            ends.folder.remove(name, follow_last=False)
+
+
+@contextmanager
+def state_folder_refusals():
+    """A link or a special file met inside the state folder is a refusal (exit 7), never followed."""
+    try:
+        yield
+    except NotRegularFile as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
+
+
+def call_hook(name: str, arg) -> None:
+    """The race tests' hook at this point of the run (failpoints.HOOKS; none outside tests)."""
+    assert name in HOOK_NAMES, name
+    function = HOOKS.get(name)
+    if function is not None:
+        function(arg)
+
+
+def identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_roots(roots: dict) -> None:
+    """BadTargetError (exit 9) when the install root or a component root is no longer the folder this run started
+    on (renamed, deleted or replaced meanwhile): a run never writes into, or recreates, another tree."""
+    for path, held in roots.items():
+        if held is not None and identity(path) != held:
+            raise BadTargetError(f"{path} was moved, deleted or replaced while this command ran",
+                                 hint="nothing more is written; if files were already replaced, the next applier "
+                                      "command on the install (wherever it now is) finishes the run from its "
+                                      "journal")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 
-from applier.store import journal
+from applier.store import heldroot, journal
 from applier.store.confine import Confinement
-from applier.store.journal import FileOp
-from applier.store.state import State, StateStore
+from applier.store.journal import Backup, FileOp
+from applier.store.applied import State
+from applier.store.state import StateStore
+from applier.store.heldroot import KEEP
 from applier.target import Target
 
 
@@ -65,10 +67,15 @@ class Install:
         self.recovered = journal.recover(self.store)
         self.state = self.store.load()
 
-    def execute(self, ops: list[FileOp], new_state: State, description: str, **kwargs) -> None:
-        """The journal's one run: ops written, new_state recorded, or nothing changed. After open_run."""
+    def execute(self, ops: list[FileOp], new_state: State, description: str, *, manifest_after=KEEP,
+                prune: tuple = (), backups: list[Backup] = ()) -> None:
+        """One run: planned whole by the journal, then written by the writer; ops written, new_state (and
+        manifest_after, unless KEEP) recorded, the folders of prune removed where the run left them empty; or
+        nothing changed. After open_run."""
         assert self.locked, "execute() needs the lock open_run takes"
-        journal.execute(self.store, ops, new_state, description, **kwargs)
+        ends = self.store.run_ends(new_state, manifest_after)
+        run = journal.plan(ends, self.confinement, ops, description, prune=prune, backups=backups)
+        heldroot.carry_out(run)
         self.state = new_state
 
     def record_interpreter(self, python) -> None:

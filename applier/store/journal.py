@@ -1,15 +1,11 @@
-"""The journal: the only code that changes target files. Crash-safe, all-or-nothing.
+"""The journal: what a run holds, decided before anything is written; and recovery of an interrupted run.
 
-A run writes, in this order: the originals it replaces (`backups/`) and the bytes every file will have and had
-(`journal-data/`), then `journal.json` (the commit point: it says in words and data what is in flight, and the
-state and overlay manifest to record at the end), then each target file (temp file + fsync + os.replace), then
-removes folders the run emptied, then writes the overlay manifest and `state.json`, then removes the journal. A
-process killed anywhere is finished by the next command (`recover`): each file already at its new bytes is left,
-each still at its old bytes is written, and the temp files a killed write left behind are removed. An error (disk
-full, permission) while files are being replaced rolls the written ones back at once.
-
-This module decides what a run holds and in which order it is written; the state store (state.py) reads and
-writes the run's files in `.applier/` (read_run, begin_run, end_run, drop_run) and holds the lock (locked).
+`plan` turns a run's file operations into a heldroot.Run: every file as a Place inside the install, the backups, and
+`journal.json` (the commit point: it says in words and data what is in flight, and the state and overlay manifest
+to record at the end) with the bytes every file will have and had (`journal-data/`). heldroot.carry_out writes it,
+in that order, all or nothing. A process killed anywhere is finished by the next command (`recover`): each file
+already at its new bytes is left, each still at its old bytes is written (the rest of the run, planned here and
+carried out by the same writer), and the temp files a killed write left behind are removed.
 
 Files are named by (root, relative path), never by an absolute path, and every name read back is resolved through
 the target's Confinement: a crafted journal cannot make recovery write outside the target.
@@ -25,12 +21,11 @@ from pathlib import Path
 
 from applier import __version__
 from applier.errors import IOFailure, StateCorruptError
-from applier.store.confine import Place, legacy_relative, missing_folders
-from applier.store.failpoints import failpoint, hook
-from applier.store.fsutil import (MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, check_writable,
-                            io_failure, sha256_bytes)
-from applier.store.heldroot import HeldRoot, is_temp_name
-from applier.store.state import KEEP, SHA256, State, StateStore, dump_json
+from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
+from applier.store.fsutil import (MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes)
+from applier.store.heldroot import KEEP, HeldRoot, Run, RunEnds, Write, carry_out, is_temp_name
+from applier.store.applied import SHA256, State
+from applier.store.state import StateStore, private_mode
 
 JOURNAL_FORMAT = 2
 
@@ -53,27 +48,22 @@ class FileOp:
 @dataclass(frozen=True)
 class Backup:
     """A file of the state folder a run writes before any target file: an original's bytes under backups/."""
-    name: str                  # relative to the state folder (state.backup_name)
+    name: str                  # relative to the state folder (applied.backup_name)
     data: bytes
     original: os.stat_result | None   # the file's stat (None: unknown): the backup is no more readable than it
 
 
-def execute(store: StateStore, ops: list[FileOp], new_state: State, description: str, *,
-            manifest_after=KEEP, prune: tuple = (), backups: list[Backup] = ()) -> None:
-    """Write `backups` into the state folder, replace every file of ops, record new_state (and the overlay
-    manifest, None to remove it), then remove the folders of `prune` that the run left empty; or change nothing (a
-    failure before the commit point removes what the run wrote in the state folder; one while files are replaced
-    gives the ones written their old bytes back). Caller holds the target lock.
-
-    Each path is checked once, here, and carried from then on as a Place: every write goes through its root's held
-    handle, so a link swapped in after this check is refused at the write (the run is rolled back), never followed."""
-    confinement = store.confinement
+def plan(ends: RunEnds, confinement: Confinement, ops: list[FileOp], description: str, *, prune: tuple = (),
+         backups: list[Backup] = ()) -> Run:
+    """The whole run as data (heldroot.Run), nothing written: every file of ops as a Place (each path checked once,
+    here, against what the install may touch; from then on every write goes through its root's held handle, so a
+    link swapped in after this check is refused at the write and the run rolled back), the folders it creates and
+    may empty, the backups, and journal.json with the bytes every file will have and had (journal-data/)."""
     places = [confinement.relative(op.path) for op in ops]    # refuses any path no patch or overlay may touch
     prune_places = [confinement.relative_dir(folder) for folder in prune]
     fresh = missing_folders(places)
     for place in places:
         check_writable(place.path)
-    # journal-data/ holds the bytes every file will have and had; journal.json names them
     blobs, entries = [], []
     for n, (op, place) in enumerate(zip(ops, places)):
         entry = {"root": place.root, "relpath": place.relpath, "old_sha256": op.old_sha,
@@ -93,65 +83,25 @@ def execute(store: StateStore, ops: list[FileOp], new_state: State, description:
                        "old_sha256 gets the bytes in journal-data/<new_bytes>",
         "files": entries,
         "prune": [{"root": p.root, "relpath": p.relpath} for p in prune_places],
-        "state_after": new_state.to_json(),
+        "state_after": ends.state_after,
     }
-    if manifest_after is not KEEP:
-        journal["manifest_after"] = manifest_after
-    store.begin_run(backups, blobs, dump_json(journal))
-    failpoint("after-journal")
-
-    done: list[tuple[Place, FileOp]] = []
-    for op, place in zip(ops, places):
-        try:
-            store.check_roots()   # a moved or deleted install: stop; its journal goes with it and finishes there
-            hook("before-write", place)
-            place.held.replace(place.relpath, op.new)
-        except (OSError, IOFailure) as exc:
-            undo(store, done, exc, place, fresh)
-        done.append((place, op))
-        if len(done) == 1:
-            failpoint("after-first-file")
-    failpoint("after-files")
-    finish(store, new_state, manifest_after, prune_places)
-
-
-def undo(store: StateStore, done: list[tuple[Place, FileOp]], exc: BaseException, place: Place,
-         fresh: list[Place]):
-    """A write failed (disk full, permission, a link leading out swapped in): give the files already written their
-    old bytes back, remove the folders the run created, drop the journal, then raise what failed. Should the
-    rollback itself fail, the journal stays: the next command finishes the run."""
-    try:
-        for written, op in reversed(done):
-            written.held.replace(written.relpath, op.old)
-        for folder in fresh:
-            folder.held.remove_if_empty(folder.relpath)
-    except (OSError, IOFailure) as second:
-        raise IOFailure(f"cannot replace {place}: {exc}; rolling back failed too ({second})",
-                        hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
-                             "install, which finishes the run") from exc
-    store.drop_run()
-    if isinstance(exc, NotRegularFile):
-        raise IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
-                        hint="the files this run had replaced got their old bytes back; nothing outside the install "
-                             "was touched. " + (exc.hint or "")) from exc
-    if isinstance(exc, IOFailure):
-        raise exc
-    raise io_failure(exc, place.path, "replace") from exc
-
-
-def finish(store: StateStore, state_after: State, manifest_after, prune: list[Place]) -> None:
-    """Remove the folders the run emptied, then record what it leaves (manifest, state) and remove the journal."""
-    for folder in sorted(prune, key=lambda p: p.relpath.count("/"), reverse=True):
-        folder.held.remove_if_empty(folder.relpath)
-    hook("before-state", store)
-    store.end_run(state_after, manifest_after)
+    if ends.manifest_after is not KEEP:
+        journal["manifest_after"] = ends.manifest_after
+    # no more readable than the original: a private nodes.py gets a private backup
+    return Run(ends, [Write(place, op.old, op.new) for op, place in zip(ops, places)], journal=dump_json(journal),
+               backups=[(b.name, b.data, private_mode(b.original)) for b in backups], blobs=blobs, fresh=fresh,
+               prune=prune_places)
 
 
 def recover(store: StateStore) -> str | None:
     """Finish an interrupted run from its journal and remove the temp files killed writes left. Returns what was
     done, in words, or None when nothing was pending. Caller holds the target lock."""
     journal, state_after = store.read_run((1, JOURNAL_FORMAT))
-    finished = None if journal is None else finish_interrupted(store, journal, state_after)
+    finished = None
+    if journal is not None:
+        run = interrupted(store, journal, state_after)
+        carry_out(run)
+        finished = len(run.files)
     swept = sweep_temp_files(store)
     if finished is None:
         return f"removed {swept} temp file(s) left by an interrupted run" if swept else None
@@ -159,11 +109,11 @@ def recover(store: StateStore) -> str | None:
     return f"finished an interrupted run ({journal.get('what', '?')}): {finished} file(s) completed{extra}"
 
 
-def finish_interrupted(store: StateStore, journal: dict, state_after: State) -> int:
-    """Each file of the journal still at its old bytes gets its new ones; then the run finishes. How many files
-    were written."""
+def interrupted(store: StateStore, journal: dict, state_after: State) -> Run:
+    """The rest of an interrupted run, committed already: each file of the journal still at its old bytes gets its
+    new ones (every file checked, and every blob read, before the first is written), then the run finishes."""
     entries, prune = read_journal(store, journal)
-    finished = 0
+    files = []
     for place, entry in entries:
         current = place.sha256()
         if current == entry["new_sha256"]:
@@ -179,14 +129,9 @@ def finish_interrupted(store: StateStore, journal: dict, state_after: State) -> 
             if new is None or sha256_bytes(new) != entry["new_sha256"]:
                 raise StateCorruptError(f"journal data for {place} is missing or damaged",
                                         hint=f"see {store.journal_file}")
-        try:
-            hook("before-write", place)
-            place.held.replace(place.relpath, new)
-        except OSError as exc:
-            raise io_failure(exc, place.path, "finish the interrupted run on") from exc
-        finished += 1
-    finish(store, state_after, journal.get("manifest_after", KEEP), prune)
-    return finished
+        files.append(Write(place, None, new))
+    ends = store.run_ends(state_after, journal.get("manifest_after", KEEP))
+    return Run(ends, files, prune=prune)
 
 
 def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], list[Place]]:

@@ -1,8 +1,9 @@
 """The state folder `<target>/.applier/`: plain JSON and plain files a person can read and repair; every write into
-it goes through StateStore, which refuses links and special files anywhere inside it.
+it goes through the folder's held handle (StateStore's; a run's writer, heldroot.carry_out, is handed it), which
+refuses links and special files anywhere inside it.
 
     .applier/state.json          what is applied: patch, variant, files (relative to their component root) with
-                                 sha256 before/after, versions; format 2, validated on every read (confine.py)
+                                 sha256 before/after, versions; its values and their validation are applied.py's
     .applier/backups/<patch id>/<component>/<relative path>    original bytes of every file a patch changed
     .applier/journal.json        only while an apply/revert is in flight: what is being done, in words and data
     .applier/displaced/<time>/...  bytes a forced revert moved aside (nothing the user wrote is lost)
@@ -25,173 +26,15 @@ import re
 import stat
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from applier import __version__
-from applier.errors import BadTargetError, IOFailure, StateCorruptError
+from applier.errors import IOFailure, StateCorruptError
 from applier.store import lock
-from applier.store.confine import COMPONENT_ROOT, Confinement, Place, check_relpath
-from applier.store.failpoints import failpoint
-from applier.store.fsutil import MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, io_failure, kind_of
-from applier.store.heldroot import HeldRoot, hold
-
-STATE_FORMAT = 2
-READABLE_FORMATS = (1, 2)      # format 1 (applier 0.1) also kept an absolute "path" per file: it is ignored
-PATCH_ID = re.compile(r"(comfyui|torch)/[A-Za-z0-9][A-Za-z0-9._-]*")
-SHA256 = re.compile(r"[0-9a-f]{64}")
-KEEP = object()              # end_run's manifest: leave the overlay manifest as it is
-
-
-@dataclass
-class AppliedFile:
-    relpath: str                    # relative to its component root, "/" separators
-    sha256_before: str | None       # None: the patch created the file
-    sha256_after: str | None        # None: the patch deleted the file
-    backup: str | None = None       # relative to the state folder; None for created files
-    mode: int | None = None
-    accepted: bool = False          # sha256_after is a hand-edited file `applier accept` took as the patched state
-
-
-@dataclass
-class AppliedPatch:
-    id: str
-    variant: str
-    component: str
-    files: list[AppliedFile]
-    component_version: str | None
-    applied_at: str
-    applier_version: str = ""
-    seq: int = 0                    # application order: a later patch on the same file sits on top
-    fuzz: int = 0                   # the fuzz it was applied with: status and revert must look with the same
-
-    @property
-    def root(self) -> str:
-        return COMPONENT_ROOT[self.component]
-
-    @classmethod
-    def from_json(cls, patch_id, data) -> "AppliedPatch":
-        """Strictly typed: a field of the wrong type is a StateCorruptError, never a crash later."""
-        where = f"state entry {patch_id!r}"
-        need(isinstance(data, dict), f"{where} is not an object")
-        need(isinstance(patch_id, str) and PATCH_ID.fullmatch(patch_id), f"{where}: not a patch id")
-        rec_id = field_of(data, "id", str, where)
-        component = field_of(data, "component", str, where)
-        need(rec_id == patch_id, f"{where}: its id says {rec_id!r}")
-        need(component == patch_id.split("/")[0], f"{where}: component {component!r} does not match its id")
-        files = field_of(data, "files", list, where)
-        return cls(
-            id=rec_id, variant=field_of(data, "variant", str, where), component=component,
-            files=[applied_file(f, patch_id, component, where) for f in files],
-            component_version=field_of(data, "component_version", (str, type(None)), where),
-            applied_at=field_of(data, "applied_at", str, where),
-            applier_version=field_of(data, "applier_version", str, where, default=""),
-            seq=field_of(data, "seq", int, where, default=0),
-            fuzz=field_of(data, "fuzz", int, where, default=0))
-
-
-def applied_file(data, patch_id: str, component: str, where: str) -> AppliedFile:
-    need(isinstance(data, dict), f"{where}: a file entry is not an object")
-    relpath = check_relpath(field_of(data, "relpath", str, where), where)
-    before = field_of(data, "sha256_before", (str, type(None)), where)
-    after = field_of(data, "sha256_after", (str, type(None)), where)
-    for digest in (before, after):
-        need(digest is None or SHA256.fullmatch(digest), f"{where}: {relpath}: a sha256 is not 64 hex digits")
-    backup = field_of(data, "backup", (str, type(None)), where, default=None)
-    if backup is not None:
-        # Never trusted as a path: it must be the one name this patch's backup of this file can have.
-        need(backup == backup_name(patch_id, component, relpath), f"{where}: {relpath}: unexpected backup {backup!r}")
-    mode = field_of(data, "mode", (int, type(None)), where, default=None)
-    need(mode is None or 0 <= mode <= 0o7777, f"{where}: {relpath}: bad mode")
-    accepted = field_of(data, "accepted", bool, where, default=False)
-    return AppliedFile(relpath, before, after, backup, mode, accepted)
-
-
-def backup_name(patch_id: str, component: str, relpath: str) -> str:
-    # Keyed by patch id + component + relative path: torch alone has hundreds of __init__.py.
-    return f"backups/{patch_id}/{component}/{relpath}"
-
-
-def check_format(what: str, data: dict, readable: tuple[int, ...], hint: str) -> None:
-    """StateCorruptError (exit 7) unless data's "format" is one this applier reads. A format past the newest it reads
-    was written by a newer applier: the message says so, with the version that wrote it where the file records one
-    (its applier_version beside the format) and the format alone where an older writer recorded none."""
-    found = data.get("format")
-    if type(found) is int and found in readable:        # type(): True == 1, but true is no format
-        return
-    if not (type(found) is int and found > max(readable)):
-        raise StateCorruptError(f"{what} has an unknown format {found!r}", hint=hint)
-    writer = data.get("applier_version")
-    if isinstance(writer, str) and writer.isprintable() and 0 < len(writer) <= 40:
-        who = f"applier {writer}, format {found}"
-    else:
-        who = f"format {found}"
-    raise StateCorruptError(f"{what} was written by a newer applier ({who}); applier {__version__} reads formats "
-                            f"up to {max(readable)}",
-                            hint="run the applier that wrote it, or a newer one; nothing was changed")
-
-
-def need(condition, message: str) -> None:
-    if not condition:
-        raise StateCorruptError(message, hint="inspect .applier/ by hand (plain JSON); nothing was changed")
-
-
-MISSING = object()
-
-
-def field_of(data: dict, key: str, types, where: str, default=MISSING):
-    if key not in data:
-        need(default is not MISSING, f"{where} lacks {key!r}")
-        return default
-    value = data[key]
-    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in _as_tuple(types))
-    need(ok, f"{where}: {key!r} has the wrong type ({type(value).__name__})")
-    return value
-
-
-def _as_tuple(types) -> tuple:
-    return types if isinstance(types, tuple) else (types,)
-
-
-@dataclass
-class State:
-    applied: dict[str, AppliedPatch] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {"format": STATE_FORMAT, "applier_version": __version__,
-                "applied": {k: asdict(v) for k, v in self.in_order()}}
-
-    @classmethod
-    def from_json(cls, data, confinement: Confinement, *, what: str = "state") -> "State":
-        """A State from JSON, every field typed and every file resolvable inside the target (else exit 7)."""
-        need(isinstance(data, dict), f"{what} is not a JSON object")
-        check_format(what, data, READABLE_FORMATS, hint="inspect .applier/ by hand (plain JSON); nothing was changed")
-        applied = field_of(data, "applied", dict, what)
-        state = cls({k: AppliedPatch.from_json(k, v) for k, v in applied.items()})
-        for record in state.applied.values():
-            for f in record.files:
-                confinement.resolve(record.root, f.relpath, what=f"{what} ({record.id})")
-        return state
-
-    def in_order(self) -> list[tuple[str, "AppliedPatch"]]:
-        return sorted(self.applied.items(), key=lambda item: (item[1].seq, item[0]))
-
-    def next_seq(self) -> int:
-        return max((p.seq for p in self.applied.values()), default=0) + 1
-
-    def adding(self, records: list["AppliedPatch"]) -> "State":
-        """This state with records added on top, in their order (their seq numbered after every recorded one)."""
-        applied = dict(self.applied)
-        for seq, record in enumerate(records, start=self.next_seq()):
-            applied[record.id] = replace(record, seq=seq)
-        return State(applied)
-
-    def last_writer(self, component: str, relpath: str) -> "AppliedPatch | None":
-        """The applied patch that wrote the file last (its sha256_after is what the file should hold)."""
-        writers = [p for _, p in self.in_order()
-                   if p.component == component and any(f.relpath == relpath for f in p.files)]
-        return writers[-1] if writers else None
-
+from applier.store.applied import AppliedFile, AppliedPatch, State, backup_name, check_format, need
+from applier.store.confine import Confinement, Place
+from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, dump_json,
+                                  io_failure, kind_of)
+from applier.store.heldroot import KEEP, HeldRoot, RunEnds, check_roots, hold, identity
 
 class StateStore:
     """`.applier/` of one target. Every read is validated against the target's Confinement; every write and removal
@@ -434,55 +277,18 @@ class StateStore:
         except (OSError, IOFailure, ValueError):   # gone, special, far too large, a name no file can have: damaged
             return None
 
-    def begin_run(self, backups, blobs: list[tuple[str, bytes]], journal: bytes) -> None:
-        """Write a run's backups (each a journal.Backup: name under the state folder, bytes, its original's stat), its blobs into
-        journal-data/ and then journal.json, the run's commit point; or, on a failure (disk full), remove what was
-        written and raise IOFailure."""
-        self.check_roots()
-        written = []
-        try:
-            for backup in backups:
-                # no more readable than the original: a private nodes.py gets a private backup
-                self.write(self.dir / backup.name, backup.data, mode=private_mode(backup.original))
-                written.append(self.dir / backup.name)
-        except OSError as exc:
-            self.remove_all(written)
-            raise io_failure(exc, self.backups, "write backups into") from exc
-        try:
-            self.remove_tree(self.run_data)
-            self.make_folder(self.run_data)
-            for name, data in blobs:
-                self.write(self.run_data / name, data, mode=0o600)
-            failpoint("after-backups")
-            self.check_roots()
-            self.write(self.journal_file, journal, mode=0o600)
-        except OSError as exc:
-            self.remove_tree(self.run_data)
-            self.remove_all(written)
-            raise io_failure(exc, self.dir, "write the journal in") from exc
-
-    def end_run(self, state: State, manifest=KEEP) -> None:
-        """Record what a run leaves (the overlay manifest unless KEEP, None to remove it; the state), then remove
-        the journal: the run is over."""
-        try:
-            if manifest is None:
-                self.remove(self.overlay_manifest)
-            elif manifest is not KEEP:
-                self.write(self.overlay_manifest, dump_json(manifest), mode=0o600)
-            self.save(state)
-        except OSError as exc:
-            raise io_failure(exc, self.dir, "record the state in") from exc
-        failpoint("after-state")
-        self.drop_run()
-
-    def drop_run(self) -> None:
-        """Remove the journal and its blobs (a finished run, or one rolled back)."""
-        self.remove(self.journal_file)
-        self.remove_tree(self.run_data)
-
-    def remove_all(self, paths: list[Path]) -> None:
-        for path in paths:
-            self.remove(path)
+    def run_ends(self, state: State, manifest=KEEP) -> RunEnds:
+        """What a run needs of this folder, read once before it is planned (heldroot.RunEnds): the folder ensured
+        (created inside the install, 0700, its .gitignore, no link or special file in it: exit 7), its held handle,
+        the install's roots as opened, and the state (and overlay manifest: KEEP, None to remove it) to record."""
+        self.ensure()
+        state_after = state.to_json()
+        return RunEnds(folder=self.held(create=True), shown=self.dir, roots=dict(self.identities),
+                       state_after=state_after, state=dump_json(state_after), manifest_after=manifest,
+                       manifest=manifest if manifest is KEEP or manifest is None else dump_json(manifest),
+                       state_name=self.state_file.name,
+                       manifest_name=self.overlay_manifest.name, journal_name=self.journal_file.name,
+                       data_name=self.run_data.name)
 
     # -------------------------------------------------------------- the install's identity
 
@@ -491,14 +297,8 @@ class StateStore:
         return list(dict.fromkeys(roots))
 
     def check_roots(self) -> None:
-        """BadTargetError (exit 9) when the install root or a component root is no longer the folder this run
-        started on (renamed, deleted or replaced meanwhile): a run never writes into, or recreates, another tree."""
-        for path, held in self.identities.items():
-            if held is not None and identity(path) != held:
-                raise BadTargetError(f"{path} was moved, deleted or replaced while this command ran",
-                                     hint="nothing more is written; if files were already replaced, the next "
-                                          "applier command on the install (wherever it now is) finishes the run "
-                                          "from its journal")
+        """BadTargetError (exit 9) when an install root is no longer the folder this command opened."""
+        check_roots(self.identities)
 
     # -------------------------------------------------------------- documents
 
@@ -615,18 +415,6 @@ def private_mode(st: os.stat_result | None) -> int:
     """The mode of a copy of a file (a backup, displaced bytes): its read and write bits, never more (no execute,
     no setuid), so a copy is never more readable than its original; 0600 when the original is unknown."""
     return 0o600 if st is None else stat.S_IMODE(st.st_mode) & 0o666
-
-
-def identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def dump_json(data) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
 
 
 MAX_JSON_BYTES = 16 * 1024 * 1024

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from applier.store import failpoints, journal
+from applier.store import failpoints, heldroot
 from reltools import FAILPOINT_EXIT, REPO, assert_clean, child_env, cli, make_install, record_figure, snapshot
 
 pytestmark = pytest.mark.slow
@@ -161,7 +161,7 @@ def test_recovery_after_a_kill_never_finishes_through_a_swapped_link(tmp_path, o
     for run in range(RUNS):
         other = make_install(tmp_path / f"t{run}", layout="plain")
         with monkeypatch.context() as patched, pytest.raises(Killed):
-            patched.setattr(journal, "failpoint", die)
+            patched.setattr(heldroot, "failpoint", die)
             cli(*other.args("apply"))
         installs.append(other)
     for inst in installs:
@@ -177,17 +177,17 @@ def test_recovery_after_a_kill_never_finishes_through_a_swapped_link(tmp_path, o
 
 def test_a_link_swapped_into_applier_s_own_folder_is_refused_at_the_write(tmp_path, outside, monkeypatch):
     """The backups are written through the state folder's handle, which follows no link at all."""
-    from applier.store import state
+    from applier.store.heldroot import HeldRoot
     inst = make_install(tmp_path / "t", layout="plain")
-    real_write = state.StateStore.write
+    real_write = HeldRoot.write
 
-    def write(self, path, data, **kw):
-        backups = self.dir / "backups"
-        if backups in Path(path).parents and not backups.is_symlink():
+    def write(self, rel, data, **kw):
+        backups = self.path / "backups"
+        if self.path.name == ".applier" and str(rel).startswith("backups/") and not backups.is_symlink():
             shutil.rmtree(backups, ignore_errors=True)
             backups.symlink_to(outside / "sub", target_is_directory=True)
-        return real_write(self, path, data, **kw)
-    monkeypatch.setattr(state.StateStore, "write", write)
+        return real_write(self, rel, data, **kw)
+    monkeypatch.setattr(HeldRoot, "write", write)
     out = assert_clean(cli(*inst.args("apply")), allowed=(7, 8))
     assert out.code != 0
     outside_intact(outside)
