@@ -14,12 +14,12 @@ from applier.catalog import Patch
 from applier.catalog.planner import PatchPlan, PlanAction, load_file_patches, plan_apply, stale_advice
 from applier.diffengine import HunkState
 from applier.errors import DriftError, HunkConflict, RefusedError
+from applier.store.applied import AppliedFile, AppliedPatch, State, backup_name
 from applier.store.confine import Place
 from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
 from applier.store.install import Install
 from applier.store.journal import Backup, FileOp
 from applier.store.record import pristine_hashes
-from applier.store.applied import AppliedFile, AppliedPatch, State, backup_name
 from applier.store.state import StateStore
 from applier.strenum import StrEnum, assert_never
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import stat
 from pathlib import Path
 
 from applier.errors import IOFailure
 from applier.store.heldroot import (SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside, NotRegularFile, hold,
-                              io_failure, kind_of, read_fd)
+                              dump_json, io_failure, kind_of, read_fd)
 from applier.store.paths import real_inside
 
 # The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
@@ -27,16 +26,12 @@ MAX_READ_BYTES = 64 * 1024 * 1024
 MAX_WALK_DEPTH = 64
 MAX_WALK_ENTRIES = 200_000
 
-__all__ = ["TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "io_failure", "kind_of"]
+__all__ = ["TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "dump_json", "io_failure",
+           "kind_of"]
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def dump_json(data) -> bytes:
-    """A JSON document as applier writes it: indented, UTF-8, one trailing newline."""
-    return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
 
 
 

@@ -25,6 +25,7 @@ and carry_out writes it through these handles in that order, all or nothing; not
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import shutil
@@ -968,6 +969,11 @@ def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
                      hint="nothing was changed; fix the cause (permissions, free space) and run the command again")
 
 
+def dump_json(data) -> bytes:
+    """A JSON document as applier writes it: indented, UTF-8, one trailing newline."""
+    return (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+
 KEEP = object()              # a run's manifest: leave the overlay manifest as it is
 
 
@@ -975,20 +981,17 @@ KEEP = object()              # a run's manifest: leave the overlay manifest as i
 class RunEnds:
     """What a run needs of the state folder (StateStore.run_ends): its held handle (created, 0700, with its
     .gitignore), the names of the run's files in it, its path for messages, the install's roots as the command
-    opened them ({path: (device, inode)}), and the documents recorded at the end, as the journal holds them
-    (state_after, manifest_after) and as they are written (state, manifest): the state, and the overlay manifest
-    (KEEP: left as it is; None: removed)."""
+    opened them ({path: (device, inode)}), and the documents recorded at the end: the state, and the overlay
+    manifest (KEEP: left as it is; None: removed)."""
     folder: HeldRoot
     shown: Path
     roots: dict
     state_after: dict
-    state: bytes
-    manifest_after: object = KEEP
-    manifest: object = KEEP
-    state_name: str = "state.json"
-    manifest_name: str = "overlays.json"
-    journal_name: str = "journal.json"
-    data_name: str = "journal-data"
+    manifest_after: object
+    state_name: str
+    manifest_name: str
+    journal_name: str
+    data_name: str
 
 
 @dataclass
@@ -1100,11 +1103,11 @@ def finish(run: Run) -> None:
     call_hook("before-state", ends)
     try:
         with state_folder_refusals():
-            if ends.manifest is None:
+            if ends.manifest_after is None:
                 folder.remove(ends.manifest_name, follow_last=False)
-            elif ends.manifest is not KEEP:
-                folder.write(ends.manifest_name, ends.manifest, mode=0o600)
-            folder.write(ends.state_name, ends.state, mode=0o600)
+            elif ends.manifest_after is not KEEP:
+                folder.write(ends.manifest_name, dump_json(ends.manifest_after), mode=0o600)
+            folder.write(ends.state_name, dump_json(ends.state_after), mode=0o600)
     except OSError as exc:
         raise io_failure(exc, ends.shown, "record the state in") from exc
     failpoint("after-state")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from contextlib import ExitStack, contextmanager
 
 from applier.store import heldroot, journal
-from applier.store.confine import Confinement
-from applier.store.journal import Backup, FileOp
 from applier.store.applied import State
-from applier.store.state import StateStore
+from applier.store.confine import Confinement
 from applier.store.heldroot import KEEP
+from applier.store.journal import Backup, FileOp
+from applier.store.state import StateStore
 from applier.target import Target
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from applier import __version__
 from applier.errors import IOFailure, StateCorruptError
-from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
-from applier.store.fsutil import (MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes)
-from applier.store.heldroot import KEEP, HeldRoot, Run, RunEnds, Write, carry_out, is_temp_name
 from applier.store.applied import SHA256, State
+from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
+from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
+from applier.store.heldroot import KEEP, HeldRoot, Run, RunEnds, Write, carry_out, is_temp_name
 from applier.store.state import StateStore, private_mode
 
 JOURNAL_FORMAT = 2

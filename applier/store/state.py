@@ -282,11 +282,8 @@ class StateStore:
         (created inside the install, 0700, its .gitignore, no link or special file in it: exit 7), its held handle,
         the install's roots as opened, and the state (and overlay manifest: KEEP, None to remove it) to record."""
         self.ensure()
-        state_after = state.to_json()
         return RunEnds(folder=self.held(create=True), shown=self.dir, roots=dict(self.identities),
-                       state_after=state_after, state=dump_json(state_after), manifest_after=manifest,
-                       manifest=manifest if manifest is KEEP or manifest is None else dump_json(manifest),
-                       state_name=self.state_file.name,
+                       state_after=state.to_json(), manifest_after=manifest, state_name=self.state_file.name,
                        manifest_name=self.overlay_manifest.name, journal_name=self.journal_file.name,
                        data_name=self.run_data.name)
 
