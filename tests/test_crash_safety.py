@@ -206,3 +206,32 @@ def test_recovery_checks_every_file_before_it_writes_any(tmp_path):
     for entry in entries[:-1]:
         assert now[entry["relpath"]] == before[entry["relpath"]], entry["relpath"]
     assert (comfy / ".applier" / "journal.json").exists()
+
+
+def test_a_pending_run_is_finished_whatever_the_old_state_file_holds(tmp_path):
+    """While a committed run's journal is there, the state it records is the journal's state_after: the command that
+    finishes it never parses the state file the run is about to replace (a damaged one included)."""
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog),
+                   env={"APPLIER_FAILPOINT": "after-journal"})
+    assert proc.returncode == failpoints.EXIT_CODE, proc.stdout + proc.stderr
+    (comfy / ".applier" / "state.json").write_text("{ not json")
+    code, status = cli_json("status", "--target", str(comfy), "--patches", str(catalog))
+    assert code == 0, status
+    assert {p["state"] for p in status["patches"]} == {"applied"}
+    assert not (comfy / ".applier" / "journal.json").exists()
+
+
+def test_recovery_needs_no_blob_of_a_file_already_written(tmp_path):
+    """A file the interrupted run had written already keeps its bytes; its journal-data/ copy is not needed (only the
+    files still at their old bytes read theirs)."""
+    import json
+    comfy, catalog = make_comfy(tmp_path), make_catalog(tmp_path)
+    proc = run_cli("apply", "--target", str(comfy), "--patches", str(catalog),
+                   env={"APPLIER_FAILPOINT": "after-first-file"})
+    assert proc.returncode == failpoints.EXIT_CODE, proc.stdout + proc.stderr
+    first = json.loads((comfy / ".applier" / "journal.json").read_text())["files"][0]
+    (comfy / ".applier" / "journal-data" / first["new_bytes"]).unlink()
+    code, status = cli_json("status", "--target", str(comfy), "--patches", str(catalog))
+    assert code == 0, status
+    assert {p["state"] for p in status["patches"]} == {"applied"}

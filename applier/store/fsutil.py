@@ -14,19 +14,16 @@ import stat
 from pathlib import Path
 
 from applier.errors import IOFailure
-from applier.store.heldroot import (SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside, NotRegularFile, hold,
-                              dump_json, io_failure, kind_of, read_fd)
+from applier.store.heldroot import (MAX_READ_BYTES, SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside,
+                                   NotRegularFile, dump_json, hold, io_failure, kind_of, read_fd)
 from applier.store.paths import real_inside
 
-# The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
-# holds one such file.
-MAX_READ_BYTES = 64 * 1024 * 1024
 # Walks of applier's own folder and of the pack's install folders stop here (exit 7 / a refusal): applier writes
 # a few levels and a few thousand files; 1,200 nested folders or a million files are none of its making.
 MAX_WALK_DEPTH = 64
 MAX_WALK_ENTRIES = 200_000
 
-__all__ = ["TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "dump_json", "io_failure",
+__all__ = ["MAX_READ_BYTES", "TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "dump_json", "io_failure",
            "kind_of"]
 
 

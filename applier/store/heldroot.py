@@ -25,6 +25,7 @@ and carry_out writes it through these handles in that order, all or nothing; not
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -43,6 +44,9 @@ O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 O_NOCTTY = getattr(os, "O_NOCTTY", 0)
 MAX_LINK_HOPS = 40          # as the kernel's own limit (ELOOP)
 TEMP_SUFFIX = ".applier-tmp"
+# The largest file applier reads: ComfyUI's and torch's sources are well below it (nodes.py ~100 kB); a journal blob
+# holds one such file.
+MAX_READ_BYTES = 64 * 1024 * 1024
 # Every temp file a run creates carries this run's marker between the name and the suffix; the sweep removes only
 # names of that exact shape (`.<name>.applier-<32 hex>.applier-tmp`), which no user file is named like by chance.
 TEMP_MARKER = "applier-"
@@ -943,6 +947,158 @@ def hold(path: Path, *, links: bool = True) -> HeldRoot:
     return HeldRoot(path, links=links) if supported() else PathRoot(path, links=links)
 
 
+# ---------------------------------------------------------------------- the state folder, opened for a command
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """The state folder as open_store reads it: its name in the install and its path for messages, the files it
+    holds, the documents a command reads when it opens it, and the limits it is read within."""
+    name: str
+    shown: Path
+    lock_name: str
+    gitignore: bytes
+    journal_name: str
+    data_name: str
+    state_name: str
+    manifest_name: str
+    documents: tuple            # names read when the folder is opened (the journal among them)
+    document_limit: int
+    blob_limit: int
+    max_depth: int
+    max_entries: int
+
+
+@dataclass
+class Opened:
+    """The state folder as a command opened it, read once under the lock: its held handle, the documents (bytes;
+    None where absent) and, while a journal is there, every blob of its journal-data/ (a file that is not regular,
+    or too large, is left out: damaged)."""
+    folder: HeldRoot
+    documents: dict
+    blobs: dict
+
+
+def open_store(install: HeldRoot, layout: StoreLayout, *, roots: dict, create: bool = True, take_lock=None,
+               read: bool = True) -> Opened | None:
+    """Open the state folder from the install's handle, for a command that may write: the install's roots checked
+    (exit 9), the folder checked (check_store), created 0700 inside the install (never above it: a deleted install
+    is not recreated) with its .gitignore, the lock taken (take_lock(open_lock_file): the caller's context, entered
+    on its own stack; None: the caller holds it already), then, with read, the documents and an interrupted run's
+    blobs read; a journal-data/ without its journal (a run killed before its commit point, no target file touched)
+    is removed. None when the folder does not exist and create is False."""
+    check_roots(roots)
+    folder = check_store(install, layout, create=create)
+    if folder is None:
+        return None
+    try:
+        folder.tighten(0o700)
+        folder.create_exclusive(".gitignore", layout.gitignore, mode=0o644)
+    except OSError as exc:
+        raise io_failure(exc, layout.shown, "create the state folder") from exc
+    if take_lock is not None:
+        take_lock(lambda: open_lock_file(folder, layout))
+    if not read:
+        return Opened(folder, {}, {})
+    documents = {name: read_document(lambda name=name: folder.read(name, limit=layout.document_limit),
+                                     layout.shown / name) for name in layout.documents}
+    blobs = {}
+    with state_folder_refusals():
+        if documents.get(layout.journal_name) is not None:
+            blobs = read_blobs(folder, layout)
+        elif folder.lstat(layout.data_name) is not None:
+            folder.remove_tree(layout.data_name)
+    return Opened(folder, documents, blobs)
+
+
+def check_store(install: HeldRoot, layout: StoreLayout, *, create: bool = False) -> HeldRoot | None:
+    """The state folder's handle, held with links refused, once it is a real folder holding no link or special file
+    anywhere (else StateCorruptError, exit 7, nothing written); created 0700 when absent and create is set, else
+    None then."""
+    shown = layout.shown
+    st = install.lstat(layout.name)
+    if st is None and not create:
+        return None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise StateCorruptError(f"{shown} is a symbolic link: applier's state, lock and backups would land where it "
+                                f"points ({os.readlink(shown)})",
+                                hint="nothing was changed; replace the link by a real folder (move the folder it "
+                                     "points to in its place if it holds this install's state)")
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise StateCorruptError(f"{shown} is not a folder", hint="applier keeps its state in that folder: move the "
+                                                                 "file aside")
+    try:
+        folder = install.subroot(layout.name, links=False, create=create)
+    except (NotADirectoryError, NotRegularFile) as exc:
+        raise StateCorruptError(f"{shown} is not a real folder (a link or a file stands there)",
+                                hint="nothing was changed; move it aside by hand") from exc
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise io_failure(exc, shown, "create the state folder") from exc
+    try:
+        refuse_specials(folder, layout)
+    except BaseException:
+        folder.close()
+        raise
+    return folder
+
+
+def refuse_specials(folder: HeldRoot, layout: StoreLayout) -> None:
+    """StateCorruptError (exit 7) for a link, FIFO, device or socket anywhere inside the state folder."""
+    try:
+        for where, entries in folder.walk("", max_depth=layout.max_depth, max_entries=layout.max_entries):
+            for name, entry in entries:
+                if not (stat.S_ISDIR(entry.st_mode) or stat.S_ISREG(entry.st_mode)):
+                    raise StateCorruptError(
+                        f"{layout.shown / where / name} is {kind_of(entry.st_mode)}: applier refuses to follow links "
+                        f"or use special files inside {layout.shown}",
+                        hint="nothing was changed; move it aside by hand (a link there could lead a write outside the "
+                             "install)")
+    except NotRegularFile as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
+
+
+def open_lock_file(folder: HeldRoot, layout: StoreLayout) -> int:
+    """The lock file's descriptor, opened (created 0600 when absent) without following a link."""
+    try:
+        return folder.open_flags(layout.lock_name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
+    except NotRegularFile as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateCorruptError(f"{layout.shown / layout.lock_name} is a symbolic link",
+                                    hint="nothing was changed; move it aside by hand") from exc
+        raise io_failure(exc, layout.shown, "take the lock in") from exc
+
+
+def read_document(read, shown: Path) -> bytes | None:
+    """read() (a read of a state-folder document through a held handle): None when the document is absent;
+    StateCorruptError when it is not a regular file (a link, a FIFO, a device), too large or unreadable."""
+    try:
+        return read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except IOFailure as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
+    except OSError as exc:
+        raise StateCorruptError(f"cannot read {shown}: {exc.strerror}") from exc
+
+
+def read_blobs(folder: HeldRoot, layout: StoreLayout) -> dict:
+    """Every regular file of journal-data/ within the limit, by name (the journal says which it needs)."""
+    blobs = {}
+    try:
+        names = folder.listdir(layout.data_name)
+    except (FileNotFoundError, NotADirectoryError):
+        return blobs
+    for name in names:
+        try:
+            blobs[name] = folder.read(f"{layout.data_name}/{name}", limit=layout.blob_limit)
+        except (OSError, IOFailure, ValueError):    # special, far too large, unreadable: damaged
+            continue
+    return blobs
+
+
 # ---------------------------------------------------------------------- a run, written through held handles
 # In this order: the originals it replaces (`backups/`) and the bytes every file will have and had (`journal-data/`),
 # then `journal.json` (the commit point), then each target file (temp file + fsync + os.replace), then the folders
@@ -980,27 +1136,42 @@ KEEP = object()              # a run's manifest: leave the overlay manifest as i
 @dataclass(frozen=True)
 class RunEnds:
     """What a run needs of the state folder (StateStore.run_ends): its held handle (created, 0700, with its
-    .gitignore), the names of the run's files in it, its path for messages, the install's roots as the command
-    opened them ({path: (device, inode)}), and the documents recorded at the end: the state, and the overlay
+    .gitignore), its layout (the names of the run's files in it, its path for messages), the install's roots as the
+    command opened them ({path: (device, inode)}), and the documents recorded at the end: the state, and the overlay
     manifest (KEEP: left as it is; None: removed)."""
     folder: HeldRoot
-    shown: Path
+    layout: StoreLayout
     roots: dict
     state_after: dict
     manifest_after: object
-    state_name: str
-    manifest_name: str
-    journal_name: str
-    data_name: str
 
 
 @dataclass
 class Write:
     """One target file of a run: its place (a confine.Place) and the bytes it has (None: absent) and will have
-    (None: removed)."""
+    (None: removed). expect, for a run committed already (recovery): the (old, new) sha256 the journal recorded; the
+    file is written only while it still holds its old bytes."""
     place: object               # confine.Place
     old: bytes | None
     new: bytes | None
+    expect: tuple | None = None
+
+
+@dataclass
+class Sweep:
+    """Where a killed write can have left a temp file: folders listed (their own entries) and trees walked, each a
+    (handle, relative path) pair, within the walk's limits."""
+    listed: list
+    walked: list
+    max_depth: int
+    max_entries: int
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What carry_out did: the target files it wrote and the temp files it swept."""
+    written: int
+    swept: int
 
 
 @dataclass
@@ -1013,17 +1184,21 @@ class Run:
     blobs: list[tuple[str, bytes]] = field(default_factory=list)          # (name in journal-data/, bytes)
     fresh: list = field(default_factory=list)     # folders the run creates: removed again on a rollback
     prune: list = field(default_factory=list)     # folders to remove where the run left them empty
+    sweep: Sweep | None = None                    # temp files to remove at the end (recovery)
 
 
-def carry_out(run: Run) -> None:
+def carry_out(run: Run) -> Carried:
     """Write the run, or change nothing (before the commit point, and on a failure while files are replaced); a
-    committed run's failure leaves its journal, which the next command finishes. Caller holds the target lock."""
+    committed run's failure leaves its journal, which the next command finishes. A run committed already (ends set,
+    no journal: recovery) writes only the files still at their old bytes, every file checked first; a run with no
+    ends writes nothing. Then the temp files of run.sweep are removed. Caller holds the target lock."""
     fresh_run = run.journal is not None
+    files = run.files if fresh_run else still_to_write(run)
     if fresh_run:
         commit(run)
         failpoint("after-journal")
     done: list[Write] = []
-    for write in run.files:
+    for write in files:
         try:
             check_roots(run.ends.roots)   # a moved or deleted install: stop; its journal goes with it, finishes there
             call_hook("before-write", write.place)
@@ -1039,7 +1214,83 @@ def carry_out(run: Run) -> None:
             failpoint("after-first-file")
     if fresh_run:
         failpoint("after-files")
-    finish(run)
+    if run.ends is not None:
+        finish(run)
+    return Carried(len(done), sweep_temp_files(run.sweep))
+
+
+def still_to_write(run: Run) -> list[Write]:
+    """The files of a committed run that still hold their old bytes, each file checked (and its new bytes against
+    the journal's sha256) before the first is written: StateCorruptError, nothing written, for one that holds
+    neither its old nor its new bytes, or whose new bytes are missing or damaged."""
+    if run.ends is None:
+        return []
+    data = run.ends.layout.shown / run.ends.layout.data_name
+    files = []
+    for write in run.files:
+        old_sha, new_sha = write.expect
+        current = current_sha(write.place)
+        if current == new_sha:
+            continue
+        if current != old_sha:
+            raise StateCorruptError(
+                f"interrupted run: {write.place} holds neither its old nor its new bytes (sha256 {current})",
+                hint=f"someone changed it meanwhile; compare with {data} and fix by hand, "
+                     f"then remove {run.ends.layout.shown / run.ends.layout.journal_name}")
+        if (None if write.new is None else hashlib.sha256(write.new).hexdigest()) != new_sha:
+            raise StateCorruptError(f"journal data for {write.place} is missing or damaged",
+                                    hint=f"see {run.ends.layout.shown / run.ends.layout.journal_name}")
+        files.append(write)
+    return files
+
+
+def current_sha(place) -> str | None:
+    """The sha256 of the bytes a Place holds now, None when it does not exist (IOFailure when it cannot be read)."""
+    try:
+        data = place.held.read(place.relpath, limit=MAX_READ_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except IOFailure:
+        raise
+    except OSError as exc:
+        raise io_failure(exc, place.held.display(place.relpath), "read") from exc
+    return hashlib.sha256(data).hexdigest()
+
+
+def temp_files(sweep: Sweep | None) -> list[tuple[HeldRoot, str]]:
+    """Every temp file a killed write can have left where sweep says: names of applier's own shape (is_temp_name: a
+    user's file never matches by chance), regular files; each folder walked through its root's handle (a link out
+    of the root is not walked)."""
+    if sweep is None:
+        return []
+    listings = []
+    for held, rel in sweep.listed:
+        try:
+            names = held.listdir(rel)
+        except (OSError, IOFailure):
+            continue
+        listings.append((held, rel, [(n, held.lstat(f"{rel}/{n}" if rel else n)) for n in names if is_temp_name(n)]))
+    for held, top in sweep.walked:
+        try:
+            for where, entries in held.walk(top, max_depth=sweep.max_depth, max_entries=sweep.max_entries):
+                listings.append((held, where, [(n, st) for n, st in entries if is_temp_name(n)]))
+        except (OSError, IOFailure):
+            continue
+    return [(held, f"{where}/{name}" if where else name) for held, where, entries in listings
+            for name, st in entries if st is not None and stat.S_ISREG(st.st_mode)]
+
+
+def sweep_temp_files(sweep: Sweep | None) -> int:
+    """Remove the temp files killed writes left (temp_files); the caller holds the target lock (a live run's temp
+    file is never touched). Returns how many were removed."""
+    removed = 0
+    for held, rel in temp_files(sweep):
+        try:
+            if held.remove(rel, follow_last=False):
+                removed += 1
+        except (OSError, IOFailure):
+            continue
+    return removed
 
 
 def commit(run: Run) -> None:
@@ -1055,21 +1306,21 @@ def commit(run: Run) -> None:
                 written.append(name)
     except OSError as exc:
         remove_all(ends, written)
-        raise io_failure(exc, ends.shown / "backups", "write backups into") from exc
+        raise io_failure(exc, ends.layout.shown / "backups", "write backups into") from exc
     try:
         with state_folder_refusals():
-            folder.remove_tree(ends.data_name)
-            folder.make_folders(ends.data_name, mode=0o700)
+            folder.remove_tree(ends.layout.data_name)
+            folder.make_folders(ends.layout.data_name, mode=0o700)
             for name, data in run.blobs:
-                folder.write(f"{ends.data_name}/{name}", data, mode=0o600)
+                folder.write(f"{ends.layout.data_name}/{name}", data, mode=0o600)
             failpoint("after-backups")
             check_roots(ends.roots)
-            folder.write(ends.journal_name, run.journal, mode=0o600)
+            folder.write(ends.layout.journal_name, run.journal, mode=0o600)
     except OSError as exc:
         with state_folder_refusals():
-            folder.remove_tree(ends.data_name)
+            folder.remove_tree(ends.layout.data_name)
         remove_all(ends, written)
-        raise io_failure(exc, ends.shown, "write the journal in") from exc
+        raise io_failure(exc, ends.layout.shown, "write the journal in") from exc
 
 
 def roll_back(run: Run, done: list[Write], exc: BaseException, place) -> None:
@@ -1104,12 +1355,12 @@ def finish(run: Run) -> None:
     try:
         with state_folder_refusals():
             if ends.manifest_after is None:
-                folder.remove(ends.manifest_name, follow_last=False)
+                folder.remove(ends.layout.manifest_name, follow_last=False)
             elif ends.manifest_after is not KEEP:
-                folder.write(ends.manifest_name, dump_json(ends.manifest_after), mode=0o600)
-            folder.write(ends.state_name, dump_json(ends.state_after), mode=0o600)
+                folder.write(ends.layout.manifest_name, dump_json(ends.manifest_after), mode=0o600)
+            folder.write(ends.layout.state_name, dump_json(ends.state_after), mode=0o600)
     except OSError as exc:
-        raise io_failure(exc, ends.shown, "record the state in") from exc
+        raise io_failure(exc, ends.layout.shown, "record the state in") from exc
     failpoint("after-state")
     drop(ends)
 
@@ -1117,8 +1368,8 @@ def finish(run: Run) -> None:
 def drop(ends: RunEnds) -> None:
     """Remove the journal and its blobs (a finished run, or one rolled back)."""
     with state_folder_refusals():
-        ends.folder.remove(ends.journal_name, follow_last=False)
-        ends.folder.remove_tree(ends.data_name)
+        ends.folder.remove(ends.layout.journal_name, follow_last=False)
+        ends.folder.remove_tree(ends.layout.data_name)
 
 
 def remove_all(ends: RunEnds, names: list[str]) -> None:

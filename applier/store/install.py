@@ -40,8 +40,7 @@ class Install:
     def close(self) -> None:
         self._held.close()
         self.locked = False
-        self.store.close()
-        self.store.install.close()
+        self.store.release()
 
     @property
     def confinement(self) -> Confinement:
@@ -51,21 +50,17 @@ class Install:
     def root(self):
         return self.target.root
 
-    def has_state(self) -> bool:
-        """Whether `.applier/` exists (after check_folder refused a link or a special file there)."""
-        self.store.check_folder()
-        return self.store.dir.exists()
-
     def open_run(self, *, create: bool = True) -> None:
-        """Take the install's lock (held until close), finish (or roll back) any interrupted run, then read the
-        state. create=False: only where `.applier/` exists; elsewhere nothing is created and the state is empty (a
-        dry run, a revert with nothing recorded)."""
-        if not create and not self.has_state():
+        """Open the state folder once (StateStore.open_run: the lock taken and held until close, then the state and
+        any interrupted run read in one pass), then finish that run (journal.finish: planned as data, written by
+        heldroot.carry_out). create=False: only where `.applier/` exists; elsewhere nothing is created and the state
+        is empty (a dry run, a revert with nothing recorded)."""
+        pending = self.store.open_run(self._held, create=create)
+        if pending is None:
             return
-        self._held.enter_context(self.store.locked())
         self.locked = True
-        self.recovered = journal.recover(self.store)
-        self.state = self.store.load()
+        self.recovered = journal.finish(self.confinement, pending)
+        self.state = pending.state
 
     def execute(self, ops: list[FileOp], new_state: State, description: str, *, manifest_after=KEEP,
                 prune: tuple = (), backups: list[Backup] = ()) -> None:

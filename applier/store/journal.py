@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from applier import __version__
-from applier.errors import IOFailure, StateCorruptError
-from applier.store.applied import SHA256, State
+from applier.errors import StateCorruptError
+from applier.store.applied import SHA256
 from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
-from applier.store.heldroot import KEEP, HeldRoot, Run, RunEnds, Write, carry_out, is_temp_name
-from applier.store.state import StateStore, private_mode
-
-JOURNAL_FORMAT = 2
+from applier.store.heldroot import KEEP, HeldRoot, Run, RunEnds, Sweep, Write, carry_out, temp_files
+from applier.store.state import JOURNAL_FORMAT, Pending, StateStore, private_mode
 
 
 @dataclass
@@ -94,50 +91,49 @@ def plan(ends: RunEnds, confinement: Confinement, ops: list[FileOp], description
 
 
 def recover(store: StateStore) -> str | None:
-    """Finish an interrupted run from its journal and remove the temp files killed writes left. Returns what was
-    done, in words, or None when nothing was pending. Caller holds the target lock."""
-    journal, state_after = store.read_run((1, JOURNAL_FORMAT))
-    finished = None
-    if journal is not None:
-        run = interrupted(store, journal, state_after)
-        carry_out(run)
-        finished = len(run.files)
-    swept = sweep_temp_files(store)
-    if finished is None:
-        return f"removed {swept} temp file(s) left by an interrupted run" if swept else None
-    extra = f", {swept} temp file(s) removed" if swept else ""
-    return f"finished an interrupted run ({journal.get('what', '?')}): {finished} file(s) completed{extra}"
+    """Finish an interrupted run from its journal and remove the temp files killed writes left (finish). Returns
+    what was done, in words, or None when nothing was pending. Caller holds the target lock."""
+    return finish(store.confinement, store.read_pending())
 
 
-def interrupted(store: StateStore, journal: dict, state_after: State) -> Run:
-    """The rest of an interrupted run, committed already: each file of the journal still at its old bytes gets its
-    new ones (every file checked, and every blob read, before the first is written), then the run finishes."""
-    entries, prune = read_journal(store, journal)
-    files = []
-    for place, entry in entries:
-        current = place.sha256()
-        if current == entry["new_sha256"]:
-            continue
-        if current != entry["old_sha256"]:
-            raise StateCorruptError(
-                f"interrupted run: {place} holds neither its old nor its new bytes (sha256 {current})",
-                hint=f"someone changed it meanwhile; compare with {store.run_data} and fix by hand, "
-                     f"then remove {store.journal_file}")
-        new = None
-        if entry["new_bytes"] is not None:
-            new = store.read_run_blob(entry["new_bytes"])
-            if new is None or sha256_bytes(new) != entry["new_sha256"]:
-                raise StateCorruptError(f"journal data for {place} is missing or damaged",
-                                        hint=f"see {store.journal_file}")
-        files.append(Write(place, None, new))
-    ends = store.run_ends(state_after, journal.get("manifest_after", KEEP))
-    return Run(ends, files, prune=prune)
+def finish(confinement: Confinement, pending: Pending) -> str | None:
+    """Finish what the state folder held when the command opened it (Pending): the interrupted run's remaining files
+    written (planned here, carried out by the one writer) and the temp files removed. Returns what was done, in
+    words, or None when nothing was pending."""
+    done = carry_out(interrupted(confinement, pending))
+    if pending.journal is None:
+        return f"removed {done.swept} temp file(s) left by an interrupted run" if done.swept else None
+    extra = f", {done.swept} temp file(s) removed" if done.swept else ""
+    return f"finished an interrupted run ({pending.journal.get('what', '?')}): {done.written} file(s) completed{extra}"
 
 
-def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], list[Place]]:
+def interrupted(confinement: Confinement, pending: Pending) -> Run:
+    """The rest of an interrupted run, committed already, as data: each file of the journal with the bytes its
+    journal-data/ holds and the sha256 it had and will have (the writer writes those still at their old bytes,
+    every file checked first), then the run finishes; and, whether a run was pending or not, where temp files are
+    swept."""
+    sweep = sweep_of(confinement, pending.folder)
+    if pending.journal is None:
+        return Run(None, [], sweep=sweep)
+    entries, prune = read_journal(confinement, pending.journal, pending.ends.layout.shown / pending.ends.layout.journal_name)
+    files = [Write(place, None, None if entry["new_bytes"] is None else pending.blobs.get(entry["new_bytes"]),
+                   expect=(entry["old_sha256"], entry["new_sha256"])) for place, entry in entries]
+    return Run(pending.ends, files, prune=prune, sweep=sweep)
+
+
+def sweep_of(confinement: Confinement, folder: HeldRoot | None) -> Sweep:
+    """Where a killed write can have left a temp file: every folder a catalog patch writes to (listed), the overlay
+    pack's install folders and the state folder (walked)."""
+    walked = [(p.held, p.relpath) for p in confinement.overlay_top_places()]
+    return Sweep(listed=[(p.held, p.relpath) for p in confinement.catalog_folder_places()],
+                 walked=walked + ([(folder, "")] if folder is not None else []),
+                 max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
+
+
+def read_journal(confinement: Confinement, journal, path: Path) -> tuple[list[tuple[Place, dict]], list[Place]]:
     """The journal's files as validated (path, entry) pairs and its prune folders; StateCorruptError (nothing
     written) when any field is missing, mistyped, or names a place outside what the run could touch."""
-    where = f"journal {store.journal_file}"
+    where = f"journal {path}"
 
     def need(condition, message):
         if not condition:
@@ -148,7 +144,6 @@ def read_journal(store: StateStore, journal) -> tuple[list[tuple[Place, dict]], 
     need(isinstance(journal.get("files"), list), "'files' is missing or not a list")
     need("manifest_after" not in journal or journal["manifest_after"] is None
          or isinstance(journal["manifest_after"], dict), "'manifest_after' is not an object")
-    confinement = store.confinement
     out = []
     for entry in journal["files"]:
         need(isinstance(entry, dict), "a file entry is not an object")
@@ -184,56 +179,11 @@ def is_blob_name(name) -> bool:
     return isinstance(name, str) and BLOB_NAME.fullmatch(name) is not None
 
 
-def temp_files(store: StateStore) -> list[tuple[HeldRoot, str]]:
-    """Every temp file a killed write can have left: names of applier's own shape (heldroot.is_temp_name: a user's
-    file never matches by chance), regular files, in .applier/ and in every folder a catalog patch or the overlay
-    pack writes to, each folder walked through its root's handle (a link out of the root is not walked)."""
-    found = []
-    places = list(store.confinement.catalog_folder_places())
-    trees = [(top.held, top.relpath) for top in store.confinement.overlay_top_places()]
-    state = store.held()
-    if state is not None:
-        trees.append((state, ""))
-    listings = []
-    for place in places:
-        try:
-            names = place.held.listdir(place.relpath)
-        except (OSError, IOFailure):
-            continue
-        listings.append((place.held, place.relpath, [(n, place.held.lstat(f"{place.relpath}/{n}"
-                                                                          if place.relpath else n)) for n in names
-                                                     if is_temp_name(n)]))
-    for held, top in trees:
-        try:
-            for where, entries in held.walk(top, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES):
-                listings.append((held, where, [(n, st) for n, st in entries if is_temp_name(n)]))
-        except (OSError, IOFailure):
-            continue
-    for held, where, entries in listings:
-        for name, st in entries:
-            if st is not None and stat.S_ISREG(st.st_mode):
-                found.append((held, f"{where}/{name}" if where else name))
-    return found
-
-
-def sweep_temp_files(store: StateStore) -> int:
-    """Remove the temp files killed writes left (temp_files). Caller holds the target lock (a live run's temp file
-    is never touched)."""
-    removed = 0
-    for held, rel in temp_files(store):
-        try:
-            if held.remove(rel, follow_last=False):
-                removed += 1
-        except (OSError, IOFailure):
-            continue
-    return removed
-
-
 def needs_recovery(store: StateStore) -> bool:
     """A journal is pending, or a killed write left a temp file: a read-only command must recover first."""
     if os.path.lexists(store.journal_file) or os.path.lexists(store.run_data):
         return True
-    return bool(temp_files(store))
+    return bool(temp_files(sweep_of(store.confinement, store.held())))
 
 
 def recover_if_pending(store: StateStore) -> str | None:

@@ -61,6 +61,14 @@ def hold(fd: int | None, lock_file: Path, *, reader: bool = False, timeout: floa
         os.close(fd)
 
 
+@contextmanager
+def take(open_fd, lock_file: Path, *, reader: bool = False, timeout: float | None = None):
+    """hold() on the descriptor open_fd() opens (the lock file, through the state folder's handle) where the lock is
+    by descriptor, else filelock's lock on lock_file by path."""
+    with hold(open_fd() if by_descriptor() else None, lock_file, reader=reader, timeout=timeout):
+        yield
+
+
 def locked_error(lock_file: Path, timeout: float) -> LockedError:
     return LockedError(f"another applier run holds the lock on {lock_file.parent.parent} (waited {timeout:g} s)",
                        hint="wait for it to finish; if none is running, the lock is released automatically when "

@@ -19,13 +19,13 @@ install and two installs can never share one state.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
 import stat
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from applier.errors import IOFailure, StateCorruptError
@@ -33,8 +33,25 @@ from applier.store import lock
 from applier.store.applied import AppliedFile, AppliedPatch, State, backup_name, check_format, need
 from applier.store.confine import Confinement, Place
 from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, dump_json,
-                                  io_failure, kind_of)
-from applier.store.heldroot import KEEP, HeldRoot, RunEnds, check_roots, hold, identity
+                                  io_failure)
+from applier.store.heldroot import (KEEP, HeldRoot, Opened, RunEnds, StoreLayout, check_roots, check_store, hold,
+                                   identity, open_store, read_document)
+
+JOURNAL_FORMAT = 2
+JOURNAL_FORMATS = (1, JOURNAL_FORMAT)    # the journals this applier finishes (1: files named by absolute path)
+
+
+@dataclass
+class Pending:
+    """The state folder as a command that changes the install found it, read once under the lock (open_run): the
+    state it has (while an interrupted run's journal is there, that run's state_after: what finishing it records),
+    and that run: its journal, what it records (heldroot.RunEnds) and its blobs (journal-data/ by name)."""
+    state: State
+    folder: HeldRoot
+    journal: dict | None = None
+    ends: RunEnds | None = None
+    blobs: dict = field(default_factory=dict)
+
 
 class StateStore:
     """`.applier/` of one target. Every read is validated against the target's Confinement; every write and removal
@@ -44,12 +61,34 @@ class StateStore:
         self.dir = Path(state_dir)
         self.confinement = confinement
         self.install_root = Path(install_root) if install_root is not None else self.dir.parent
-        self.identities = {path: identity(path) for path in self.held_roots()}
-        try:
-            self.install = hold(self.install_root)
-        except OSError as exc:
-            raise io_failure(exc, self.install_root, "open") from exc
+        self._identities: dict | None = None
+        self._install: HeldRoot | None = None
         self._held: HeldRoot | None = None
+
+    @property
+    def install(self) -> HeldRoot:
+        """The install's root folder, held from the first time the store needs it (the command's opening) to
+        release."""
+        if self._install is None:
+            try:
+                self._install = hold(self.install_root)
+            except OSError as exc:
+                raise io_failure(exc, self.install_root, "open") from exc
+        return self._install
+
+    @property
+    def identities(self) -> dict:
+        """The install's roots as this command first opened them ({path: (device, inode)}): every run checks them."""
+        if self._identities is None:
+            self._identities = {path: identity(path) for path in self.held_roots()}
+        return self._identities
+
+    def release(self) -> None:
+        """Close the state folder's handle and the install's."""
+        self.close()
+        if self._install is not None:
+            self._install.close()
+            self._install = None
 
     @property
     def state_file(self) -> Path:
@@ -83,31 +122,23 @@ class StateStore:
 
     def check_folder(self) -> None:
         """Refuse (exit 7) when `.applier` is not a real folder or holds a link or a special file anywhere."""
-        try:
-            st = os.lstat(self.dir)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise io_failure(exc, self.dir, "read") from exc
-        if stat.S_ISLNK(st.st_mode):
-            raise StateCorruptError(f"{self.dir} is a symbolic link: applier's state, lock and backups would land "
-                                    f"where it points ({os.readlink(self.dir)})",
-                                    hint="nothing was changed; replace the link by a real folder (move the "
-                                         "folder it points to in its place if it holds this install's state)")
-        if not stat.S_ISDIR(st.st_mode):
-            raise StateCorruptError(f"{self.dir} is not a folder",
-                                    hint="applier keeps its state in that folder: move the file aside")
-        try:
-            for where, entries in self.held().walk("", max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES):
-                for name, entry in entries:
-                    if not (stat.S_ISDIR(entry.st_mode) or stat.S_ISREG(entry.st_mode)):
-                        shown = self.dir / where / name
-                        raise StateCorruptError(
-                            f"{shown} is {kind_of(entry.st_mode)}: applier refuses to follow links or use special "
-                            f"files inside {self.dir}", hint="nothing was changed; move it aside by hand (a link "
-                                                             "there could lead a write outside the install)")
-        except NotRegularFile as exc:
-            raise StateCorruptError(exc.message, hint=exc.hint) from exc
+        folder = check_store(self.install, self.layout)
+        if folder is not None:
+            self.adopt(folder)
+
+    def adopt(self, folder: HeldRoot) -> None:
+        """The state folder's handle from now on (one opened and checked just now)."""
+        if self._held is not None and self._held is not folder:
+            self._held.close()
+        self._held = folder
+
+    @property
+    def layout(self) -> StoreLayout:
+        return StoreLayout(name=self.dir.name, shown=self.dir, lock_name=self.lock_file.name, gitignore=GITIGNORE,
+                           journal_name=self.journal_file.name, data_name=self.run_data.name,
+                           state_name=self.state_file.name, manifest_name=self.overlay_manifest.name,
+                           documents=(self.journal_file.name, self.state_file.name), document_limit=MAX_JSON_BYTES,
+                           blob_limit=MAX_READ_BYTES, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
 
     def guard(self, path: Path) -> str:
         """The path of `path` relative to the state folder (the form every operation on it takes), once it is
@@ -206,10 +237,8 @@ class StateStore:
 
     def ensure(self) -> None:
         """The state folder exists, 0700 (a looser one is tightened: backups hold the install's files, private ones
-        among them), with its .gitignore."""
-        self.check_folder()
-        self.held(create=True).tighten(0o700)
-        self.write_gitignore()
+        among them), with its .gitignore, and holds no link or special file (exit 7)."""
+        self.adopt(open_store(self.install, self.layout, roots={}, read=False).folder)
 
     def write_gitignore(self) -> None:
         """Create .gitignore once, in one write and without a temp file: it is written before the lock is taken,
@@ -221,28 +250,27 @@ class StateStore:
 
     @contextmanager
     def locked(self, *, reader: bool = False, timeout: float | None = None):
-        """Hold the target's lock (lock.hold): the install's roots checked, and the state folder checked (no link,
-        no special file: exit 7) and created inside the install, never above it (a deleted install is not
-        recreated), before the lock file is opened through the folder's handle."""
-        self.check_roots()
-        try:
-            self.ensure()
-        except OSError as exc:
-            raise io_failure(exc, self.dir, "create the state folder") from exc
-        fd = self.open_lock_file() if lock.by_descriptor() else None
-        with lock.hold(fd, self.lock_file, reader=reader, timeout=timeout):
+        """Hold the target's lock (open_run, reading nothing) until the block ends."""
+        with ExitStack() as stack:
+            self.open_run(stack, reader=reader, timeout=timeout, read=False)
             yield
 
-    def open_lock_file(self) -> int:
-        """The lock file's descriptor, opened (created 0600 when absent) without following a link."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK
-        try:
-            return self._op("lock", self.lock_file, lambda held, rel: held.open_flags(rel, flags, 0o600))
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise StateCorruptError(f"{self.lock_file} is a symbolic link",
-                                        hint="nothing was changed; move it aside by hand") from exc
-            raise io_failure(exc, self.dir, "take the lock in") from exc
+    def open_run(self, stack: ExitStack, *, create: bool = True, reader: bool = False, timeout: float | None = None,
+                 read: bool = True) -> "Pending | None":
+        """Open the folder for a command that may write (heldroot.open_store): the install's roots checked (exit 9),
+        the folder checked (no link or special file in it: exit 7) and created inside the install, never above it
+        (a deleted install is not recreated), the lock taken (lock.take, held on stack until the command is done),
+        then, with read, the state and an interrupted run read once (Pending). None when create is False and the
+        folder does not exist."""
+        def take_lock(open_fd):
+            stack.enter_context(lock.take(open_fd, self.lock_file, reader=reader, timeout=timeout))
+
+        opened = open_store(self.install, self.layout, roots=self.identities, create=create, take_lock=take_lock,
+                            read=read)
+        if opened is None:
+            return None
+        self.adopt(opened.folder)
+        return self.pending(opened) if read else None
 
     # -------------------------------------------------------------- one run's files (journal.py says what they hold)
 
@@ -250,42 +278,39 @@ class StateStore:
     def run_data(self) -> Path:
         return self.dir / "journal-data"
 
-    def read_run(self, formats: tuple[int, ...]):
-        """The journal of an interrupted run and the state it is to record, (journal, State): the journal a JSON
-        object of one of `formats`, its state_after a valid State (else StateCorruptError, nothing written; the
-        journal's other fields are journal.py's to check). (None, None) when no run is pending; journal-data/ left
-        by a run killed before its commit point is removed then (no target file was touched)."""
-        self.check_folder()
-        journal = self.read_json(self.journal_file)
+    def read_pending(self) -> "Pending":
+        """The state and an interrupted run, read once (open_run's reading, the caller holding the lock)."""
+        opened = open_store(self.install, self.layout, roots=self.identities)
+        self.adopt(opened.folder)
+        return self.pending(opened)
+
+    def pending(self, opened: Opened) -> "Pending":
+        """The documents as read (Opened) made values: the state, or an interrupted run's journal (a JSON object of
+        a format this applier reads, with a valid state_after: else StateCorruptError, nothing written; its other
+        fields are journal.py's to check), the state that run records and its blobs."""
+        journal = parse_document(opened, self.journal_file)
+        data = parse_document(opened, self.state_file) if journal is None else None
         if journal is None:
-            if os.path.lexists(self.run_data):
-                self.remove_tree(self.run_data)
-            return None, None
+            return Pending(State.from_json(data, self.confinement, what=f"state file {self.state_file}")
+                           if data is not None else State(), opened.folder)
         where = f"journal {self.journal_file}"
         hint = "inspect it by hand; the bytes it names are in journal-data/"
         if not isinstance(journal, dict):
             raise StateCorruptError(f"{where}: not a JSON object", hint=hint)
-        check_format(where, journal, formats, hint=hint)
+        check_format(where, journal, JOURNAL_FORMATS, hint=hint)
         if "state_after" not in journal:
             raise StateCorruptError(f"{where}: 'state_after' is missing", hint=hint)
-        return journal, State.from_json(journal["state_after"], self.confinement, what=f"{where}: its state_after")
-
-    def read_run_blob(self, name: str) -> bytes | None:
-        """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
-        try:
-            return self.read(self.run_data / name, limit=MAX_READ_BYTES)
-        except (OSError, IOFailure, ValueError):   # gone, special, far too large, a name no file can have: damaged
-            return None
+        state = State.from_json(journal["state_after"], self.confinement, what=f"{where}: its state_after")
+        ends = RunEnds(opened.folder, self.layout, dict(self.identities), state.to_json(),
+                       journal.get("manifest_after", KEEP))
+        return Pending(state, opened.folder, journal, ends, opened.blobs)
 
     def run_ends(self, state: State, manifest=KEEP) -> RunEnds:
         """What a run needs of this folder, read once before it is planned (heldroot.RunEnds): the folder ensured
         (created inside the install, 0700, its .gitignore, no link or special file in it: exit 7), its held handle,
         the install's roots as opened, and the state (and overlay manifest: KEEP, None to remove it) to record."""
         self.ensure()
-        return RunEnds(folder=self.held(create=True), shown=self.dir, roots=dict(self.identities),
-                       state_after=state.to_json(), manifest_after=manifest, state_name=self.state_file.name,
-                       manifest_name=self.overlay_manifest.name, journal_name=self.journal_file.name,
-                       data_name=self.run_data.name)
+        return RunEnds(self.held(create=True), self.layout, dict(self.identities), state.to_json(), manifest)
 
     # -------------------------------------------------------------- the install's identity
 
@@ -421,14 +446,13 @@ def read_json(path: Path, *, reader):
     """The parsed JSON of path as reader() (a read through a held handle) returns it, None when it does not exist;
     StateCorruptError when it is not a regular file (a link, a FIFO, a device), too large, nested too deeply,
     unreadable or not JSON."""
-    try:
-        raw = reader()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except IOFailure as exc:
-        raise StateCorruptError(exc.message, hint=exc.hint) from exc
-    except OSError as exc:
-        raise StateCorruptError(f"cannot read {path}: {exc.strerror}") from exc
+    raw = read_document(reader, path)
+    return None if raw is None else parse_json(raw, path)
+
+
+def parse_document(opened: Opened, path: Path):
+    """A document open_store read, parsed (parse_json); None when it was absent."""
+    raw = opened.documents.get(path.name)
     return None if raw is None else parse_json(raw, path)
 
 
