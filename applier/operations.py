@@ -45,8 +45,8 @@ def apply(install: Install, patches: list[Patch], *, fuzz: int = 0, dry_run: boo
           explicit: bool = False) -> ApplyResult:
     """Apply every selected patch or none. Already-applied patches are reported and left alone. What the state may
     name is bounded by the install's confinement (the whole catalog, opened by the command's entry, which took its
-    lock and read its state: Install.open_run). Planning reads only; the writes (backups, files, state) are handed
-    to the install in one go."""
+    lock and read its state: an Install opened with run). Planning reads only; the writes (backups, files, state) are
+    handed to the install in one go."""
     state = install.state
     plans = plan_apply(install.target, patches, fuzz=fuzz, explicit=explicit,
                        recorded={pid: rec.variant for pid, rec in state.applied.items()})
@@ -214,7 +214,7 @@ def drop_records(install: Install, only: tuple[str, ...], undo_file: FileUndo, *
     """Revert and forget: undo_file decides each file of the selected records (latest patch first), then one
     journal run writes the files and the state without those records, and the backups no longer needed go."""
     store = install.store
-    if not install.locked or not store.state_file.exists():   # open_run finished any interrupted run first
+    if not install.locked or not store.state_file.exists():   # opening the run finished any interrupted one first
         if only:
             raise RefusedError(f"nothing recorded as applied in {install.root}: cannot revert {', '.join(only)}",
                                hint="`applier status` lists what is applied")

@@ -4,14 +4,19 @@ validated on every read: every field typed, every file resolvable inside the tar
 state folder that holds them, and every read and write of it, is state.py's."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from applier import __version__
 from applier.errors import StateCorruptError
 from applier.store.confine import COMPONENT_ROOT, Confinement, check_relpath
+from applier.store.heldroot import KEEP, HeldRoot, Opened, RunEnds, StoreLayout
 
 STATE_FORMAT = 2
+JOURNAL_FORMAT = 2
+JOURNAL_FORMATS = (1, JOURNAL_FORMAT)    # the journals this applier finishes (1: files named by absolute path)
 READABLE_FORMATS = (1, 2)      # format 1 (applier 0.1) also kept an absolute "path" per file: it is ignored
 PATCH_ID = re.compile(r"(comfyui|torch)/[A-Za-z0-9][A-Za-z0-9._-]*")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -165,3 +170,53 @@ class State:
         writers = [p for _, p in self.in_order()
                    if p.component == component and any(f.relpath == relpath for f in p.files)]
         return writers[-1] if writers else None
+
+
+@dataclass
+class Pending:
+    """The state folder as a command that changes the install found it, read once under the lock (StateStore.open_run):
+    the state it has (while an interrupted run's journal is there, that run's state_after: what finishing it records),
+    and that run: its journal, what it records (heldroot.RunEnds) and its blobs (journal-data/ by name)."""
+    state: State
+    folder: HeldRoot
+    journal: dict | None = None
+    ends: RunEnds | None = None
+    blobs: dict = field(default_factory=dict)
+
+
+def pending_of(opened: Opened, layout: StoreLayout, confinement: Confinement) -> Pending:
+    """The documents open_store read, made values: the state, or an interrupted run's journal (a JSON object of a
+    format this applier reads, with a valid state_after: else StateCorruptError, nothing written; its other fields
+    are journal.py's to check), the state that run records and its blobs."""
+    journal_file, state_file = layout.shown / layout.journal_name, layout.shown / layout.state_name
+    raw = opened.documents.get(layout.journal_name)
+    journal = None if raw is None else parse_json(raw, journal_file)
+    raw = opened.documents.get(layout.state_name) if journal is None else None
+    data, what = (None if raw is None else parse_json(raw, state_file)), f"state file {state_file}"
+    if journal is not None:
+        where = f"journal {journal_file}"
+        hint = "inspect it by hand; the bytes it names are in journal-data/"
+        if not isinstance(journal, dict):
+            raise StateCorruptError(f"{where}: not a JSON object", hint=hint)
+        check_format(where, journal, JOURNAL_FORMATS, hint=hint)
+        if "state_after" not in journal:
+            raise StateCorruptError(f"{where}: 'state_after' is missing", hint=hint)
+        data, what = journal["state_after"], f"{where}: its state_after"
+    state = State.from_json(data, confinement, what=what) if data is not None else State()
+    if journal is None:
+        return Pending(state, opened.folder)
+    ends = RunEnds(opened.folder, layout, dict(opened.roots), state.to_json(), journal.get("manifest_after", KEEP))
+    return Pending(state, opened.folder, journal, ends, opened.blobs)
+
+
+def parse_json(raw: bytes, path: Path):
+    """A document's bytes as JSON (StateCorruptError, exit 7, when they are not)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StateCorruptError(
+            f"{path} is not valid JSON ({exc})",
+            hint=f"inspect or move it aside by hand; original bytes stay in {path.parent / 'backups'}") from exc
+    except RecursionError as exc:
+        raise StateCorruptError(f"{path} is nested too deeply to be a file applier wrote",
+                                hint="inspect or move it aside by hand; nothing was changed") from exc

@@ -23,8 +23,8 @@ from applier.store.paths import real_inside
 MAX_WALK_DEPTH = 64
 MAX_WALK_ENTRIES = 200_000
 
-__all__ = ["MAX_READ_BYTES", "TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "dump_json", "io_failure",
-           "kind_of"]
+__all__ = ["MAX_READ_BYTES", "TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "dump_json",
+           "io_failure", "kind_of"]
 
 
 def sha256_bytes(data: bytes) -> str:

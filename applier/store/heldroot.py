@@ -970,26 +970,32 @@ class StoreLayout:
 
 @dataclass
 class Opened:
-    """The state folder as a command opened it, read once under the lock: its held handle, the documents (bytes;
-    None where absent) and, while a journal is there, every blob of its journal-data/ (a file that is not regular,
-    or too large, is left out: damaged)."""
-    folder: HeldRoot
-    documents: dict
-    blobs: dict
+    """The state folder as a command opened it, read once under the lock: the install's held root and its roots'
+    identities ({path: (device, inode)}: every later write checks them), the folder's held handle (None: absent, not
+    created), the documents (bytes; None where absent) and, while a journal is there, every blob of its
+    journal-data/ (a file that is not regular, or too large, is left out: damaged)."""
+    install: HeldRoot
+    roots: dict
+    folder: HeldRoot | None
+    documents: dict = field(default_factory=dict)
+    blobs: dict = field(default_factory=dict)
 
 
-def open_store(install: HeldRoot, layout: StoreLayout, *, roots: dict, create: bool = True, take_lock=None,
-               read: bool = True) -> Opened | None:
-    """Open the state folder from the install's handle, for a command that may write: the install's roots checked
-    (exit 9), the folder checked (check_store), created 0700 inside the install (never above it: a deleted install
-    is not recreated) with its .gitignore, the lock taken (take_lock(open_lock_file): the caller's context, entered
-    on its own stack; None: the caller holds it already), then, with read, the documents and an interrupted run's
-    blobs read; a journal-data/ without its journal (a run killed before its commit point, no target file touched)
-    is removed. None when the folder does not exist and create is False."""
+def open_store(layout: StoreLayout, *, install: HeldRoot | None, install_root: Path, roots: dict | None,
+               root_paths: list, create: bool = True, take_lock=None, read: bool = True) -> Opened:
+    """Open the state folder for a command that may write: the install's root held (install: held already) and its
+    roots' identities taken (roots: taken already; else those of root_paths), then checked (exit 9), the folder
+    checked (check_store) and created 0700 inside the install (never above it: a deleted install is not recreated)
+    with its .gitignore, the lock taken (take_lock(open_lock_file): the caller's context, entered on its own stack;
+    None: the caller holds it already), then, with read, the documents and an interrupted run's blobs read; a
+    journal-data/ without its journal (a run killed before its commit point, no target file touched) is removed.
+    folder None when it does not exist and create is False."""
+    install = install if install is not None else hold_install(install_root)
+    roots = roots if roots is not None else {path: identity(path) for path in root_paths}
     check_roots(roots)
     folder = check_store(install, layout, create=create)
     if folder is None:
-        return None
+        return Opened(install, roots, None)
     try:
         folder.tighten(0o700)
         folder.create_exclusive(".gitignore", layout.gitignore, mode=0o644)
@@ -998,7 +1004,7 @@ def open_store(install: HeldRoot, layout: StoreLayout, *, roots: dict, create: b
     if take_lock is not None:
         take_lock(lambda: open_lock_file(folder, layout))
     if not read:
-        return Opened(folder, {}, {})
+        return Opened(install, roots, folder)
     documents = {name: read_document(lambda name=name: folder.read(name, limit=layout.document_limit),
                                      layout.shown / name) for name in layout.documents}
     blobs = {}
@@ -1007,7 +1013,15 @@ def open_store(install: HeldRoot, layout: StoreLayout, *, roots: dict, create: b
             blobs = read_blobs(folder, layout)
         elif folder.lstat(layout.data_name) is not None:
             folder.remove_tree(layout.data_name)
-    return Opened(folder, documents, blobs)
+    return Opened(install, roots, folder, documents, blobs)
+
+
+def hold_install(path: Path) -> HeldRoot:
+    """The install's root folder, held (IOFailure, exit 8, when it cannot be opened)."""
+    try:
+        return hold(path)
+    except OSError as exc:
+        raise io_failure(exc, path, "open") from exc
 
 
 def check_store(install: HeldRoot, layout: StoreLayout, *, create: bool = False) -> HeldRoot | None:

@@ -20,16 +20,30 @@ from applier.target import Target
 
 
 class Install:
-    """The target (as detected) and its state store, held for one command. `open_run` takes the lock and finishes
-    any interrupted run; `execute` hands the file operations to the journal in one go."""
+    """The target (as detected) and its state store, held for one command, opened on creation: with `run`, the state
+    folder is opened once (StateStore.open_run: the lock taken and held until close, then the state and any
+    interrupted run read in one pass) and that run finished (journal.finish: planned as data, written by
+    heldroot.carry_out); create=False: only where `.applier/` exists, elsewhere nothing is created and the state is
+    empty (a dry run, a revert with nothing recorded). `execute` hands a run's file operations to the journal in one
+    go. Everything it holds (the lock, the handles) is released by close, in reverse order."""
 
-    def __init__(self, target: Target, confinement: Confinement):
+    def __init__(self, target: Target, confinement: Confinement, *, run: bool = False, create: bool = True):
         self.target = target
         self.store = StateStore(target.state_dir, confinement, install_root=target.root)
-        self.state = State()             # as recorded, once open_run has read it
+        self.state = State()             # as recorded, once the run is open
         self.recovered: str | None = None  # what finishing an interrupted run did, in words
         self.locked = False
         self._held = ExitStack()
+        self._held.callback(self.store.release)
+        try:
+            pending = self.store.open_run(self._held, create=create) if run else None
+            if pending is not None:
+                self.locked = True
+                self.recovered = journal.finish(confinement, pending)
+                self.state = pending.state
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> "Install":
         return self
@@ -38,9 +52,8 @@ class Install:
         self.close()
 
     def close(self) -> None:
-        self._held.close()
         self.locked = False
-        self.store.release()
+        self._held.close()
 
     @property
     def confinement(self) -> Confinement:
@@ -50,24 +63,12 @@ class Install:
     def root(self):
         return self.target.root
 
-    def open_run(self, *, create: bool = True) -> None:
-        """Open the state folder once (StateStore.open_run: the lock taken and held until close, then the state and
-        any interrupted run read in one pass), then finish that run (journal.finish: planned as data, written by
-        heldroot.carry_out). create=False: only where `.applier/` exists; elsewhere nothing is created and the state
-        is empty (a dry run, a revert with nothing recorded)."""
-        pending = self.store.open_run(self._held, create=create)
-        if pending is None:
-            return
-        self.locked = True
-        self.recovered = journal.finish(self.confinement, pending)
-        self.state = pending.state
-
     def execute(self, ops: list[FileOp], new_state: State, description: str, *, manifest_after=KEEP,
                 prune: tuple = (), backups: list[Backup] = ()) -> None:
         """One run: planned whole by the journal, then written by the writer; ops written, new_state (and
         manifest_after, unless KEEP) recorded, the folders of prune removed where the run left them empty; or
-        nothing changed. After open_run."""
-        assert self.locked, "execute() needs the lock open_run takes"
+        nothing changed. On an install opened with run."""
+        assert self.locked, "execute() needs the lock an install opened with run holds"
         ends = self.store.run_ends(new_state, manifest_after)
         run = journal.plan(ends, self.confinement, ops, description, prune=prune, backups=backups)
         heldroot.carry_out(run)
@@ -91,12 +92,10 @@ class Install:
 
 @contextmanager
 def open_install(target: Target, confinement: Confinement, *, run: bool = False, create: bool = True):
-    """The install of target, opened once, closed when the command is done; with `run`, its run opened too
-    (Install.open_run(create=create)): locked, recovered, its state read."""
-    install = Install(target, confinement)
+    """The install of target, opened once (Install: with `run`, locked, recovered, its state read), closed when the
+    command is done."""
+    install = Install(target, confinement, run=run, create=create)
     try:
-        if run:
-            install.open_run(create=create)
         yield install
     finally:
         install.close()

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from applier import __version__
 from applier.errors import StateCorruptError
-from applier.store.applied import SHA256
+from applier.store.applied import JOURNAL_FORMAT, SHA256, Pending
 from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
 from applier.store.heldroot import KEEP, HeldRoot, Run, RunEnds, Sweep, Write, carry_out, temp_files
-from applier.store.state import JOURNAL_FORMAT, Pending, StateStore, private_mode
+from applier.store.state import StateStore, private_mode
 
 
 @dataclass
@@ -100,7 +100,8 @@ def finish(confinement: Confinement, pending: Pending) -> str | None:
     """Finish what the state folder held when the command opened it (Pending): the interrupted run's remaining files
     written (planned here, carried out by the one writer) and the temp files removed. Returns what was done, in
     words, or None when nothing was pending."""
-    done = carry_out(interrupted(confinement, pending))
+    run = interrupted(confinement, pending)
+    done = carry_out(run)
     if pending.journal is None:
         return f"removed {done.swept} temp file(s) left by an interrupted run" if done.swept else None
     extra = f", {done.swept} temp file(s) removed" if done.swept else ""
@@ -115,7 +116,8 @@ def interrupted(confinement: Confinement, pending: Pending) -> Run:
     sweep = sweep_of(confinement, pending.folder)
     if pending.journal is None:
         return Run(None, [], sweep=sweep)
-    entries, prune = read_journal(confinement, pending.journal, pending.ends.layout.shown / pending.ends.layout.journal_name)
+    layout = pending.ends.layout
+    entries, prune = read_journal(confinement, pending.journal, layout.shown / layout.journal_name)
     files = [Write(place, None, None if entry["new_bytes"] is None else pending.blobs.get(entry["new_bytes"]),
                    expect=(entry["old_sha256"], entry["new_sha256"])) for place, entry in entries]
     return Run(pending.ends, files, prune=prune, sweep=sweep)

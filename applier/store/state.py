@@ -19,38 +19,22 @@ install and two installs can never share one state.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from applier.errors import IOFailure, StateCorruptError
 from applier.store import lock
-from applier.store.applied import AppliedFile, AppliedPatch, State, backup_name, check_format, need
+from applier.store.applied import (AppliedFile, AppliedPatch, Pending, State, backup_name, need, parse_json,
+                                  pending_of)
 from applier.store.confine import Confinement, Place
 from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, dump_json,
                                   io_failure)
-from applier.store.heldroot import (KEEP, HeldRoot, Opened, RunEnds, StoreLayout, check_roots, check_store, hold,
+from applier.store.heldroot import (KEEP, HeldRoot, RunEnds, StoreLayout, check_roots, check_store, hold, hold_install,
                                    identity, open_store, read_document)
-
-JOURNAL_FORMAT = 2
-JOURNAL_FORMATS = (1, JOURNAL_FORMAT)    # the journals this applier finishes (1: files named by absolute path)
-
-
-@dataclass
-class Pending:
-    """The state folder as a command that changes the install found it, read once under the lock (open_run): the
-    state it has (while an interrupted run's journal is there, that run's state_after: what finishing it records),
-    and that run: its journal, what it records (heldroot.RunEnds) and its blobs (journal-data/ by name)."""
-    state: State
-    folder: HeldRoot
-    journal: dict | None = None
-    ends: RunEnds | None = None
-    blobs: dict = field(default_factory=dict)
 
 
 class StateStore:
@@ -70,10 +54,7 @@ class StateStore:
         """The install's root folder, held from the first time the store needs it (the command's opening) to
         release."""
         if self._install is None:
-            try:
-                self._install = hold(self.install_root)
-            except OSError as exc:
-                raise io_failure(exc, self.install_root, "open") from exc
+            self._install = hold_install(self.install_root)
         return self._install
 
     @property
@@ -238,7 +219,7 @@ class StateStore:
     def ensure(self) -> None:
         """The state folder exists, 0700 (a looser one is tightened: backups hold the install's files, private ones
         among them), with its .gitignore, and holds no link or special file (exit 7)."""
-        self.adopt(open_store(self.install, self.layout, roots={}, read=False).folder)
+        self.open_run(None, read=False)
 
     def write_gitignore(self) -> None:
         """Create .gitignore once, in one write and without a temp file: it is written before the lock is taken,
@@ -255,22 +236,27 @@ class StateStore:
             self.open_run(stack, reader=reader, timeout=timeout, read=False)
             yield
 
-    def open_run(self, stack: ExitStack, *, create: bool = True, reader: bool = False, timeout: float | None = None,
-                 read: bool = True) -> "Pending | None":
-        """Open the folder for a command that may write (heldroot.open_store): the install's roots checked (exit 9),
-        the folder checked (no link or special file in it: exit 7) and created inside the install, never above it
-        (a deleted install is not recreated), the lock taken (lock.take, held on stack until the command is done),
-        then, with read, the state and an interrupted run read once (Pending). None when create is False and the
-        folder does not exist."""
+    def open_run(self, stack: ExitStack | None, *, create: bool = True, reader: bool = False,
+                 timeout: float | None = None, read: bool = True) -> Pending | None:
+        """Open the folder for a command that may write, in one pass (heldroot.open_store): the install's root held
+        and its roots checked (exit 9), the folder checked (no link or special file in it: exit 7) and created inside
+        the install, never above it (a deleted install is not recreated), the lock taken (lock.take, held on stack
+        until the command is done; stack None: the caller holds it), then, with read, the state and an interrupted
+        run read once (Pending). None when create is False and the folder does not exist, or read is False."""
+        layout, root_paths = self.layout, self.held_roots()
+
         def take_lock(open_fd):
             stack.enter_context(lock.take(open_fd, self.lock_file, reader=reader, timeout=timeout))
 
-        opened = open_store(self.install, self.layout, roots=self.identities, create=create, take_lock=take_lock,
+        opened = open_store(layout, install=self._install, install_root=self.install_root, roots=self._identities,
+                            root_paths=root_paths, create=create, take_lock=take_lock if stack is not None else None,
                             read=read)
-        if opened is None:
+        if self._held is not None and self._held is not opened.folder:
+            self._held.close()
+        self._install, self._identities, self._held = opened.install, opened.roots, opened.folder
+        if opened.folder is None or not read:
             return None
-        self.adopt(opened.folder)
-        return self.pending(opened) if read else None
+        return pending_of(opened, layout, self.confinement)
 
     # -------------------------------------------------------------- one run's files (journal.py says what they hold)
 
@@ -278,32 +264,9 @@ class StateStore:
     def run_data(self) -> Path:
         return self.dir / "journal-data"
 
-    def read_pending(self) -> "Pending":
+    def read_pending(self) -> Pending:
         """The state and an interrupted run, read once (open_run's reading, the caller holding the lock)."""
-        opened = open_store(self.install, self.layout, roots=self.identities)
-        self.adopt(opened.folder)
-        return self.pending(opened)
-
-    def pending(self, opened: Opened) -> "Pending":
-        """The documents as read (Opened) made values: the state, or an interrupted run's journal (a JSON object of
-        a format this applier reads, with a valid state_after: else StateCorruptError, nothing written; its other
-        fields are journal.py's to check), the state that run records and its blobs."""
-        journal = parse_document(opened, self.journal_file)
-        data = parse_document(opened, self.state_file) if journal is None else None
-        if journal is None:
-            return Pending(State.from_json(data, self.confinement, what=f"state file {self.state_file}")
-                           if data is not None else State(), opened.folder)
-        where = f"journal {self.journal_file}"
-        hint = "inspect it by hand; the bytes it names are in journal-data/"
-        if not isinstance(journal, dict):
-            raise StateCorruptError(f"{where}: not a JSON object", hint=hint)
-        check_format(where, journal, JOURNAL_FORMATS, hint=hint)
-        if "state_after" not in journal:
-            raise StateCorruptError(f"{where}: 'state_after' is missing", hint=hint)
-        state = State.from_json(journal["state_after"], self.confinement, what=f"{where}: its state_after")
-        ends = RunEnds(opened.folder, self.layout, dict(self.identities), state.to_json(),
-                       journal.get("manifest_after", KEEP))
-        return Pending(state, opened.folder, journal, ends, opened.blobs)
+        return self.open_run(None)
 
     def run_ends(self, state: State, manifest=KEEP) -> RunEnds:
         """What a run needs of this folder, read once before it is planned (heldroot.RunEnds): the folder ensured
@@ -448,21 +411,3 @@ def read_json(path: Path, *, reader):
     unreadable or not JSON."""
     raw = read_document(reader, path)
     return None if raw is None else parse_json(raw, path)
-
-
-def parse_document(opened: Opened, path: Path):
-    """A document open_store read, parsed (parse_json); None when it was absent."""
-    raw = opened.documents.get(path.name)
-    return None if raw is None else parse_json(raw, path)
-
-
-def parse_json(raw: bytes, path: Path):
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StateCorruptError(
-            f"{path} is not valid JSON ({exc})",
-            hint=f"inspect or move it aside by hand; original bytes stay in {path.parent / 'backups'}") from exc
-    except RecursionError as exc:
-        raise StateCorruptError(f"{path} is nested too deeply to be a file applier wrote",
-                                hint="inspect or move it aside by hand; nothing was changed") from exc
