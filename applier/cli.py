@@ -141,7 +141,7 @@ class Invocation:
             self._catalog = load_catalog(self.patches_dir)
         return self._catalog
 
-    def install(self, overlay=None, *, run: bool = False, create: bool = True):
+    def open_install(self, overlay=None, *, run: bool = False, create: bool = True):
         """The install opened once for this command (a context manager): its held roots, state store, lock and
         journal, confined to what the catalog (and the overlay pack, overlay's folders) may touch. run: a command
         that changes it, whose lock is taken and interrupted run finished on entry (create=False: only where
@@ -431,7 +431,7 @@ def apply(invocation, only, skip, dry_run, fuzz):
     catalog = invocation.catalog
     chosen = select_patches(catalog, tuple(only), tuple(skip))
     explicit = bool(only) and all(o not in COMPONENTS for o in only)
-    with invocation.install(run=True, create=not dry_run) as install:
+    with invocation.open_install(run=True, create=not dry_run) as install:
         result = operations.apply(install, chosen, fuzz=fuzz, dry_run=dry_run, explicit=explicit)
         if not dry_run:
             remember_interpreter(invocation, install)
@@ -518,7 +518,7 @@ def revert(invocation, only, force, dry_run, forget):
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, tuple(only))
-    with invocation.install(run=True, create=False) as install:
+    with invocation.open_install(run=True, create=False) as install:
         if forget:   # its own operation, spelled as revert's adverb on the command line
             result = operations.forget(install, tuple(only), dry_run=dry_run)
         else:
@@ -558,7 +558,7 @@ def accept(invocation, only):
     found = invocation.target()
     catalog = invocation.catalog
     check_known(catalog, tuple(only))
-    with invocation.install(run=True, create=False) as install:
+    with invocation.open_install(run=True, create=False) as install:
         reports = operations.accept(install, catalog, tuple(only))
     if invocation.as_json:
         return out_json({"ok": True, "patches": [{"id": r.id, "files": [vars(f) for f in r.files]}
@@ -579,7 +579,7 @@ def clean(invocation):
     """
     from applier import operations
     found = invocation.target()
-    with invocation.install(run=True, create=False) as install:
+    with invocation.open_install(run=True, create=False) as install:
         result = operations.clean(install)
     if invocation.as_json:
         return out_json({"ok": True, "removed": result.removed, "existed": result.existed, "kept": result.kept})
@@ -736,7 +736,7 @@ def overlay_install(invocation):
     from applier.pack import overlays
     found = invocation.target()
     meta = overlays.read_pack(overlays.OVERLAYS_DIR)
-    with invocation.install(overlays.prefixes(found, meta), run=True) as install:
+    with invocation.open_install(overlays.prefixes(found, meta), run=True) as install:
         result = overlays.install(install, meta=meta)
         remember_interpreter(invocation, install)
     if invocation.as_json:
@@ -757,7 +757,7 @@ def overlay_uninstall(invocation, force):
     """
     from applier.pack import overlays
     found = invocation.target()
-    with invocation.install(overlays.prefixes(found), run=True, create=False) as install:
+    with invocation.open_install(overlays.prefixes(found), run=True, create=False) as install:
         result = overlays.uninstall(install, force=force)
     if invocation.as_json:
         return out_json({"ok": True, "python": str(found.python) if found.python else None, **result})

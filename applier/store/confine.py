@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from applier.errors import IOFailure, StateCorruptError
 from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
-from applier.store.heldroot import HeldRoot, hold
+from applier.store.heldroot import HeldRoot, Sweep, hold
 from applier.store.paths import STATE_DIR_NAME, real_inside
 
 ROOTS = ("comfyui", "site-packages")
@@ -202,6 +202,14 @@ class Confinement:
                 if self.own_folder(base, base.joinpath(*PurePosixPath(prefix).parts)):
                     tops.append(self.place(root, prefix))
         return tops
+
+    def sweep(self, state: HeldRoot | None, *, max_depth: int, max_entries: int) -> Sweep:
+        """Where a killed write can have left a temp file: every folder a catalog patch writes to (listed), the
+        overlay pack's install folders and the state folder (walked)."""
+        walked = [(p.held, p.relpath) for p in self.overlay_top_places()]
+        return Sweep(listed=[(p.held, p.relpath) for p in self.catalog_folder_places()],
+                     walked=walked + ([(state, "")] if state is not None else []), max_depth=max_depth,
+                     max_entries=max_entries)
 
     def own_folder(self, base: Path, folder: Path) -> bool:
         """folder, every link on its way followed, lies inside base and outside the state folder."""

@@ -23,7 +23,7 @@ from applier.errors import StateCorruptError
 from applier.store.applied import JOURNAL_FORMAT, SHA256, Pending
 from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
-from applier.store.heldroot import KEEP, HeldRoot, Run, RunEnds, Sweep, Write, carry_out, temp_files
+from applier.store.heldroot import KEEP, Run, RunEnds, Write, carry_out, temp_files
 from applier.store.state import StateStore, private_mode
 
 
@@ -113,23 +113,15 @@ def interrupted(confinement: Confinement, pending: Pending) -> Run:
     journal-data/ holds and the sha256 it had and will have (the writer writes those still at their old bytes,
     every file checked first), then the run finishes; and, whether a run was pending or not, where temp files are
     swept."""
-    sweep = sweep_of(confinement, pending.folder)
-    if pending.journal is None:
+    journal = pending.journal
+    entries, prune = ([], []) if journal is None else read_journal(
+        confinement, journal, pending.ends.layout.shown / pending.ends.layout.journal_name)
+    sweep = confinement.sweep(pending.folder, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
+    if journal is None:
         return Run(None, [], sweep=sweep)
-    layout = pending.ends.layout
-    entries, prune = read_journal(confinement, pending.journal, layout.shown / layout.journal_name)
     files = [Write(place, None, None if entry["new_bytes"] is None else pending.blobs.get(entry["new_bytes"]),
                    expect=(entry["old_sha256"], entry["new_sha256"])) for place, entry in entries]
     return Run(pending.ends, files, prune=prune, sweep=sweep)
-
-
-def sweep_of(confinement: Confinement, folder: HeldRoot | None) -> Sweep:
-    """Where a killed write can have left a temp file: every folder a catalog patch writes to (listed), the overlay
-    pack's install folders and the state folder (walked)."""
-    walked = [(p.held, p.relpath) for p in confinement.overlay_top_places()]
-    return Sweep(listed=[(p.held, p.relpath) for p in confinement.catalog_folder_places()],
-                 walked=walked + ([(folder, "")] if folder is not None else []),
-                 max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
 
 
 def read_journal(confinement: Confinement, journal, path: Path) -> tuple[list[tuple[Place, dict]], list[Place]]:
@@ -185,7 +177,8 @@ def needs_recovery(store: StateStore) -> bool:
     """A journal is pending, or a killed write left a temp file: a read-only command must recover first."""
     if os.path.lexists(store.journal_file) or os.path.lexists(store.run_data):
         return True
-    return bool(temp_files(sweep_of(store.confinement, store.held())))
+    return bool(temp_files(store.confinement.sweep(store.held(), max_depth=MAX_WALK_DEPTH,
+                                                   max_entries=MAX_WALK_ENTRIES)))
 
 
 def recover_if_pending(store: StateStore) -> str | None:

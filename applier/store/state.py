@@ -269,11 +269,13 @@ class StateStore:
         return self.open_run(None)
 
     def run_ends(self, state: State, manifest=KEEP) -> RunEnds:
-        """What a run needs of this folder, read once before it is planned (heldroot.RunEnds): the folder ensured
-        (created inside the install, 0700, its .gitignore, no link or special file in it: exit 7), its held handle,
-        the install's roots as opened, and the state (and overlay manifest: KEEP, None to remove it) to record."""
-        self.ensure()
-        return RunEnds(self.held(create=True), self.layout, dict(self.identities), state.to_json(), manifest)
+        """What a run needs of this folder, read once before it is planned (heldroot.RunEnds): its held handle, as
+        the command's opening checked it (open_run; ensured here when it was not open: created inside the install,
+        0700, its .gitignore, no link or special file in it, exit 7), the install's roots as opened, and the state
+        (and overlay manifest: KEEP, None to remove it) to record."""
+        if self._held is None:
+            self.ensure()
+        return RunEnds(self._held, self.layout, dict(self.identities), state.to_json(), manifest)
 
     # -------------------------------------------------------------- the install's identity
 
