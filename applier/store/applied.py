@@ -176,18 +176,17 @@ class State:
 class Pending:
     """The state folder as a command that changes the install found it, read once under the lock (StateStore.open_run):
     the state it has (while an interrupted run's journal is there, that run's state_after: what finishing it records),
-    and that run: its journal, what it records (heldroot.RunEnds) and its blobs (journal-data/ by name)."""
+    and that run: its journal and what it records (heldroot.RunEnds)."""
     state: State
     folder: HeldRoot
     journal: dict | None = None
     ends: RunEnds | None = None
-    blobs: dict = field(default_factory=dict)
 
 
 def pending_of(opened: Opened, layout: StoreLayout, confinement: Confinement) -> Pending:
     """The documents open_store read, made values: the state, or an interrupted run's journal (a JSON object of a
     format this applier reads, with a valid state_after: else StateCorruptError, nothing written; its other fields
-    are journal.py's to check), the state that run records and its blobs."""
+    are journal.py's to check) and the state that run records."""
     journal_file, state_file = layout.shown / layout.journal_name, layout.shown / layout.state_name
     raw = opened.documents.get(layout.journal_name)
     journal = None if raw is None else parse_json(raw, journal_file)
@@ -206,7 +205,7 @@ def pending_of(opened: Opened, layout: StoreLayout, confinement: Confinement) ->
     if journal is None:
         return Pending(state, opened.folder)
     ends = RunEnds(opened.folder, layout, dict(opened.roots), state.to_json(), journal.get("manifest_after", KEEP))
-    return Pending(state, opened.folder, journal, ends, opened.blobs)
+    return Pending(state, opened.folder, journal, ends)
 
 
 def parse_json(raw: bytes, path: Path):

@@ -32,7 +32,7 @@ import secrets
 import shutil
 import stat
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
@@ -963,7 +963,6 @@ class StoreLayout:
     manifest_name: str
     documents: tuple            # names read when the folder is opened (the journal among them)
     document_limit: int
-    blob_limit: int
     max_depth: int
     max_entries: int
 
@@ -972,13 +971,11 @@ class StoreLayout:
 class Opened:
     """The state folder as a command opened it, read once under the lock: the install's held root and its roots'
     identities ({path: (device, inode)}: every later write checks them), the folder's held handle (None: absent, not
-    created), the documents (bytes; None where absent) and, while a journal is there, every blob of its
-    journal-data/ (a file that is not regular, or too large, is left out: damaged)."""
+    created) and the documents (bytes; None where absent)."""
     install: HeldRoot
     roots: dict
     folder: HeldRoot | None
     documents: dict = field(default_factory=dict)
-    blobs: dict = field(default_factory=dict)
 
 
 def open_store(layout: StoreLayout, *, install: HeldRoot | None, install_root: Path, roots: dict | None,
@@ -987,7 +984,7 @@ def open_store(layout: StoreLayout, *, install: HeldRoot | None, install_root: P
     roots' identities taken (roots: taken already; else those of root_paths), then checked (exit 9), the folder
     checked (check_store) and created 0700 inside the install (never above it: a deleted install is not recreated)
     with its .gitignore, the lock taken (take_lock(open_lock_file): the caller's context, entered on its own stack;
-    None: the caller holds it already), then, with read, the documents and an interrupted run's blobs read; a
+    None: the caller holds it already), then, with read, the documents read; a
     journal-data/ without its journal (a run killed before its commit point, no target file touched) is removed.
     folder None when it does not exist and create is False."""
     install = install if install is not None else hold_install(install_root)
@@ -1007,13 +1004,11 @@ def open_store(layout: StoreLayout, *, install: HeldRoot | None, install_root: P
         return Opened(install, roots, folder)
     documents = {name: read_document(lambda name=name: folder.read(name, limit=layout.document_limit),
                                      layout.shown / name) for name in layout.documents}
-    blobs = {}
-    with state_folder_refusals():
-        if documents.get(layout.journal_name) is not None:
-            blobs = read_blobs(folder, layout)
-        elif folder.lstat(layout.data_name) is not None:
-            folder.remove_tree(layout.data_name)
-    return Opened(install, roots, folder, documents, blobs)
+    if documents.get(layout.journal_name) is None:
+        with state_folder_refusals():
+            if folder.lstat(layout.data_name) is not None:
+                folder.remove_tree(layout.data_name)
+    return Opened(install, roots, folder, documents)
 
 
 def hold_install(path: Path) -> HeldRoot:
@@ -1098,21 +1093,6 @@ def read_document(read, shown: Path) -> bytes | None:
         raise StateCorruptError(f"cannot read {shown}: {exc.strerror}") from exc
 
 
-def read_blobs(folder: HeldRoot, layout: StoreLayout) -> dict:
-    """Every regular file of journal-data/ within the limit, by name (the journal says which it needs)."""
-    blobs = {}
-    try:
-        names = folder.listdir(layout.data_name)
-    except (FileNotFoundError, NotADirectoryError):
-        return blobs
-    for name in names:
-        try:
-            blobs[name] = folder.read(f"{layout.data_name}/{name}", limit=layout.blob_limit)
-        except (OSError, IOFailure, ValueError):    # special, far too large, unreadable: damaged
-            continue
-    return blobs
-
-
 # ---------------------------------------------------------------------- a run, written through held handles
 # In this order: the originals it replaces (`backups/`) and the bytes every file will have and had (`journal-data/`),
 # then `journal.json` (the commit point), then each target file (temp file + fsync + os.replace), then the folders
@@ -1163,12 +1143,14 @@ class RunEnds:
 @dataclass
 class Write:
     """One target file of a run: its place (a confine.Place) and the bytes it has (None: absent) and will have
-    (None: removed). expect, for a run committed already (recovery): the (old, new) sha256 the journal recorded; the
-    file is written only while it still holds its old bytes."""
+    (None: removed). For a run committed already (recovery): expect, the (old, new) sha256 the journal recorded (the
+    file is written only while it still holds its old bytes), and blob, the name in journal-data/ of its new bytes
+    (read only then)."""
     place: object               # confine.Place
     old: bytes | None
     new: bytes | None
     expect: tuple | None = None
+    blob: str | None = None
 
 
 @dataclass
@@ -1243,7 +1225,7 @@ def still_to_write(run: Run) -> list[Write]:
     files = []
     for write in run.files:
         old_sha, new_sha = write.expect
-        current = current_sha(write.place)
+        current = write.place.sha256()
         if current == new_sha:
             continue
         if current != old_sha:
@@ -1251,24 +1233,20 @@ def still_to_write(run: Run) -> list[Write]:
                 f"interrupted run: {write.place} holds neither its old nor its new bytes (sha256 {current})",
                 hint=f"someone changed it meanwhile; compare with {data} and fix by hand, "
                      f"then remove {run.ends.layout.shown / run.ends.layout.journal_name}")
-        if (None if write.new is None else hashlib.sha256(write.new).hexdigest()) != new_sha:
+        new = write.new if write.blob is None else read_blob(run.ends, write.blob)
+        if (None if new is None else hashlib.sha256(new).hexdigest()) != new_sha:
             raise StateCorruptError(f"journal data for {write.place} is missing or damaged",
                                     hint=f"see {run.ends.layout.shown / run.ends.layout.journal_name}")
-        files.append(write)
+        files.append(replace(write, new=new))
     return files
 
 
-def current_sha(place) -> str | None:
-    """The sha256 of the bytes a Place holds now, None when it does not exist (IOFailure when it cannot be read)."""
+def read_blob(ends: RunEnds, name: str) -> bytes | None:
+    """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
     try:
-        data = place.held.read(place.relpath, limit=MAX_READ_BYTES)
-    except (FileNotFoundError, NotADirectoryError):
+        return ends.folder.read(f"{ends.layout.data_name}/{name}", limit=MAX_READ_BYTES)
+    except (OSError, IOFailure, ValueError):   # gone, special, far too large, a name no file can have: damaged
         return None
-    except IOFailure:
-        raise
-    except OSError as exc:
-        raise io_failure(exc, place.held.display(place.relpath), "read") from exc
-    return hashlib.sha256(data).hexdigest()
 
 
 def temp_files(sweep: Sweep | None) -> list[tuple[HeldRoot, str]]:

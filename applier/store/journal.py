@@ -109,9 +109,9 @@ def finish(confinement: Confinement, pending: Pending) -> str | None:
 
 
 def interrupted(confinement: Confinement, pending: Pending) -> Run:
-    """The rest of an interrupted run, committed already, as data: each file of the journal with the bytes its
-    journal-data/ holds and the sha256 it had and will have (the writer writes those still at their old bytes,
-    every file checked first), then the run finishes; and, whether a run was pending or not, where temp files are
+    """The rest of an interrupted run, committed already, as data: each file of the journal with the sha256 it had
+    and will have and the journal-data/ blob of its new bytes (the writer writes those still at their old bytes,
+    every file checked first, reading only their blobs), then the run finishes; and, whether a run was pending or not, where temp files are
     swept."""
     journal = pending.journal
     entries, prune = ([], []) if journal is None else read_journal(
@@ -119,8 +119,8 @@ def interrupted(confinement: Confinement, pending: Pending) -> Run:
     sweep = confinement.sweep(pending.folder, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
     if journal is None:
         return Run(None, [], sweep=sweep)
-    files = [Write(place, None, None if entry["new_bytes"] is None else pending.blobs.get(entry["new_bytes"]),
-                   expect=(entry["old_sha256"], entry["new_sha256"])) for place, entry in entries]
+    files = [Write(place, None, None, expect=(entry["old_sha256"], entry["new_sha256"]), blob=entry["new_bytes"])
+             for place, entry in entries]
     return Run(pending.ends, files, prune=prune, sweep=sweep)
 
 

@@ -107,8 +107,8 @@ class StateStore:
         if folder is not None:
             self.adopt(folder)
 
-    def adopt(self, folder: HeldRoot) -> None:
-        """The state folder's handle from now on (one opened and checked just now)."""
+    def adopt(self, folder: HeldRoot | None) -> None:
+        """The state folder's handle from now on (one opened and checked just now; None: the folder is absent)."""
         if self._held is not None and self._held is not folder:
             self._held.close()
         self._held = folder
@@ -119,7 +119,7 @@ class StateStore:
                            journal_name=self.journal_file.name, data_name=self.run_data.name,
                            state_name=self.state_file.name, manifest_name=self.overlay_manifest.name,
                            documents=(self.journal_file.name, self.state_file.name), document_limit=MAX_JSON_BYTES,
-                           blob_limit=MAX_READ_BYTES, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
+                           max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
 
     def guard(self, path: Path) -> str:
         """The path of `path` relative to the state folder (the form every operation on it takes), once it is
@@ -251,9 +251,8 @@ class StateStore:
         opened = open_store(layout, install=self._install, install_root=self.install_root, roots=self._identities,
                             root_paths=root_paths, create=create, take_lock=take_lock if stack is not None else None,
                             read=read)
-        if self._held is not None and self._held is not opened.folder:
-            self._held.close()
-        self._install, self._identities, self._held = opened.install, opened.roots, opened.folder
+        self._install, self._identities = opened.install, opened.roots
+        self.adopt(opened.folder)
         if opened.folder is None or not read:
             return None
         return pending_of(opened, layout, self.confinement)
