@@ -44,6 +44,12 @@ SAME_AS = {"overlay_fp8_alongside": "overlay_fp8", "overlay_all_fp8_alongside": 
 CURVE_FROM = (("flux-dev", "2048x2048"), ("flux-dev", "4096x4096"))
 PROBE_SHAPE = re.compile(r"attention \(\(1, (\d+), (\d+), (\d+)\), \(1, \1, \2, \3\)")
 BACKEND_MS = {"flash": "SDPBackend.FLASH_ATTENTION", "cudnn": "SDPBackend.CUDNN_ATTENTION"}
+# the GPU applier/data/efficiency.toml is fitted on; a run of another (its `gpu`) is neither fitted nor predicted
+CALIBRATED_GPU = "NVIDIA H200"
+
+
+def on_calibrated_gpu(run: dict) -> bool:
+    return run.get("gpu", CALIBRATED_GPU) == CALIBRATED_GPU
 
 
 def load(name: str) -> dict:
@@ -126,7 +132,7 @@ def attention_curve(generation: dict, peak_bf16: float) -> dict:
     for model, resolution in CURVE_FROM:
         timings: dict = {}
         for index, run in enumerate(generation["runs"]):
-            if (run["model"], run["resolution"]) != (model, resolution):
+            if (run["model"], run["resolution"]) != (model, resolution) or not on_calibrated_gpu(run):
                 continue
             for heads, tokens, dim, backend, ms in probe_ms(run):
                 timings.setdefault((backend, tokens, heads, dim), []).append((index, ms))
@@ -222,6 +228,10 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
             key = f"{name}: runs[{index}]"
             config = SAME_AS.get(run.get("config"), run.get("config"))
             if run.get("s_per_step") is None:
+                continue
+            if not on_calibrated_gpu(run):
+                skipped.append({"results_key": key, "config": run.get("config"),
+                                "why": f"measured on the {run['gpu']}; the budget's figures are the {CALIBRATED_GPU}'s"})
                 continue
             if config not in budget.CONFIGS or run.get("weights") != "bf16":
                 skipped.append({"results_key": key, "config": run.get("config"),

@@ -388,7 +388,8 @@ def dynamo_counters() -> dict:
 
 
 class CapturedLog(logging.Handler):
-    """The fused_dit logger's distinct messages during one run (which backend each op took, why FP8 declined)."""
+    """The fused_dit logger's distinct messages during one run, DEBUG included (the node's per-shape attention
+    choices and why FP8 declined are DEBUG lines since its log became one INFO line per model)."""
 
     LIMIT = 30
 
@@ -398,7 +399,7 @@ class CapturedLog(logging.Handler):
         self.logger = logging.getLogger("fused_dit")
         self.previous_level = self.logger.level
         self.logger.addHandler(self)
-        self.logger.setLevel(logging.INFO)
+        self.logger.setLevel(logging.DEBUG)
 
     def emit(self, record):
         message = record.getMessage()
@@ -455,15 +456,16 @@ def is_reference(run: dict) -> bool:
 
 
 def run_key(run: dict) -> tuple:
+    """A run of another GPU is another run: an H100 call never replaces an H200 row of the same config."""
     return (run.get("comfyui_version"), run["model"], run["resolution"], run["weights"], run["config"],
-            model_mode(run), run.get("weights_loaded", WEIGHTS_LOADED[False]), run.get("vram_mode"))
+            model_mode(run), run.get("weights_loaded", WEIGHTS_LOADED[False]), run.get("vram_mode"), run.get("gpu"))
 
 
 def reference_group(run: dict) -> tuple:
     """What a run's speedup is taken against: the stock run of the same release, model, resolution, way of
-    loading the weights and VRAM mode (DynamicVRAM and --disable-dynamic-vram are two different stocks)."""
+    loading the weights, VRAM mode (DynamicVRAM and --disable-dynamic-vram are two different stocks) and GPU."""
     return (run.get("comfyui_version"), run["model"], run["resolution"],
-            run.get("weights_loaded", WEIGHTS_LOADED[False]), run.get("vram_mode"))
+            run.get("weights_loaded", WEIGHTS_LOADED[False]), run.get("vram_mode"), run.get("gpu"))
 
 
 def combine(reports: list[dict]) -> dict:
@@ -474,10 +476,12 @@ def combine(reports: list[dict]) -> dict:
     combined = dict(reports[-1])
     runs: dict = {}          # run key -> (run, its own call's stock or None, keeps the speedup it has)
     for report in reports:
-        version = ((report.get("environment") or {}).get("comfyui") or {}).get("comfyui_version")
+        environment = report.get("environment") or {}
+        version = (environment.get("comfyui") or {}).get("comfyui_version")
         normalised = [{**run, "model_mode": model_mode(run)} for run in report["runs"]]
         for run in normalised:
             run.setdefault("comfyui_version", version)
+            run.setdefault("gpu", environment.get("gpu"))
         own_stock = {reference_group(r): r for r in normalised if is_reference(r) and r.get("s_per_step")}
         for run in normalised:
             kept = "calls" in report and (run.get("speedup_reference") or run.get("speedup_vs_stock") is not None)

@@ -331,7 +331,10 @@ def header(data) -> dict:
     env = data.get("environment") if isinstance(data.get("environment"), dict) else {}
     pick = lambda *keys: next((src[k] for src in (data, env) for k in keys if src.get(k)), None)  # noqa: E731
     script = pick("script")
-    return {"date": pick("date", "generated", "started"), "gpu": pick("gpu"), "command": pick("command"),
+    runs = data.get("runs") if isinstance(data.get("runs"), list) else []
+    gpus = sorted({run["gpu"] for run in runs if isinstance(run, dict) and run.get("gpu")})
+    gpu = ", ".join(gpus) if len(gpus) > 1 else pick("gpu")      # a combined file of calls on several GPUs
+    return {"date": pick("date", "generated", "started"), "gpu": gpu, "command": pick("command"),
             "script": f"python {script}" if script else None, "what": pick("what", "about", "description", "note")}
 
 

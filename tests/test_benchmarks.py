@@ -355,6 +355,20 @@ def test_a_speedup_is_against_the_stock_of_its_own_call():
     assert speedups == {"stock": 1.0, "overlay_all": 2.0, "overlay_fp8": 0.5}
 
 
+def test_a_call_on_another_gpu_adds_its_runs_beside_and_never_replaces_or_prices_them():
+    def run(config, s):
+        return {"model": "flux-dev", "resolution": "4096x4096", "weights": "bf16", "config": config,
+                "model_mode": "as loaded", "s_per_step": s, "comfyui_version": "0.33.0"}
+    h200 = {"environment": {"gpu": "NVIDIA H200"}, "runs": [run("stock", 10.0), run("node_defaults", 5.0)]}
+    h100 = {"environment": {"gpu": "NVIDIA H100 80GB HBM3"}, "runs": [run("stock", 12.0), run("node_defaults", 8.0)]}
+    runs = generation.combine([h200, h100])["runs"]
+    assert {(r["gpu"], r["config"]): r["speedup_vs_stock"] for r in runs} == {
+        ("NVIDIA H200", "stock"): 1.0, ("NVIDIA H200", "node_defaults"): 2.0,
+        ("NVIDIA H100 80GB HBM3", "stock"): 1.0, ("NVIDIA H100 80GB HBM3", "node_defaults"): 1.5}
+    from benchmarks import budget as budget_check
+    assert [budget_check.on_calibrated_gpu(r) for r in runs] == [True, True, False, False]
+
+
 def test_the_shipped_mixed_precision_fp8_eras_are_the_ones_fp8_eras_json_verified():
     seam = json.loads((REPO / "overlays" / "fused_dit" / "variants.json").read_text())["variants"]["linear_fp8_seam"]
     trees = json.loads((RESULTS / "fp8-eras.json").read_text())["trees"]

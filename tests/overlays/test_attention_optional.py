@@ -160,17 +160,20 @@ def qkv(skip_reshape: bool):
     return (q, k, v) if skip_reshape else tuple(attention_fp8._output(t, False) for t in (q, k, v))
 
 
-@pytest.mark.parametrize("skip_reshape", [True, False])
-def test_flashattention_4_is_timed_and_runs_where_exact_and_fastest(monkeypatch, skip_reshape):
+@pytest.mark.parametrize("skip_reshape, heads_by_name", [(True, False), (False, False), (False, True)])
+def test_flashattention_4_is_timed_and_runs_where_exact_and_fastest(monkeypatch, skip_reshape, heads_by_name):
+    """Flux passes heads by position; Wan (0.33.0's WanSelfAttention) passes `heads=`: both reach FlashAttention-4."""
     fake_fa4(monkeypatch)
     override = exact_override({"flash": 3.0, "cudnn": 3.0, "fa4": 1.0})
-    args = (*qkv(skip_reshape), HEADS)
+    args, kwargs = (*qkv(skip_reshape), HEADS), {"skip_reshape": skip_reshape}
+    if heads_by_name:
+        args, kwargs = args[:3], {**kwargs, "heads": HEADS}
     ran_first.clear()
-    stock = attention_pytorch(*args, skip_reshape=skip_reshape)
-    out = override(attention_pytorch, *args, skip_reshape=skip_reshape)
+    stock = attention_pytorch(*args, **kwargs)
+    out = override(attention_pytorch, *args, **kwargs)
     assert list(override.choices.values()) == [attention_optional.FA4]
     ran_first.clear()
-    again = override(attention_pytorch, *args, skip_reshape=skip_reshape)
+    again = override(attention_pytorch, *args, **kwargs)
     assert ran_first == ["fa4"] and again.shape == stock.shape
     assert torch.allclose(again.float(), stock.float(), atol=1e-2) and torch.equal(out, again)
 

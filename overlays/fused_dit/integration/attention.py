@@ -113,7 +113,7 @@ class FastestSdpa:
         if backend is None:
             return func(*args, **kwargs)
         if backend == optional.FA4:
-            return optional.fa4_call(self.fa4, *args[:4], kwargs)
+            return optional.fa4_call(self.fa4, *_qkv_heads(args, kwargs))
         with first_in_priority(ops_module, backend):
             return func(*args, **kwargs)
 
@@ -154,22 +154,32 @@ class FastestSdpa:
         attend = optional.fa4()
         if attend is None:
             return None
-        why = optional.fa4_refusal(*args[:4], kwargs) if len(args) >= 4 else "a call without its heads argument"
+        call = _qkv_heads(args, kwargs)
+        why = optional.fa4_refusal(*call) if None not in call[:4] else "a call without q, k, v and heads"
         if why is not None:
             timings[optional.FA4] = f"refuses {why}"
             return None
         try:
-            out = optional.fa4_call(attend, *args[:4], kwargs)
+            out = optional.fa4_call(attend, *call)
             if out.shape != stock.shape or float((out.float() - stock.float()).abs().max()) > TOLERANCE * scale:
                 timings[optional.FA4] = "not exact"
                 return None
-            ms = self.timer(lambda: optional.fa4_call(attend, *args[:4], kwargs))
+            ms = self.timer(lambda: optional.fa4_call(attend, *call))
         except Exception as exc:              # a shape or GPU it does not build for
             timings[optional.FA4] = f"unavailable ({type(exc).__name__})"
             return None
         self.fa4 = attend
         timings[optional.FA4] = ms
         return ms
+
+
+def _qkv_heads(args: tuple, kwargs: dict) -> tuple:
+    """(q, k, v, heads, the other keywords) of an attention_pytorch call: Flux passes heads by position, Wan and
+    most others as `heads=`."""
+    rest = {name: value for name, value in kwargs.items() if name != "heads"}
+    heads = args[3] if len(args) > 3 else kwargs.get("heads")
+    q, k, v = (tuple(args[:3]) + (None, None, None))[:3]
+    return q, k, v, heads, rest
 
 
 def release_order() -> list[str] | None:
