@@ -12,9 +12,11 @@ imports either package before that lookup.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import logging
+import warnings
 
 from .. import state
 
@@ -67,6 +69,16 @@ def fa4():
     except Exception as exc:
         _absent(FA4, f"flash_attn.cute does not import: {type(exc).__name__}")
         return None
+
+
+@contextlib.contextmanager
+def quiet_compile():
+    """FlashAttention-4 compiles a shape at its first call, and NVIDIA's CUTLASS DSL then warns, once per shape, of an
+    argument it cannot pass ("aux_data ... cannot be converted to a JitArgument"): a UserWarning in the user's console
+    about the package's own code. Silenced for the calls that compile and time a shape, nothing else."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"cutlass(\.|$)")
+        yield
 
 
 def fa4_refusal(q, k, v, heads, kwargs: dict) -> str | None:
