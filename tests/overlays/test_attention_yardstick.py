@@ -114,11 +114,13 @@ def test_where_a_band_lists_the_kernel_and_its_error_is_within_it_runs(table, mo
 def test_where_the_kernels_error_on_the_call_is_beyond_the_band_exact_runs_and_it_is_said_once(table, monkeypatch,
                                                                                                  caplog):
     table({"flux-like": (TOKENS, D, errors((0.04, 0.05), (0.01, 0.04), (0.06, 0.3)))})
-    with caplog.at_level("INFO", logger="fused_dit"):
+    with caplog.at_level("DEBUG", logger="fused_dit"):
         assert Candidates(monkeypatch, kernel_error=0.2).choose() == attention_fp8.EXACT
-    said = [r.getMessage() for r in caplog.records if "attention fp8 for" in r.getMessage()]
-    assert len(said) == 1 and "beyond SageAttention 2's" in said[0]
-    assert "attention-kernels-test.json: shapes.flux-like" in said[0]
+    said = [r for r in caplog.records if "attention fp8 for" in r.getMessage()]
+    assert [r.levelname for r in said] == ["INFO", "DEBUG"]
+    assert attention_fp8.NO_LOSSY_WIN in said[0].getMessage()
+    assert "beyond SageAttention 2's" in said[1].getMessage()
+    assert "attention-kernels-test.json: shapes.flux-like" in said[1].getMessage()
 
 
 def test_where_a_band_does_not_list_the_kernel_exact_runs_however_small_its_error_on_the_call(table, monkeypatch):
