@@ -45,4 +45,5 @@ def install_for(target: Target, catalog: list[Patch] | None = None, overlay: Ove
                 run: bool = False, create: bool = True):
     """The target's install opened once (a context manager), confined by confinement_for(target, catalog, overlay);
     with `run`, locked, recovered and its state read (open_install)."""
-    return open_install(target, confinement_for(target, catalog, overlay), run=run, create=create)
+    confinement = confinement_for(target, catalog, overlay)
+    return open_install(target, confinement, run=run, create=create)
