@@ -984,8 +984,8 @@ def open_store(layout: StoreLayout, *, install: HeldRoot | None, install_root: P
     roots' identities taken (roots: taken already; else those of root_paths), then checked (exit 9), the folder
     checked (check_store) and created 0700 inside the install (never above it: a deleted install is not recreated)
     with its .gitignore, the lock taken (take_lock(open_lock_file): the caller's context, entered on its own stack;
-    None: the caller holds it already), then, with read, the documents read; a
-    journal-data/ without its journal (a run killed before its commit point, no target file touched) is removed.
+    None: the caller holds it already), then, with read, the documents read; a journal-data/ without its journal (a
+    run killed before its commit point, no target file touched) is removed.
     folder None when it does not exist and create is False."""
     install = install if install is not None else hold_install(install_root)
     roots = roots if roots is not None else {path: identity(path) for path in root_paths}

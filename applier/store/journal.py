@@ -111,8 +111,8 @@ def finish(confinement: Confinement, pending: Pending) -> str | None:
 def interrupted(confinement: Confinement, pending: Pending) -> Run:
     """The rest of an interrupted run, committed already, as data: each file of the journal with the sha256 it had
     and will have and the journal-data/ blob of its new bytes (the writer writes those still at their old bytes,
-    every file checked first, reading only their blobs), then the run finishes; and, whether a run was pending or not, where temp files are
-    swept."""
+    every file checked first, reading only their blobs), then the run finishes; and, whether a run was pending or
+    not, where temp files are swept."""
     journal = pending.journal
     entries, prune = ([], []) if journal is None else read_journal(
         confinement, journal, pending.ends.layout.shown / pending.ends.layout.journal_name)

@@ -175,12 +175,10 @@ class FastestSdpa:
 
 
 def _qkv_heads(args: tuple, kwargs: dict) -> tuple:
-    """(q, k, v, heads, the other keywords) of an attention_pytorch call: Flux passes heads by position, Wan and
-    most others as `heads=`."""
-    rest = {name: value for name, value in kwargs.items() if name != "heads"}
-    heads = args[3] if len(args) > 3 else kwargs.get("heads")
-    q, k, v = (tuple(args[:3]) + (None, None, None))[:3]
-    return q, k, v, heads, rest
+    """(q, k, v, heads, kwargs) of an attention_pytorch call (None for what it lacks): Flux passes heads by position,
+    Wan and most others as `heads=`."""
+    q, k, v = (*args[:3], None, None, None)[:3]
+    return q, k, v, args[3] if len(args) > 3 else kwargs.get("heads"), kwargs
 
 
 def release_order() -> list[str] | None:
