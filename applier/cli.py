@@ -819,6 +819,8 @@ def overlay_export(invocation, folder, publisher, repository):
     result = export(folder, publisher=publisher, repository=repository)
     if invocation.as_json:
         return out_json({"ok": True, **result})
+    if result["recovered"]:
+        click.echo(f"removed {result['recovered']}, an interrupted export's partial copy")
     click.echo(f"wrote {result['name']} {result['version']} ({len(result['files'])} files) to {result['folder']}")
     for rel in result["removed"]:
         click.echo(f"    removed {rel} (no longer in the pack)")

@@ -28,7 +28,9 @@ NO_COLOR = "NO_COLOR"
 
 # the failpoints applier/store/failpoints.py defines, named here so that this leaf module reads the store's kill
 # switch without importing the store (the store reads its settings from here)
-FAILPOINT_NAMES = ("after-backups", "after-journal", "after-first-file", "after-files", "after-state")
+RUN_FAILPOINTS = ("after-backups", "after-journal", "after-first-file", "after-files", "after-state")
+EXPORT_FAILPOINTS = ("export-staged", "export-file-moved")     # `overlay export` (store/staged.py)
+FAILPOINT_NAMES = RUN_FAILPOINTS + EXPORT_FAILPOINTS
 
 MAX_LOCK_WAIT_S = 24 * 3600.0      # a lock nobody releases within a day is not worth waiting for
 

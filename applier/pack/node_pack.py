@@ -23,6 +23,7 @@ from applier.errors import ApplierError, RefusedError
 from applier.resources import OVERLAYS_DIR
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, read_inside_or_none
 from applier.store.heldroot import hold
+from applier.store.staged import write_folder
 from applier.strenum import StrEnum
 
 if sys.version_info >= (3, 11):
@@ -107,7 +108,9 @@ def fill_registry_fields(text: str, **values: str | None) -> str:
 def export(dest: Path, pack_dir: Path = OVERLAYS_DIR, *, publisher: str | None = None,
            repository: str | None = None) -> dict:
     """Write the standalone node folder to dest: a new or empty folder, or an earlier export of this pack (a clone
-    of the pack's repository: its .git and any file not of the pack stay; package files the pack no longer has go)."""
+    of the pack's repository: its .git and any file not of the pack stay; package files the pack no longer has go).
+    All or nothing (store/staged.py): written beside dest first, then moved into place; a failure leaves dest as
+    it was, and the staging folder an interrupted export left is removed by the next one."""
     dest = Path(dest)
     meta = read_pack(pack_dir)
     name = registry_metadata(pack_dir)["project"]["name"]
@@ -119,27 +122,28 @@ def export(dest: Path, pack_dir: Path = OVERLAYS_DIR, *, publisher: str | None =
                                                 repository=repository).encode("utf-8")
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise RefusedError(f"{dest} is not a folder", hint="name a new folder")
-    if dest.is_dir() and any(dest.iterdir()) and registry_name(dest / REGISTRY_FILE) != name.lower():
+    earlier = dest.is_dir() and any(dest.iterdir())
+    if earlier and registry_name(dest / REGISTRY_FILE) != name.lower():
         raise RefusedError(f"{dest} holds other files and no earlier export of {name}",
                            hint="name a new or empty folder (or a clone of the pack's repository)")
-    dest.mkdir(parents=True, exist_ok=True)
-    held = hold(dest)       # every write below dest walks from it: a link in an earlier clone never leads out
-    removed = []
+    removed = stale_package_files(dest, meta["package"], files) if earlier else []
+    written = write_folder(dest, files, remove=tuple(removed), mode=0o644)
+    return {"folder": str(dest), "name": name, "version": meta["version"], "files": sorted(files),
+            "removed": removed, "recovered": str(written.staging) if written.recovered else None}
+
+
+def stale_package_files(dest: Path, package: str, files: dict[str, bytes]) -> list[str]:
+    """The package files of an earlier export that the pack no longer has (bytecode and __pycache__ aside), found
+    by a walk from dest's held handle (a link in an earlier clone never leads out)."""
+    held = hold(dest)
     try:
-        for where, entries in held.walk(meta["package"], max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES):
-            if "__pycache__" in where.split("/"):
-                continue
-            for entry, st in entries:
-                rel = f"{where}/{entry}"
-                if stat.S_ISREG(st.st_mode) and not entry.endswith((".pyc", ".pyo")) and rel not in files:
-                    held.remove(rel, follow_last=False)
-                    removed.append(rel)
-        for rel, data in files.items():
-            held.write(rel, data, mode=0o644)
+        return [f"{where}/{entry}"
+                for where, entries in held.walk(package, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
+                if "__pycache__" not in where.split("/") for entry, st in entries
+                if stat.S_ISREG(st.st_mode) and not entry.endswith((".pyc", ".pyo"))
+                and f"{where}/{entry}" not in files]
     finally:
         held.close()
-    return {"folder": str(dest), "name": name, "version": meta["version"], "files": sorted(files),
-            "removed": removed}
 
 
 def registry_name(path: Path, top: Path | None = None) -> str | None:

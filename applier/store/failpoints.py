@@ -10,12 +10,16 @@ deterministically, where a real attacker would need to win a race. Failpoint nam
     after-first-file   the first target file replaced
     after-files        every target file replaced, state not yet written
     after-state        state written, journal not yet removed
+and, of `overlay export` (EXPORT_NAMES):
+    export-staged      every file in the staging folder, nothing moved into place yet
+    export-file-moved  into an earlier export: after each file renamed into place
 """
 from __future__ import annotations
 
 import os
 
-from applier.settings import FAILPOINT_NAMES as NAMES
+from applier.settings import EXPORT_FAILPOINTS as EXPORT_NAMES
+from applier.settings import RUN_FAILPOINTS as NAMES
 
 EXIT_CODE = 77
 
@@ -26,6 +30,6 @@ HOOKS: dict = {}       # {hook name: callable}; empty outside tests
 
 
 def failpoint(name: str) -> None:
-    assert name in NAMES, name
+    assert name in NAMES or name in EXPORT_NAMES, name
     if os.environ.get("APPLIER_FAILPOINT") == name:
         os._exit(EXIT_CODE)

@@ -102,10 +102,11 @@ def run(*args, env: dict | None = None, timeout: float = 120, **popen) -> Outcom
 REAL_FSYNC = os.fsync     # the suite's conftest turns fsync off in this process; forked runs get it back
 
 
-def fork_cli(*args, env: dict | None = None, output: Path | None = None) -> int:
+def fork_cli(*args, env: dict | None = None, output: Path | None = None, before=None) -> int:
     """Run the CLI in a forked child of this process (its own process, killable like any other, without the
     0.3 s of interpreter start-up and imports a fresh `python -m applier` spends before the first write).
-    Returns the child's pid; its stdout and stderr go to `output` (default: nowhere)."""
+    Returns the child's pid; its stdout and stderr go to `output` (default: nowhere); before() runs in the child
+    first (a limit to set)."""
     args = [str(a) for a in args]
     pid = os.fork()
     if pid:
@@ -119,6 +120,8 @@ def fork_cli(*args, env: dict | None = None, output: Path | None = None) -> int:
         sys.stdout = sys.stderr = open(fd, "w", buffering=1, closefd=False)
         os.environ.pop("APPLIER_FAILPOINT", None)
         os.environ.update({"APPLIER_NO_GPU_PROBE": "1", **(env or {})})
+        if before is not None:
+            before()
         from applier.cli import cli as group
         try:
             group.main(args, prog_name="applier", standalone_mode=True)
