@@ -59,6 +59,8 @@ def exit_past_inspect(code) -> None:
     os._exit(code or 0)
 
 
+UNFORESEEN_IO_HINT = ("applier stopped there; a run it had started is finished or rolled back by the next applier "
+                      "command on the install, once the cause (permissions, free space) is fixed")
 INTERRUPTED_HINT = ("a run cut short is finished or rolled back by the next applier command on this install (its "
                     "journal says what was in flight)")
 
@@ -90,7 +92,8 @@ class ApplierGroup(click.Group):
         except BrokenPipeError:
             quiet_broken_pipe()
         except OSError as exc:  # the file system refused something no check foresaw: still a message, exit 8
-            failure = io_failure(exc, Path(exc.filename) if exc.filename else Path("?"), "access")
+            failure = io_failure(exc, Path(exc.filename) if exc.filename else Path("a file"), "access",
+                                 hint=UNFORESEEN_IO_HINT)
             emit_error(ctx, failure.message, failure.hint, failure.exit_code, "IOFailure")
         except Exception as exc:  # a bug: say so plainly, keep the traceback for a report
             import traceback

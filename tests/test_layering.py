@@ -175,3 +175,17 @@ def test_nothing_below_the_cli_prints():
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
                 assert name not in ("print", "echo", "secho"), f"{path.name}:{node.lineno} prints"
+
+
+def test_a_packages_init_hands_names_on():
+    """A package's __init__.py defines nothing and holds at most 60 lines of code: the code lives in named modules."""
+    for init in PACKAGE.rglob("__init__.py"):
+        if "_data" in init.parts:
+            continue
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        defined = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+        assert defined == [], f"{init.relative_to(PACKAGE)} defines {defined}"
+        docstring = tree.body[0].end_lineno if tree.body and isinstance(tree.body[0], ast.Expr) else 0
+        code = [line for line in init.read_text(encoding="utf-8").splitlines()[docstring:]
+                if line.strip() and not line.strip().startswith("#")]
+        assert len(code) <= 60, f"{init.relative_to(PACKAGE)}: {len(code)} lines of code"

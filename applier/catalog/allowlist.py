@@ -2,8 +2,8 @@
 pack, and the target's StateStore built on it. Confinement (below) is given this list; it never looks it up."""
 from __future__ import annotations
 
-from applier.catalog import Patch
 from applier.catalog.packmeta import pack_prefixes
+from applier.catalog.patch import Patch
 from applier.catalog.planner import load_file_patches
 from applier.errors import ApplierError
 from applier.store.confine import ROOTS, COMPONENT_ROOT, Confinement, OverlayPrefixes

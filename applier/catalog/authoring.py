@@ -6,7 +6,8 @@ import re
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from applier import diffengine
-from applier.catalog import Patch, load_patch
+from applier.catalog.patch import Patch
+from applier.catalog.patch_toml import load_patch
 from applier.errors import RefusedError
 from applier.store.fsutil import atomic_write
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from applier import diffengine
-from applier.catalog import Patch, Variant
+from applier.catalog.patch import Patch, Variant
 from applier.catalog.planner import load_file_patches
 from applier.diffengine import HunkState
 from applier.errors import ApplierError

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier import diffengine
-from applier.catalog import FORMAT_DOC, Patch, Variant
+from applier.catalog.patch import FORMAT_DOC, Patch, Variant
 from applier.diffengine import FilePatch, FilePlan, HunkState
 from applier.errors import ApplierError, HunkConflict, NoVariantError, RefusedError, UnsafePathError
 from applier.store.fsutil import read_inside_or_none
