@@ -12,8 +12,10 @@ Exit codes (documented in README.md, stable):
     7  the state folder is corrupt, of an unknown format or a newer applier's (the message names the version that
        wrote it), holds a link or a special file, or a tree deeper or
        larger than any applier makes
-    8  I/O: permission denied, disk full, a file that cannot be read or written; a link leading out of the
-       install met at a write (the run's files are rolled back first)
+    8  I/O: permission denied (anywhere, the state folder's own files included), disk full, a file that cannot be
+       read or written; a link leading out of the install met at a write (the run's files are rolled back first).
+       The message says what is on disk: "nothing was changed" only where that is so, else what was done and what
+       the next command finishes
     9  bad target: the folder does not exist or holds nothing applier recognises; --target names a file, or a
        folder holding several ComfyUI installs; the interpreter given with --python does not exist, is a folder,
        or is not a usable Python interpreter (it could not start, timed out, printed too much, printed bytes that

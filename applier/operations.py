@@ -13,10 +13,10 @@ from applier import __version__, diffengine
 from applier.catalog import Patch
 from applier.catalog.planner import PatchPlan, PlanAction, load_file_patches, plan_apply, stale_advice
 from applier.diffengine import HunkState
-from applier.errors import DriftError, HunkConflict, RefusedError
+from applier.errors import DriftError, HunkConflict, IOFailure, RefusedError
 from applier.store.applied import AppliedFile, AppliedPatch, State, backup_name
 from applier.store.confine import Place
-from applier.store.fsutil import MAX_READ_BYTES, sha256_bytes
+from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
 from applier.store.install import Install
 from applier.store.journal import Backup, FileOp
 from applier.store.record import pristine_hashes
@@ -251,8 +251,25 @@ def drop_records(install: Install, only: tuple[str, ...], undo_file: FileUndo, *
     chosen_ids = {rec.id for rec in chosen}
     new_state = State({k: v for k, v in state.applied.items() if k not in chosen_ids})
     install.execute(ops, new_state, f"revert {', '.join(r.id for r in chosen)} in {install.root}")
-    tidy_after_revert(store, reports, new_state)
+    try:
+        tidy_after_revert(store, reports, new_state)
+    except (OSError, IOFailure) as exc:
+        raise done_but_untidy(exc, store.backups, ", ".join(r.id for r in chosen)) from exc
     return result
+
+
+def shown_path(exc: OSError, where: Path) -> Path:
+    """The path an OSError names, where it is a whole path (a call relative to a held folder names only the last
+    component): else the folder it happened in."""
+    return Path(exc.filename) if isinstance(exc.filename, str) and os.path.isabs(exc.filename) else where
+
+
+def done_but_untidy(exc: Exception, where: Path, what: str) -> IOFailure:
+    """The run is done and recorded, only its clearing up of the state folder was refused (exit 8): said so."""
+    failure = exc if isinstance(exc, IOFailure) else io_failure(exc, shown_path(exc, where), "remove")
+    return IOFailure(f"{what}: done (the files are written and the state recorded), but {failure.message}",
+                     hint=f"nothing needs finishing; what it could not remove stays in {where}: remove it as its "
+                          "owner (or run `applier clean` as that user once nothing is applied)")
 
 
 def tidy_after_revert(store: StateStore, reports: list[RevertReport], state: State) -> None:
@@ -452,10 +469,16 @@ def clean(install: Install) -> CleanResult:
     if store.overlay_manifest.exists():
         raise RefusedError(f"an overlay pack is installed in {install.root}",
                            hint=f"`applier overlay uninstall --target {install.root}` first")
-    for name in ("state.json", "journal.json", "python.json"):
-        store.remove(store.dir / name)
-    for folder in ("backups", "journal-data"):
-        store.remove_tree(store.dir / folder)
+    try:
+        for name in ("state.json", "journal.json", "python.json"):
+            store.remove(store.dir / name)
+        for folder in ("backups", "journal-data"):
+            store.remove_tree(store.dir / folder)
+    except (OSError, IOFailure) as exc:
+        failure = exc if isinstance(exc, IOFailure) else io_failure(exc, shown_path(exc, store.dir), "remove")
+        raise IOFailure(failure.message, hint=f"part of {store.dir} may be removed already: only applier's own "
+                                              "records of an install where nothing is applied, nothing else; fix "
+                                              "the permissions and run `applier clean` again") from exc
     if store.displaced.exists():
         return CleanResult(False, [f"{store.displaced}: bytes a forced revert or uninstall saved; remove them "
                                    "by hand once you no longer need them"])

@@ -1089,8 +1089,28 @@ def read_document(read, shown: Path) -> bytes | None:
         return None
     except IOFailure as exc:
         raise StateCorruptError(exc.message, hint=exc.hint) from exc
+    except PermissionError as exc:      # a right, not the document's damage: exit 8, with whose it is
+        raise denied(exc, shown, "read") from exc
     except OSError as exc:
         raise StateCorruptError(f"cannot read {shown}: {exc.strerror}") from exc
+
+
+def denied(exc: OSError, shown: Path, action: str) -> IOFailure:
+    """Permission denied on a file of the state folder (exit 8): whose it is, and the two ways out."""
+    try:
+        uid = os.lstat(shown).st_uid
+    except OSError:
+        uid = None
+    owner = "another user"
+    if uid is not None:
+        try:
+            import pwd
+            owner = f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+        except (ImportError, KeyError):
+            owner = f"uid {uid}"
+    return io_failure(exc, shown, action, hint=f"it belongs to {owner}; nothing was changed. Run applier as the user "
+                                               "who owns the install, or give this user the state folder "
+                                               "(chown -R USER .applier)")
 
 
 # ---------------------------------------------------------------------- a run, written through held handles
@@ -1103,7 +1123,13 @@ def read_document(read, shown: Path) -> bytes | None:
 # through its handle, which refuses links anywhere inside it (exit 7); before every write the install's roots are
 # checked to be the folders the command opened (exit 9).
 
-def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
+NOTHING_CHANGED = "nothing was changed; fix the cause (permissions, free space) and run the command again"
+NOT_RECORDED = ("the run's files are in place, but not yet recorded: its journal in .applier/ is kept, and the next "
+                "applier command on this install records them (fix the cause first: free space, permissions); nothing "
+                "needs undoing by hand")
+
+
+def io_failure(exc: OSError, path: Path, action: str, *, hint: str = NOTHING_CHANGED) -> IOFailure:
     reason = {
         errno.EACCES: "permission denied",
         errno.EPERM: "operation not permitted",
@@ -1115,8 +1141,7 @@ def io_failure(exc: OSError, path: Path, action: str) -> IOFailure:
         errno.EISDIR: "it is a folder",
         errno.ELOOP: "a symbolic link on the way loops (or too many links lead there)",
     }.get(exc.errno, exc.strerror or str(exc))
-    return IOFailure(f"cannot {action} {path}: {reason}",
-                     hint="nothing was changed; fix the cause (permissions, free space) and run the command again")
+    return IOFailure(f"cannot {action} {path}: {reason}", hint=hint)
 
 
 def dump_json(data) -> bytes:
@@ -1181,6 +1206,7 @@ class Run:
     fresh: list = field(default_factory=list)     # folders the run creates: removed again on a rollback
     prune: list = field(default_factory=list)     # folders to remove where the run left them empty
     sweep: Sweep | None = None                    # temp files to remove at the end (recovery)
+    made: list = field(default_factory=list)      # backups the run created (none was there): gone on a rollback
 
 
 def carry_out(run: Run) -> Carried:
@@ -1294,6 +1320,8 @@ def commit(run: Run) -> None:
     try:
         with state_folder_refusals():
             for name, data, mode in run.backups:
+                if folder.lstat(name) is None:
+                    run.made.append(name)
                 folder.write(name, data, mode=mode)
                 written.append(name)
     except OSError as exc:
@@ -1329,6 +1357,12 @@ def roll_back(run: Run, done: list[Write], exc: BaseException, place) -> None:
                         hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
                              "install, which finishes the run") from exc
     drop(run.ends)
+    remove_all(run.ends, run.made)      # the originals it backed up: no record names them now
+    with state_folder_refusals():
+        for name in run.made:
+            parts = parts_of(name)
+            for n in range(len(parts) - 1, 0, -1):      # their folders, where that left them empty
+                run.ends.folder.rmdir("/".join(parts[:n]))
     if isinstance(exc, NotRegularFile):
         raise IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
                         hint="the files this run had replaced got their old bytes back; nothing outside the install "
@@ -1352,9 +1386,14 @@ def finish(run: Run) -> None:
                 folder.write(ends.layout.manifest_name, dump_json(ends.manifest_after), mode=0o600)
             folder.write(ends.layout.state_name, dump_json(ends.state_after), mode=0o600)
     except OSError as exc:
-        raise io_failure(exc, ends.layout.shown, "record the state in") from exc
+        raise io_failure(exc, ends.layout.shown, "record the state in", hint=NOT_RECORDED) from exc
     failpoint("after-state")
-    drop(ends)
+    try:
+        drop(ends)
+    except OSError as exc:
+        raise io_failure(exc, ends.layout.shown / ends.layout.journal_name, "remove the finished run's journal",
+                         hint="the run is done and recorded; the next applier command on this install removes its "
+                              "journal (fix the permissions first)") from exc
 
 
 def drop(ends: RunEnds) -> None:
