@@ -73,10 +73,14 @@ def test_the_exported_folder_loads_in_a_comfyui_tree_with_its_own_kernels_packag
     folder = comfy / "custom_nodes" / MANAGER_FOLDER
     shutil.copytree(exported["folder"], folder)
     loaded = load_like_comfyui(folder)
-    assert list(loaded["nodes"]) == ["FusedDiTOps", "TiledSampling"]
+    assert list(loaded["nodes"]) == ["FusedDiTOps", "TiledSampling", "TiledVAEDecode", "TiledVAEEncode",
+                                     "SaveImagePNG"]
     assert loaded["nodes"]["FusedDiTOps"]["returns"] == ["MODEL"]
     assert loaded["nodes"]["TiledSampling"]["returns"] == ["MODEL"]
-    assert loaded["display"] == {"FusedDiTOps": "Fused DiT Ops (Triton)", "TiledSampling": "Tiled Sampling"}
+    assert loaded["display"] == {"FusedDiTOps": "Fused DiT Ops (Triton)", "TiledSampling": "Tiled Sampling",
+                                 "TiledVAEDecode": "VAE Decode (Tiled, one pass)",
+                                 "TiledVAEEncode": "VAE Encode (Tiled, one pass)",
+                                 "SaveImagePNG": "Save Image (PNG on every core)"}
     # ComfyUI lists a node pack's example_workflows/ as templates: the 32K route travels with the node
     assert (folder / "example_workflows" / "make_a_32k_image_flux.json").is_file()
     # the interpreter has no fused_dit of its own: the node found the copy it carries, submodules included

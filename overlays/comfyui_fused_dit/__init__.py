@@ -278,7 +278,14 @@ class FusedDiTOps:
         return (apply(model, decision),)
 
 
-from .tiled_sampling import TiledSampling  # noqa: E402  (the second node; it finds fused_dit as this one does)
+# the route's other nodes; they find fused_dit as this one does
+from .save_png import SaveImagePNG  # noqa: E402
+from .tiled_sampling import TiledSampling  # noqa: E402
+from .tiled_vae import TiledVAEDecode, TiledVAEEncode  # noqa: E402
 
-NODE_CLASS_MAPPINGS = {"FusedDiTOps": FusedDiTOps, "TiledSampling": TiledSampling}
-NODE_DISPLAY_NAME_MAPPINGS = {"FusedDiTOps": "Fused DiT Ops (Triton)", "TiledSampling": "Tiled Sampling"}
+NODE_CLASS_MAPPINGS = {"FusedDiTOps": FusedDiTOps, "TiledSampling": TiledSampling, "TiledVAEDecode": TiledVAEDecode,
+                       "TiledVAEEncode": TiledVAEEncode, "SaveImagePNG": SaveImagePNG}
+NODE_DISPLAY_NAME_MAPPINGS = {"FusedDiTOps": "Fused DiT Ops (Triton)", "TiledSampling": "Tiled Sampling",
+                              "TiledVAEDecode": "VAE Decode (Tiled, one pass)",
+                              "TiledVAEEncode": "VAE Encode (Tiled, one pass)",
+                              "SaveImagePNG": "Save Image (PNG on every core)"}

@@ -40,6 +40,10 @@ DEFERRED = {
         "the node module loads without torch: applier's node-pack tools read its inputs in a bare interpreter",
     ("comfyui_fused_dit.tiled_sampling", "fused_dit.tiling.wrappers"):
         "the node module loads without torch: applier's node-pack tools read its inputs in a bare interpreter",
+    ("comfyui_fused_dit.tiled_vae", "fused_dit.tiling.vae"):
+        "the node module loads without torch: applier's node-pack tools read its inputs in a bare interpreter",
+    ("comfyui_fused_dit.save_png", "fused_dit.tiling.png"):
+        "the node module loads without numpy: applier's node-pack tools read its inputs in a bare interpreter",
     **{(tool, op): "an op module is imported when its case runs: a broken op module fails its own cases only"
        for tool in TOOLING for op in ("fused_dit.ops", "fused_dit.integration", "fused_dit.dispatch")},
 }

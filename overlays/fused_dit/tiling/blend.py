@@ -43,6 +43,47 @@ def repeat_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     return tensor.repeat((-(-rows // have),) + (1,) * (tensor.ndim - 1))[:rows]
 
 
+class Profiles:
+    """A plan's blend profiles as tensors, each row's and column's once: a tile's 2-D weight is the product of its
+    row's and its column's (never held as a tile-sized tensor), and the weights reaching a pixel sum to the product
+    of the row profiles' sum and the column profiles' sum there, since the tiles are every row with every column."""
+
+    def __init__(self, plan: Plan, dtype: torch.dtype, device):
+        self.plan, self.dtype, self.device = plan, dtype, device
+        self._rows: dict[int, torch.Tensor] = {}
+        self._cols: dict[int, torch.Tensor] = {}
+
+    def row(self, index: int) -> torch.Tensor:
+        if index not in self._rows:
+            self._rows[index] = torch.tensor(self.plan.weights("y", index), dtype=self.dtype, device=self.device)
+        return self._rows[index]
+
+    def col(self, index: int) -> torch.Tensor:
+        if index not in self._cols:
+            self._cols[index] = torch.tensor(self.plan.weights("x", index), dtype=self.dtype, device=self.device)
+        return self._cols[index]
+
+    def weighted(self, tile: torch.Tensor, box: Box) -> torch.Tensor:
+        """`tile` (its last two dimensions the box's) times the box's 2-D weight."""
+        return tile * self.row(box.row)[:, None] * self.col(box.col)[None, :]
+
+    def sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed row profiles over the canvas's rows, and the summed column profiles over its columns."""
+        rows = torch.zeros(self.plan.height, dtype=self.dtype, device=self.device)
+        cols = torch.zeros(self.plan.width, dtype=self.dtype, device=self.device)
+        for index, y in enumerate(self.plan.ys):
+            rows[y:y + self.row(index).shape[0]] += self.row(index)
+        for index, x in enumerate(self.plan.xs):
+            cols[x:x + self.col(index).shape[0]] += self.col(index)
+        return rows, cols
+
+    def normalise(self, total: torch.Tensor) -> torch.Tensor:
+        """`total` (the weighted sum over the plan's canvas) divided, in place, by the summed weights."""
+        rows, cols = self.sums()
+        rows, cols = rows.to(total.device), cols.to(total.device)
+        return total.div_(rows[:, None] * cols[None, :])
+
+
 class Blender:
     """The weighted sum of `outputs` predictions over a plan's tiles, shaped and placed like `like`. `skip` names
     outputs that stay zero (ComfyUI's prediction for a conditioning of None): nothing is summed for them."""
@@ -50,23 +91,10 @@ class Blender:
     def __init__(self, plan: Plan, like: torch.Tensor, outputs: int, skip: frozenset = frozenset()):
         self.plan = plan
         dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-        self.skip = skip
         self.sums = [None if index in skip else torch.zeros(like.shape, dtype=dtype, device=like.device)
                      for index in range(outputs)]
         self.like = like
-        self.out_dtype = like.dtype
-        self._profiles: dict = {}
-        self.dtype, self.device = dtype, like.device
-        self.weight_sum = _weight_sum(plan, dtype, like.device, self.weight)
-
-    def weight(self, box: Box) -> torch.Tensor:
-        """The tile's 2-D weight: the product of its row and column profiles (1 where it alone covers a pixel)."""
-        key = (box.row, box.col)
-        if key not in self._profiles:
-            wy = torch.tensor(self.plan.weights("y", box.row), dtype=self.dtype, device=self.device)
-            wx = torch.tensor(self.plan.weights("x", box.col), dtype=self.dtype, device=self.device)
-            self._profiles[key] = wy[:, None] * wx[None, :]
-        return self._profiles[key]
+        self.profiles = Profiles(plan, dtype, like.device)
 
     def add(self, output: int, boxes: tuple[Box, ...], predictions: torch.Tensor) -> None:
         """Add the stacked predictions of a batch of tiles (as `cut` stacked them) to output `output`."""
@@ -76,27 +104,11 @@ class Blender:
         rows = predictions.shape[0] // len(boxes)
         predictions = predictions.to(device=target.device, dtype=target.dtype)
         for k, box in enumerate(boxes):
-            target[..., box.y0:box.y1, box.x0:box.x1].addcmul_(predictions[k * rows:(k + 1) * rows], self.weight(box))
+            target[..., box.y0:box.y1, box.x0:box.x1] += self.profiles.weighted(predictions[k * rows:(k + 1) * rows],
+                                                                                box)
 
     def result(self, output: int) -> torch.Tensor:
         """The blend (in place of the sums: the blender is spent for this output)."""
         if self.sums[output] is None:
             return torch.zeros_like(self.like)
-        return self.sums[output].div_(self.weight_sum).to(self.out_dtype)
-
-
-# the summed weights of the last plans blended (a sampling run calls the blender once per model call, same plan)
-_WEIGHT_SUMS: dict = {}
-
-
-def _weight_sum(plan: Plan, dtype, device, weight) -> torch.Tensor:
-    key = (id(plan), dtype, str(device))
-    held = _WEIGHT_SUMS.get(key)
-    if held is not None and held[0] is plan:
-        return held[1]
-    total = torch.zeros((plan.height, plan.width), dtype=dtype, device=device)
-    for box in plan.boxes:
-        total[box.y0:box.y1, box.x0:box.x1] += weight(box)
-    _WEIGHT_SUMS.clear()                 # one plan at a time: a run's canvas, never a growing cache
-    _WEIGHT_SUMS[key] = (plan, total)
-    return total
+        return self.profiles.normalise(self.sums[output]).to(self.like.dtype)

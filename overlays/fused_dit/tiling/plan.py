@@ -15,6 +15,13 @@ One code path predicts and plans: the Tiled Sampling node plans its tiles here a
 - `ModelShape` and `choose`: the memory model of `applier budget` (one forward's peak activations are
   `activation_widths x hidden x tokens x 2` bytes, applier/data/models.toml) for one tile, and the batch of tiles
   that fits beside the model in the free memory.
+- `scaled(plan, factor)`: the same tiles at another scale (a latent plan in image pixels: the tiled VAE blends its
+  pixels with the weights of the sampler's tiles, `factor` times finer).
+
+Seamless by default: a model call on a tile computes the tile's edge pixels without their neighbours. The planned
+margin (`margin_for`: a quarter of the overlap, whole latent pixels) gives those pixels no weight where a neighbour
+covers them, so a model whose reach is at most the margin (a convolution, a VAE's decoder up to its reach) gives the
+untiled result to rounding, and a DiT's outermost tokens of a tile, which saw the least context, never show.
 """
 from __future__ import annotations
 
@@ -23,6 +30,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 BF16_BYTES = 2
+# a tile side in image pixels is whole tokens: the VAE's 8 pixels x the 2x2 patch of every model the node tiles
+TILE_MULTIPLE = 16
+# the planned margin: this share of the overlap, in whole latent pixels
+MARGIN_SHARE = 4
 
 
 class PlanError(ValueError):
@@ -119,6 +130,21 @@ class Plan:
         return [self.boxes[k:k + size] for k in range(0, self.count, size)]
 
 
+def scaled(layout: Plan, factor: int) -> Plan:
+    """`layout`'s tiles, overlap and margin `factor` times larger (its profiles then ramp over `factor` times the
+    pixels): the image-pixel plan of a latent plan."""
+    boxes = tuple(Box(b.y0 * factor, b.y1 * factor, b.x0 * factor, b.x1 * factor, b.row, b.col) for b in layout.boxes)
+    return Plan(layout.height * factor, layout.width * factor, layout.tile * factor, layout.overlap * factor,
+                layout.margin * factor, tuple(y * factor for y in layout.ys), tuple(x * factor for x in layout.xs),
+                boxes)
+
+
+def margin_for(overlap: int) -> int:
+    """The planned margin of an overlap (both in latent pixels): a quarter of it, so that the ramp between two
+    margins is half the overlap."""
+    return overlap // MARGIN_SHARE
+
+
 def plan(height: int, width: int, tile: int, overlap: int, align: int = 1, margin: int = 0) -> Plan:
     """The tiles of a height x width latent canvas (see the module docstring); PlanError for settings no canvas can
     be tiled with."""
@@ -151,17 +177,20 @@ def settings_problem(tile: int, overlap: int, align: int = 1, margin: int = 0) -
     return None
 
 
-def pixel_settings_problem(tile_px: int, overlap_px: int, multiple: int) -> str | None:
-    """The node's inputs checked in image pixels before anything runs (0 / -1 mean "planned"); None when fine."""
-    if tile_px and tile_px % multiple:
+def pixel_settings_problem(tile_px: int, overlap_px: int, multiple: int = TILE_MULTIPLE,
+                           margin_px: int = -1) -> str | None:
+    """The node's inputs checked in image pixels, planned values resolved (no 0 / -1 left); None when fine."""
+    if tile_px % multiple:
         return (f"tile_px {tile_px} is not a multiple of {multiple} (the VAE's 8 pixels x the model's 2x2 patch); "
                 f"try {max(multiple, tile_px // multiple * multiple)}")
-    if tile_px and overlap_px >= tile_px:
-        return f"overlap_px {overlap_px} must be smaller than tile_px {tile_px}"
-    if tile_px and 2 * overlap_px > tile_px:
-        return f"overlap_px {overlap_px} must be at most half of tile_px {tile_px}"
-    if overlap_px > 0 and overlap_px % 8:
+    if overlap_px % 8:
         return f"overlap_px {overlap_px} is not a multiple of 8 (one latent pixel is 8 image pixels)"
+    if 2 * overlap_px > tile_px:
+        return (f"overlap_px {overlap_px} must be at most half of tile_px {tile_px}: give a tile_px of at least "
+                f"{2 * overlap_px} or an overlap_px of at most {tile_px // 2 // 8 * 8}")
+    if margin_px >= 0 and (margin_px % 8 or 2 * margin_px > overlap_px):
+        return (f"margin_px {margin_px} must be a multiple of 8 and at most half of overlap_px {overlap_px} "
+                f"(at most {overlap_px // 2 // 8 * 8})")
     return None
 
 
@@ -179,6 +208,11 @@ class ModelShape:
     tile_px: int                  # the planned tile: a size the model was trained at
     overlap_px: int
     max_batch: int                # beyond this, batching measured no faster (results key in the table)
+    # what the model is, as ComfyUI builds it (its model config): the node tiles a model only where all match
+    image_model: str = ""         # supported_models' unet_config["image_model"]
+    latent_channels: int = 0      # the latent format's channels
+    config_width: tuple = ()      # (unet_config key, value) of the model's width where the config states it
+    name: str = ""                # the model's name in the user's words
 
     def tokens(self, tile_px: int, frames: int = 1) -> int:
         side = math.ceil(tile_px / self.vae_factor / self.patch)
@@ -205,19 +239,33 @@ class Settings:
     planned: tuple[str, ...]      # which of tile / overlap / batch were planned rather than given
 
 
+def resolve(tile_px: int, overlap_px: int, margin_px: int, default_tile_px: int, default_overlap_px: int,
+            vae_factor: int = 8) -> tuple[int, int, int]:
+    """The node's tile, overlap and margin in image pixels with the planned ones (0 / -1 / -1) filled in: the
+    model's tile and overlap (the overlap at most half the tile), the margin a quarter of the overlap in whole
+    latent pixels."""
+    tile_px = tile_px or default_tile_px
+    if overlap_px == -1:
+        overlap_px = min(default_overlap_px, tile_px // 2 // vae_factor * vae_factor)
+    if margin_px == -1:
+        margin_px = margin_for(overlap_px // vae_factor) * vae_factor
+    return tile_px, overlap_px, margin_px
+
+
 def choose(model: ModelShape, latent_height: int, latent_width: int, free_bytes: int, *, tile_px: int = 0,
-           overlap_px: int = -1, batch: int = 0, frames: int = 1, margin: int = 0) -> Settings:
-    """Tile, overlap and batch for one canvas: each given one kept, the others planned (tile and overlap from the
-    model's table, batch from the free memory); PlanError for settings that cannot tile."""
+           overlap_px: int = -1, batch: int = 0, frames: int = 1, margin_px: int = -1) -> Settings:
+    """Tile, overlap, margin and batch for one canvas: each given one kept, the others planned (tile and overlap
+    from the model's table, the margin from the overlap, batch from the free memory); PlanError for settings that
+    cannot tile."""
     planned = tuple(name for name, value, auto in (("tile", tile_px, 0), ("overlap", overlap_px, -1),
-                                                   ("batch", batch, 0)) if value == auto)
-    tile_px = tile_px or model.tile_px
-    overlap_px = model.overlap_px if overlap_px == -1 else overlap_px
-    problem = pixel_settings_problem(tile_px, overlap_px, model.vae_factor * model.patch)
+                                                   ("margin", margin_px, -1), ("batch", batch, 0)) if value == auto)
+    tile_px, overlap_px, margin_px = resolve(tile_px, overlap_px, margin_px, model.tile_px, model.overlap_px,
+                                             model.vae_factor)
+    problem = pixel_settings_problem(tile_px, overlap_px, model.vae_factor * model.patch, margin_px)
     if problem:
         raise PlanError(problem)
     layout = plan(latent_height, latent_width, tile_px // model.vae_factor, overlap_px // model.vae_factor,
-                  align=model.patch, margin=margin)
+                  align=model.patch, margin=margin_px // model.vae_factor)
     tile_side_px = max(layout.boxes[0].y1 - layout.boxes[0].y0, layout.boxes[0].x1 - layout.boxes[0].x0)
     per_tile = model.tile_bytes(tile_side_px * model.vae_factor, frames)
     chosen = batch or choose_batch(free_bytes, per_tile, layout.count, model.max_batch)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,7 +65,7 @@ def tiled_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, time
     try:
         layout, per_batch = plan_for(x_in)
     except PlanError as error:
-        state.say_once("Tiled Sampling: this canvas stays untiled: %s", str(error))
+        state.say_once("Tiled Sampling: this canvas stays untiled: %s", str(error), level=logging.WARNING)
         return executor(model, conds, x_in, timestep, model_options)
     if layout.single:
         return executor(model, conds, x_in, timestep, model_options)
@@ -80,8 +81,7 @@ def tiled_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, time
     for boxes in layout.batches(per_batch):
         progress.check_cancel()
         tiles = len(boxes)
-        cut_conds = [None if cond is None else [_cut_entry(entry, boxes, layout, rows) for entry in cond]
-                     for cond in conds]
+        cut_conds = _cut_conds(conds, boxes, layout, rows)
         with _hints_cut(conds, boxes, layout, rows):
             outputs = executor(model, cut_conds, cut(x_in, boxes).to(device or x_in.device),
                                timestep.repeat(tiles).to(device or timestep.device), model_options)
@@ -99,10 +99,8 @@ def _on_devices(devices: list, pool, model, conds: list, x_in: torch.Tensor, tim
 
     def runner(device: torch.device, call):
         def run(boxes):
-            cut_conds = [None if cond is None else [_cut_entry(entry, boxes, layout, rows) for entry in cond]
-                         for cond in conds]
-            return call(model, cut_conds, cut(x_in, boxes).to(device), timestep.repeat(len(boxes)).to(device),
-                        model_options)
+            return call(model, _cut_conds(conds, boxes, layout, rows), cut(x_in, boxes).to(device),
+                        timestep.repeat(len(boxes)).to(device), model_options)
         return run
 
     def blend(boxes, outputs) -> None:
@@ -144,6 +142,11 @@ def _cut_value(value, boxes: tuple[Box, ...], layout: Plan, rows: int):
     twin = copy.copy(value)
     twin.cond = new
     return twin
+
+
+def _cut_conds(conds: list, boxes: tuple[Box, ...], layout: Plan, rows: int) -> list:
+    """Every conditioning's entries cut to the boxes (None stays None)."""
+    return [None if cond is None else [_cut_entry(entry, boxes, layout, rows) for entry in cond] for cond in conds]
 
 
 def _cut_entry(entry: dict, boxes: tuple[Box, ...], layout: Plan, rows: int) -> dict:

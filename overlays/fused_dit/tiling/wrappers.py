@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import state
-from .models import shape_for
+from .models import ModelFacts, recognise
 from .plan import ModelShape, Plan, PlanError, Settings, choose
 from .sampling import Progress, tiled_calc_cond_batch
 
@@ -46,6 +46,7 @@ class Request:
     overlap_px: int = -1          # -1: planned
     batch: int = 0                # 0: planned
     canvas: str = "auto"          # auto | gpu | host
+    margin_px: int = -1           # -1: planned (a quarter of the overlap)
 
 
 @dataclass
@@ -89,8 +90,22 @@ def free_bytes(device: torch.device) -> int:
     return max(free, 0)
 
 
-def _class_names(diffusion_model) -> list[str]:
-    return [cls.__name__ for cls in type(diffusion_model).__mro__]
+def model_facts(patcher) -> ModelFacts:
+    """What the ModelPatcher's model is, from ComfyUI's own objects: its model config's unet_config, its latent
+    format, the diffusion model's class and patch (None for what cannot be read)."""
+    base = patcher.model
+    diffusion_model = base.diffusion_model
+    config = getattr(getattr(base, "model_config", None), "unet_config", None)
+    latent_format = getattr(base, "latent_format", None)
+    patch = getattr(diffusion_model, "patch_size", None)
+    if isinstance(patch, (tuple, list)) and patch:
+        patch = patch[-1]
+    return ModelFacts(tuple(cls.__name__ for cls in type(diffusion_model).__mro__),
+                      config.get("image_model") if isinstance(config, dict) else None,
+                      getattr(latent_format, "latent_channels", None),
+                      getattr(latent_format, "spacial_downscale_ratio", None),
+                      patch if isinstance(patch, int) else None,
+                      dict(config) if isinstance(config, dict) else {})
 
 
 def _progress_bar(total: int):
@@ -125,7 +140,7 @@ class TiledSampling:
         return choose(self.shape, latent_shape[-2], latent_shape[-1],
                       max(0, free_bytes(self.device) - weights_to_load),
                       tile_px=self.request.tile_px, overlap_px=self.request.overlap_px, batch=self.request.batch,
-                      frames=frames)
+                      frames=frames, margin_px=self.request.margin_px)
 
     def prepare_sampling(self, executor, model, noise_shape, conds, *args, **kwargs):
         """ComfyUI's memory estimate for one batch of tiles, not the canvas; planned in what the weights leave."""
@@ -153,7 +168,7 @@ class TiledSampling:
         try:
             settings = self.settings_for(tuple(noise.shape))
         except PlanError as error:
-            state.say_once("Tiled Sampling: this canvas stays untiled: %s", str(error))
+            state.say_once("Tiled Sampling: this canvas stays untiled: %s", str(error), level=logging.WARNING)
             return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
         host = self.on_host(noise, settings)
         steps = max(1, len(sigmas) - 1)
@@ -245,7 +260,8 @@ def describe(settings: Settings, shape: ModelShape, latent_shape, where: str) ->
     if layout.single:
         return f"the {canvas} canvas fits one {settings.tile_px} px tile: the model runs untiled"
     planned = f" (planned: {', '.join(settings.planned)})" if settings.planned else ""
-    return (f"{layout.count} tiles of {settings.tile_px} px, overlap {settings.overlap_px} px, on a {canvas} canvas "
+    return (f"{layout.count} tiles of {settings.tile_px} px, overlap {settings.overlap_px} px (its outer "
+            f"{layout.margin * shape.vae_factor} px not blended), on a {canvas} canvas "
             f"({len(layout.ys)} x {len(layout.xs)}), {settings.batch} per batch, "
             f"{settings.tile_bytes / 2 ** 30:.2f} GiB of activations a tile{planned}; canvas on the {where}")
 
@@ -253,11 +269,9 @@ def describe(settings: Settings, shape: ModelShape, latent_shape, where: str) ->
 def apply(patcher, request: Request):
     """A clone of the ModelPatcher `patcher` that samples tile by tile; `patcher` itself where the model is not one
     the node knows or the ComfyUI has no CALC_COND_BATCH wrapper (said once: then it runs untiled)."""
-    diffusion_model = patcher.model.diffusion_model
-    shape = shape_for(_class_names(diffusion_model))
+    shape, reason = recognise(model_facts(patcher))
     if shape is None:
-        state.say_once("Tiled Sampling: %s is not a model the node tiles (Flux, Qwen-Image, Wan 2.1): it runs "
-                       "untiled", type(diffusion_model).__name__)
+        state.say_once("Tiled Sampling: %s: it runs untiled", reason)
         return patcher
     try:
         from comfy.patcher_extension import WrappersMP
