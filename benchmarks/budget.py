@@ -333,14 +333,14 @@ def tiled_rows(data: budget.BudgetData) -> list[dict]:
             width, height = (int(v) for v in size.split("x"))
             request = budget.Request(budget.find_model(data, "flux-dev"), gpu, budget.Canvas(width, height), 1, 1,
                                      comfyui_version="0.33.0")
-            route = next(r for r in budget.tiled_routes(data, request, era) if r["tile_px"] == 1024)
-            error = (route["seconds"] - seconds) / seconds
+            route = next(r for r in budget.tiled_routes(data, request, era) if r.tile_px == 1024)
+            error = (route.seconds - seconds) / seconds
             rows.append({"measured": where, "canvas": size, "how": how, "measured_s_per_step": seconds,
-                         "predicted_s_per_step": round(route["seconds"], 2), "config": route["config"],
+                         "predicted_s_per_step": round(route.seconds, 2), "config": route.config,
                          "error_pct": round(100 * error, 1), "within_target": abs(error) <= TARGET_ERROR,
-                         "tiles": [tiles, route["tiles"]], "batch": [batch, route["batch"]],
+                         "tiles": [tiles, route.tiles], "batch": [batch, route.batch],
                          "device_peak_gib": device_gib,
-                         "predicted_peak_gib": round(route["peak_bytes"] / 2 ** 30, 2)})
+                         "predicted_peak_gib": round(route.peak_bytes / 2 ** 30, 2)})
     return rows
 
 

@@ -138,12 +138,13 @@ def test_a_curve_without_the_length_of_its_value_is_refused(tmp_path):
 
 def test_sizes_and_durations_parse_and_garbage_is_refused():
     assert budget.parse_size("32768x18432") == (32768, 18432)
+    assert budget.parse_size("1024") == (1024, 1024)          # one number is a square
     assert budget.parse_duration("1h") == 3600 and budget.parse_duration("2h30m") == 9000
     assert budget.parse_duration("90") == 90 and budget.parse_duration("45s") == 45
-    for bad in ("32768", "axb", "0x0", ""):
+    for bad in ("32768x", "axb", "0x0", "", "10000000x10000000", "65537x1024"):
         with pytest.raises(ValueError):
             budget.parse_size(bad)
-    for bad in ("soon", "1h soon", "-5", "0", "inf"):
+    for bad in ("soon", "1h soon", "-5", "0", "inf", "nan", "1001h"):
         with pytest.raises(ValueError):
             budget.parse_duration(bad)
 
@@ -164,8 +165,8 @@ def test_every_model_family_gets_a_verdict_on_every_gpu_of_the_table():
             request = budget.Request(model, gpu, budget.Canvas(4096, 4096, model.frames), model.steps,
                                      model.cfg_forwards)
             result = budget.plan_budget(DATA, request)
-            assert result["verdict"]["kind"] in VERDICTS, (model.key, gpu.key)
-            basis = result["gpu"]["basis"]
+            assert result.verdict.kind in VERDICTS, (model.key, gpu.key)
+            basis = result.basis
             assert basis.startswith("measured") == (gpu.key == DATA.measured.gpu), basis
             if gpu.key != DATA.measured.gpu:
                 assert "projected from" in basis and gpu.name in basis
@@ -251,8 +252,8 @@ def test_a_video_model_takes_its_own_frames_unless_told():
     model = DATA.models["wan-14b"]
     result = budget.plan_budget(DATA, budget.Request(model, DATA.gpus[KNOWN_GPU], budget.Canvas(832, 480, model.frames),
                                                      model.steps, model.cfg_forwards))
-    assert result["canvas"]["frames"] == model.frames > 1
-    assert result["tokens"]["latent"]["frames"] == (model.frames - 1) // 4 + 1
+    assert result.request.canvas.frames == model.frames > 1
+    assert result.work.tokens.latent_frames == (model.frames - 1) // 4 + 1
 
 
 def test_windows_keeps_cudnn_first_where_linux_runs_flash_first():
@@ -261,8 +262,8 @@ def test_windows_keeps_cudnn_first_where_linux_runs_flash_first():
         request = budget.Request(model, gpu, budget.Canvas(1024, 1024), 28, 1, comfyui_version="0.33.0",
                                  windows=windows)
         result = budget.plan_budget(DATA, request)
-        assert result["comfyui"]["stock_attention"] == backend
-        assert result["configs"][0]["attention_backend"] == backend
+        assert result.stock_attention == backend
+        assert result.configs[0].priced.attention_backend == backend
 
 
 # ---------------------------------------------------------------- caps
@@ -362,11 +363,148 @@ def test_model_names_and_gpu_names_match_their_aliases():
     assert budget.find_gpu(DATA, "NVIDIA H200 NVL") is None      # another board: other clocks, not guessed
 
 
-@pytest.mark.parametrize("args", [("--size", "32768"), ("--size", "1024x1024", "--within", "soon"),
+@pytest.mark.parametrize("args", [("--size", "32768x"), ("--size", "1024x1024", "--within", "soon"),
                                   ("--size", "1024x1024", "--frames", "33")])
 def test_malformed_values_are_usage_errors(comfy, args):
     result = invoke("--target", str(comfy), "--model", "flux-dev", "--gpu", KNOWN_GPU, *args)
     assert result.exit_code == EXIT_USAGE, result.output
+
+
+@pytest.mark.parametrize("option, value, stated", [
+    ("--size", "10000000x10000000", "from 16 to 65536"), ("--size", "8x1024", "from 16 to 65536"),
+    ("--size", "65537", "from 16 to 65536"), ("--steps", "0", "from 1 to 10000"),
+    ("--steps", "10001", "from 1 to 10000"), ("--frames", "0", "from 1 to 16384"),
+    ("--frames", "16385", "from 1 to 16384"), ("--cfg", "101", "from 0 to 100"),
+    ("--within", "0.5s", "from 1 s to 1000 h"), ("--within", "1001h", "from 1 s to 1000 h")])
+def test_every_numeric_option_outside_its_range_is_a_usage_error_stating_the_range(comfy, option, value, stated):
+    """Refused before any work (a 10000000 px side used to be priced, growing past 3.7 GB of memory)."""
+    result = invoke("--target", str(comfy), "--model", "wan", "--size", "832x480", "--gpu", KNOWN_GPU,
+                    option, value)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert f"Invalid value for '{option}'" in result.output and stated in result.output
+
+
+def test_one_number_is_a_square_canvas(comfy):
+    canvas = report(comfy, "--model", "flux-dev", "--size", "1024", "--gpu", KNOWN_GPU)["canvas"]
+    assert (canvas["width"], canvas["height"]) == (1024, 1024)
+
+
+# ---------------------------------------------------------------- the verdict in words
+
+def template_refinement_steps() -> int:
+    """The steps of the KSampler that the template's Tiled Sampling feeds, read here from the JSON itself."""
+    workflow = json.loads((REPO / "overlays" / "comfyui_fused_dit" / "example_workflows" /
+                           "make_a_32k_image_flux.json").read_text())
+    tiled = {n["id"] for n in workflow["nodes"] if n["type"] == "TiledSampling"}
+    fed = {link[3] for link in workflow["links"] if link[1] in tiled and link[5] == "MODEL"}
+    (sampler,) = [n for n in workflow["nodes"] if n["id"] in fed and n["type"] == "KSampler"]
+    return sampler["widgets_values"][2]
+
+
+def test_a_tiled_route_is_priced_at_the_templates_refinement_steps_unless_steps_says(comfy):
+    args = ("--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090")
+    default = report(comfy, *args)
+    steps = template_refinement_steps()
+    assert default["steps"] == DATA.models["flux-dev"].steps and default["tiled_steps"] == steps
+    assert {r["steps"] for r in default["tiled_routes"]} == {steps}
+    assert "make_a_32k_image_flux" in default["steps_source"]["tiled"]
+    told = report(comfy, *args, "--steps", "20")
+    assert told["steps"] == told["tiled_steps"] == 20 and {r["steps"] for r in told["tiled_routes"]} == {20}
+    plain = invoke("--target", str(comfy), *args)
+    steps_line = next(line for line in plain.output.splitlines() if line.startswith("steps"))
+    assert f"tiled {steps}" in steps_line and "--steps" in steps_line
+
+
+def test_a_template_read_with_other_steps_gives_those_steps(tmp_path):
+    from applier.budget.template import template_for, tiled_templates
+    pack = tmp_path / "overlays"
+    node = pack / "comfyui_fused_dit" / "example_workflows"
+    node.mkdir(parents=True)
+    (pack / "pack.toml").write_bytes((REPO / "overlays" / "pack.toml").read_bytes())
+    workflow = json.loads((REPO / "overlays" / "comfyui_fused_dit" / "example_workflows" /
+                           "make_a_32k_image_flux.json").read_text())
+    for n in workflow["nodes"]:
+        if n["type"] == "KSampler" and n["widgets_values"][2] == template_refinement_steps():
+            n["widgets_values"][2] = 12
+    (node / "make_a_32k_image_flux.json").write_text(json.dumps(workflow))
+    (node / "no_tiles.json").write_text(json.dumps({"nodes": [], "links": []}))
+    (node / "garbage.json").write_text("{not json")
+    assert [t.steps for t in tiled_templates(pack)] == [12]
+    assert template_for(DATA, DATA.models["flux-dev"], pack).steps == 12
+    assert template_for(DATA, DATA.models["qwen-image"], pack) is None
+
+
+def text_lines(comfy: Path, *args: str) -> list[str]:
+    result = invoke("--target", str(comfy), *args)
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
+def test_the_32k_report_fits_one_screen_with_the_verdict_first_and_its_caps_in_one_line(tmp_path):
+    """As on a real 0.33.0 tree, dozens of node caps: one line by default, every one with --verbose."""
+    comfy = build_comfy_tree(tmp_path / "ComfyUI", era="latest", layout="plain")
+    many = "\n".join(f"class Node{i}:\n    @classmethod\n    def INPUT_TYPES(cls):\n        return {{'required': "
+                     f"{{'{name}': ('INT', {{'default': 64, 'min': 1, 'max': {value}}})}}}}\n"
+                     for i, (name, value) in enumerate([("resolution_steps", 256), ("octree_resolution", 512)]
+                                                       + [("width", 2048 + 64 * i) for i in range(60)]))
+    (comfy / "custom_nodes" / "ManyCaps").mkdir()
+    (comfy / "custom_nodes" / "ManyCaps" / "__init__.py").write_text(many)
+    args = ("--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090")
+    lines = text_lines(comfy, *args)
+    assert len(lines) <= 25, "\n".join(lines)
+    assert any(line.startswith("verdict") for line in lines[:5])
+    (caps_line,) = [line for line in lines if line.startswith("node caps")]
+    assert "width = 2048" in caps_line and "and 64 others" in caps_line and "--verbose" in caps_line
+    verbose = text_lines(comfy, *args, "--verbose")
+    assert sum("octree_resolution = 512" in line for line in verbose) == 1
+    assert sum(" width = " in line for line in verbose) == 61
+    assert sum(line.lstrip().startswith("overlay_all_fp8") for line in verbose) == 1
+
+
+def test_the_verdict_says_why_it_picks_the_largest_tile_over_a_faster_one(comfy):
+    result = report(comfy, "--model", "flux-dev", "--size", "32768x18432", "--gpu", "h100-sxm", "--within", "1000h")
+    verdict = result["verdict"]
+    fastest = min((r for r in result["tiled_routes"] if r["fits"]), key=lambda r: r["seconds"])
+    assert verdict["kind"] == "tiled" and verdict["tile"]["tile_px"] == max(DATA.models["flux-dev"].tile_px)
+    assert fastest["tile_px"] != verdict["tile"]["tile_px"]
+    assert any(f"over the faster {fastest['tile_px']} px" in r and "fewest seams" in r for r in verdict["reasons"])
+
+
+def test_the_verdict_says_why_native_wins_over_a_faster_tiled_route(comfy):
+    result = report(comfy, "--model", "flux-dev", "--size", "4096", "--gpu", "rtx-4090")
+    verdict = result["verdict"]
+    assert verdict["kind"] == "native"
+    assert any(r["fits"] and r["seconds"] < verdict["seconds"] for r in result["tiled_routes"])
+    assert any("native over the faster" in r and "whole canvas" in r for r in verdict["reasons"])
+
+
+def test_out_of_reach_says_what_reaches_it_and_each_suggestion_does(comfy):
+    args = ("--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090", "--within", "30m")
+    verdict = report(comfy, *args)["verdict"]
+    assert verdict["kind"] == "out of reach"
+    advice = " ".join(verdict["advice"])
+    for option in ("--within", "--steps", "--size", "--gpu"):
+        assert option in advice, advice
+    within = advice.split("--within ")[1].split()[0].rstrip(";")
+    steps = advice.split("--steps ")[1].split()[0]
+    size = advice.split("--size ")[1].split()[0]
+    gpu = advice.split("--gpu ")[1].split()[0]
+    base = dict(zip(args[::2], args[1::2]))
+    for change in ({"--within": within}, {"--steps": steps}, {"--size": size}, {"--gpu": gpu}):
+        changed = [item for pair in {**base, **change}.items() for item in pair]
+        assert report(comfy, *changed)["verdict"]["kind"] != "out of reach", change
+    lines = text_lines(comfy, *args)
+    assert any(line.strip().startswith("to reach it:") for line in lines[:8])
+
+
+def test_node_caps_that_set_no_side_of_the_canvas_are_not_the_lowest_that_matters():
+    from applier.budget.verdict import caps_verdict
+    caps = budget.TargetCaps(16384, "nodes.py:1", None, "off", (
+        budget.Cap("a.py:1", 256, "resolution_steps", "A"), budget.Cap("b.py:2", 512, "octree_resolution", "B"),
+        budget.Cap("c.py:3", 4096, "width", "Load3D"), budget.Cap("d.py:4", 8192, "MAX_RESOLUTION")))
+    found = caps_verdict(budget.Canvas(16384, 16384), caps)
+    assert found.lowest_that_matters.where == "c.py:3" and len(found.node_caps) == 4
+    assert [c.canvas_side for c in found.node_caps] == [False, False, True, True]
 
 
 # ---------------------------------------------------------------- the report
@@ -410,14 +548,18 @@ def test_the_budget_imports_no_torch(comfy):
 
 # ---------------------------------------------------------------- data
 
-def test_the_budget_model_reads_no_file_and_prints_nothing():
-    tree = ast.parse((REPO / "applier" / "budget" / "__init__.py").read_text())
+@pytest.mark.parametrize("module", ["__init__", "records", "inputs", "cost", "verdict", "plan", "report"])
+def test_the_budget_model_reads_no_file_and_prints_nothing(module):
+    tree = ast.parse((REPO / "applier" / "budget" / f"{module}.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"__future__", "math", "re", "dataclasses", "packaging", "applier"}, imported
+    assert imported <= {"__future__", "math", "re", "dataclasses", "typing", "packaging", "applier"}, imported
     calls = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert not calls & {"open", "print"}
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in modules if m.startswith("applier.") and m.split(".")[1] not in ("budget", "errors",
+                                                                                          "resources", "strenum")}
 
 
 def test_every_gpu_and_model_and_efficiency_names_its_source():
@@ -460,3 +602,16 @@ def test_the_efficiency_table_agrees_with_the_committed_results():
     spec.loader.exec_module(validation)
     derived = validation.derive_efficiencies(DATA)
     assert validation.compare_efficiencies(derived, validation.table_values(DATA_DIR / "efficiency.toml")) == []
+
+
+def test_readmes_32k_figure_for_an_rtx_4090_is_what_the_command_prints(tmp_path):
+    """README's "Make a 32K image" quotes the command on a 0.33.0 tree: its minutes within 5% of the route priced."""
+    import re
+    comfy = build_comfy_tree(tmp_path / "ComfyUI", era="latest", layout="plain")
+    (comfy / "comfyui_version.py").write_text('__version__ = "0.33.0"\n')
+    result = report(comfy, "--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090")
+    fastest = min((r for r in result["tiled_routes"] if r["fits"]), key=lambda r: r["seconds"])
+    readme = (REPO / "README.md").read_text()
+    quoted = float(re.search(r"RTX 4090: the refinement ([0-9.]+) min", readme).group(1))
+    assert abs(quoted * 60 - fastest["seconds"]) <= 0.05 * fastest["seconds"], (quoted, fastest["seconds"])
+    assert f"takes {fastest['seconds'] / 60:.1f} min for {fastest['steps']} steps" in readme

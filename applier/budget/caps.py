@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import shlex
 from pathlib import Path
 
-from applier.budget import Cap, TargetCaps
+from applier.budget.records import Cap, TargetCaps
 from applier.errors import ApplierError
 from applier.resources import load_verify
 from applier.store.fsutil import read_inside, read_inside_or_none
@@ -44,11 +45,11 @@ def read_target_caps(target: Target, longest_side: int, pillow_default: int) -> 
         max_resolution, where = None, f"nodes.py not read: {getattr(exc, 'message', None) or exc}"
     pillow, pillow_where = pillow_bound(target, root, max_resolution, pillow_default, resolution, notes)
     scan = resolution.scan_resolution_caps(root, longest_side)
-    caps = tuple(Cap(f"{c.file}:{c.line}", c.value, c.what) for c in scan.caps)
+    caps = tuple(Cap(f"{c.file}:{c.line}", c.value, c.what, c.node) for c in scan.caps)
     if scan.skipped:
         notes.append(f"{len(scan.skipped)} file(s) not scanned for caps: "
                      + ", ".join(f"{path} ({why})" for path, why in scan.skipped[:5]))
-    return TargetCaps(max_resolution, where, pillow, pillow_where, caps, tuple(notes))
+    return TargetCaps(max_resolution, where, pillow, pillow_where, caps, tuple(notes), shlex.quote(str(target.root)))
 
 
 def pillow_bound(target: Target, root: Path, max_resolution: int | None, default: int, resolution,

@@ -1,4 +1,4 @@
-"""The budget's tables: applier/data/{gpus,models,efficiency}.toml read into applier.budget's records.
+"""The budget's tables: applier/data/{gpus,models,efficiency}.toml read into the records of applier/budget/records.py.
 
 The files ship inside the package (setup.cfg package_data); a key missing or of the wrong type is a RefusedError
 naming the file and the key (a broken install, never a traceback).
@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from applier.budget import (GIB, BlockGroup, BudgetData, Efficiency, Era, Gpu, Linear, Measured, Model, Vae)
+from applier.budget.records import (GIB, BlockGroup, BudgetData, Efficiency, Era, Gpu, Linear, Measured, Model,
+                                    Vae)
 from applier.errors import RefusedError
 
 if sys.version_info >= (3, 11):

@@ -1,0 +1,338 @@
+"""The cost model: what one forward of a model does at a canvas (tokens, FLOPs, bytes), what it costs on a GPU
+(seconds per forward by part, memory) for each config, and each tiled route as the Tiled Sampling node runs it.
+
+Pure arithmetic over the tables' records (records.py); nothing here reads a file or prints. The model
+(docs/budget.md):
+
+    one forward = attention FLOPs / (bf16 peak x attention efficiency of the SDPA backend that runs)
+                + GEMM FLOPs / (bf16 or FP8 peak x GEMM efficiency) [+ FP8 input quantisation bytes / bandwidth]
+                + elementwise bytes / (bandwidth x the release's elementwise efficiency)
+                + the release's per-forward host gap [+ weights that do not fit, streamed over the host link]
+    one step = forwards per step (2 with classifier-free guidance) x one forward; a generation = steps x one step
+
+Efficiencies are fractions of the measuring GPU's published peaks; on any other GPU the same fractions of its own
+published peaks are a projection, and every time figure says which it is.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from applier.budget.records import (BF16_BYTES, CONFIGS, FAMILY_MIN_CAPABILITY, FAMILY_WORDS, FP8_BYTES, BlockGroup,
+                                    BudgetData, Canvas, Efficiency, Era, Gpu, Measured, Model, Request)
+from applier.resources import load_pack_module
+
+
+@dataclass(frozen=True)
+class Tokens:
+    latent_width: int
+    latent_height: int
+    latent_frames: int
+    image: int                   # image tokens at the model's full resolution (downsample 1)
+    text: int
+
+    @property
+    def all(self) -> int:
+        return self.image + self.text
+
+
+def latent_frames(model: Model, frames: int) -> int:
+    """A video VAE keeps the first frame and packs the rest 4 to 1: (frames - 1) // 4 + 1 latent frames."""
+    if not model.video:
+        return 1
+    return (max(frames, 1) - 1) // model.vae.temporal_factor + 1
+
+
+def token_counts(model: Model, canvas: Canvas) -> Tokens:
+    lw, lh = canvas.width // model.vae.factor, canvas.height // model.vae.factor
+    frames = latent_frames(model, canvas.frames)
+    image = math.ceil(lw / model.patch) * math.ceil(lh / model.patch) * frames
+    return Tokens(lw, lh, frames, image, model.text_tokens)
+
+
+def _group_tokens(model: Model, tokens: Tokens, group: BlockGroup) -> dict:
+    """Tokens per token set at this group's level (SDXL's UNet levels halve each side)."""
+    step = model.patch * group.downsample
+    image = math.ceil(tokens.latent_width / step) * math.ceil(tokens.latent_height / step) * tokens.latent_frames
+    return {"image": image, "text": tokens.text, "all": image + tokens.text}
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one forward of the model does at one canvas."""
+    tokens: Tokens
+    attention_flop: float         # the sum of attention_calls' FLOPs
+    gemm_flop: float
+    fp8_gemm_flop: float          # the part of gemm_flop FP8 linears can take
+    quantize_elements: float      # FP8 linears' input elements
+    elementwise_bytes: float
+    fp8_parameters: int           # weights of the linears FP8 replaces
+    # (sequence length, FLOPs) of the attention calls by length: the geometric mean of the query and key counts
+    # (the tokens of a self-attention; a cross-attention's short key set makes it short)
+    attention_calls: tuple[tuple[float, float], ...] = ()
+
+
+def forward_work(model: Model, canvas: Canvas) -> Work:
+    tokens = token_counts(model, canvas)
+    attention = gemm = fp8_gemm = quantize = elementwise = 0.0
+    fp8_parameters = 0
+    calls: dict = {}
+    for group in model.groups:
+        sets = _group_tokens(model, tokens, group)
+        for queries, keys in group.attention:
+            flop = group.count * 4.0 * sets[queries] * sets[keys] * group.heads * group.head_dim
+            attention += flop
+            length = math.sqrt(sets[queries] * sets[keys])
+            calls[length] = calls.get(length, 0.0) + flop
+        for linear in group.linears:
+            flop = group.count * 2.0 * linear.fan_in * linear.fan_out * sets[linear.tokens]
+            gemm += flop
+            if group.fp8:
+                fp8_gemm += flop
+                quantize += group.count * float(linear.fan_in) * sets[linear.tokens]
+                fp8_parameters += group.count * group.weight_copies * linear.fan_in * linear.fan_out
+        elementwise += group.count * group.elementwise_passes * group.width * sets[group.stream] * BF16_BYTES
+    return Work(tokens, attention, gemm, fp8_gemm, quantize, elementwise, fp8_parameters,
+                tuple(sorted(calls.items())))
+
+
+def weight_bytes(model: Model, work: Work, fp8: bool) -> int:
+    """The weights in memory: bf16, or with FP8 linears replacing theirs (the node's default fp8_weights=replace)."""
+    if not fp8:
+        return model.parameters * BF16_BYTES
+    return work.fp8_parameters * FP8_BYTES + (model.parameters - work.fp8_parameters) * BF16_BYTES
+
+
+def activation_bytes(model: Model, tokens: Tokens) -> int:
+    return int(model.activation_widths * model.hidden * (tokens.image + text_in_stream(model, tokens)) * BF16_BYTES)
+
+
+def hidden_state_bytes(model: Model, tokens: Tokens) -> int:
+    """One activation tensor: the residual stream, hidden x tokens in bf16."""
+    return model.hidden * (tokens.image + text_in_stream(model, tokens)) * BF16_BYTES
+
+
+def text_in_stream(model: Model, tokens: Tokens) -> int:
+    return tokens.text if model.groups and model.groups[0].stream == "all" else 0
+
+
+# ---------------------------------------------------------------- time
+
+@dataclass(frozen=True)
+class Priced:
+    """One config at one canvas: seconds per forward by part, memory, and how far the figures are measured."""
+    config: str
+    families: tuple[str, ...]
+    available: bool
+    reason: str                          # why not available, or "" / a note
+    predicted: bool = True               # False: the config runs but its time is not modelled (memory only)
+    attention_s: float = 0.0
+    gemm_s: float = 0.0
+    quantize_s: float = 0.0
+    elementwise_s: float = 0.0
+    host_s: float = 0.0
+    stream_s: float = 0.0
+    weights_bytes: int = 0
+    streamed_bytes: int = 0
+    fits: bool = True
+    attention_backend: str = ""
+
+    @property
+    def forward_s(self) -> float:
+        return (self.attention_s + self.gemm_s + self.quantize_s + self.elementwise_s + self.host_s
+                + self.stream_s)
+
+
+def config_available(config: str, model: Model, gpu: Gpu) -> tuple[bool, str]:
+    families = CONFIGS[config]
+    for family in families:
+        need = FAMILY_MIN_CAPABILITY[family]
+        if gpu.compute_capability < need:
+            return False, f"{FAMILY_WORDS[family]} needs sm_{need[0]}{need[1]}+ ({gpu.name} is sm_" \
+                          f"{gpu.compute_capability[0]}{gpu.compute_capability[1]})"
+        if family == "fp8" and not gpu.fp8_tflops:
+            return False, f"{gpu.name} has no FP8 tensor cores"
+    return True, ""
+
+
+def _attention_efficiency(measured: Measured, gpu: Gpu, backend: str) -> Efficiency:
+    if gpu.key == measured.gpu:
+        return measured.attention[backend]
+    return measured.attention[measured.projection_attention]
+
+
+def _fastest_backend(measured: Measured, gpu: Gpu, tokens: float) -> str:
+    return max(measured.attention, key=lambda b: _attention_efficiency(measured, gpu, b).at(tokens))
+
+
+def attention_seconds(work: Work, measured: Measured, gpu: Gpu, backend: str | None) -> tuple[float, str]:
+    """Seconds of one forward's attention calls, each at its length's efficiency, on `backend` (None: the fastest
+    backend for each length, as the attention family picks per shape); and the backend of the longest calls."""
+    bf16 = gpu.bf16_tflops * 1e12
+    seconds, main = 0.0, backend or ""
+    calls = work.attention_calls or ((float(work.tokens.all), work.attention_flop),)
+    for length, flop in calls:
+        chosen = backend or _fastest_backend(measured, gpu, length)
+        seconds += flop / (bf16 * _attention_efficiency(measured, gpu, chosen).at(length))
+        main = chosen if length == calls[-1][0] else main
+    return seconds, main
+
+
+def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, work: Work, *,
+          memory_bytes: int, windows: bool = False) -> Priced:
+    """Seconds per forward of one config, and whether it fits."""
+    families = CONFIGS[config]
+    available, reason = config_available(config, model, gpu)
+    if not available:
+        return Priced(config, families, False, reason)
+    fp8 = "fp8" in families
+    stock_backend = era.stock_attention_windows if windows else era.stock_attention
+    attention_s, backend = attention_seconds(work, measured, gpu, None if "attention" in families else stock_backend)
+    bf16 = gpu.bf16_tflops * 1e12
+    bandwidth = gpu.bandwidth_gbs * 1e9
+    if fp8:
+        gemm_s = (work.fp8_gemm_flop / (gpu.fp8_tflops * 1e12 * measured.gemm_fp8.value)
+                  + (work.gemm_flop - work.fp8_gemm_flop) / (bf16 * measured.gemm_bf16.value))
+        quantize_s = (work.quantize_elements * measured.quantize_bytes_per_element
+                      / (bandwidth * measured.fp8_quantize.value))
+    else:
+        gemm_s, quantize_s = work.gemm_flop / (bf16 * measured.gemm_bf16.value), 0.0
+    elementwise_s = work.elementwise_bytes / (bandwidth * era.other.value)
+    notes = []
+    if "elementwise" in families:
+        if model.overlay_blocks:
+            elementwise_s *= era.elementwise_factor.value
+        else:
+            notes.append("the elementwise families do not know this model's blocks: they stay stock")
+    if "attention" in families and gpu.key != measured.gpu:
+        notes.append(f"the attention family's gain is measured on {measured.gpu} only: none predicted here")
+    weights = weight_bytes(model, work, fp8)
+    room = memory_bytes - activation_bytes(model, work.tokens) - measured.reserve_bytes
+    streamed = max(0, weights - room) if room > 0 else 0
+    stream_s = streamed / (gpu.host_link_gbs * 1e9)
+    predicted = not (fp8 and model.fp8_path != "blocks")
+    if not predicted:
+        notes.append("FP8 through the seam for models the block families do not know is host-bound (measured "
+                     "slower than stock on Qwen-Image, generation-0.33.0.json): memory only, no time predicted")
+    return Priced(config, families, True, "; ".join(notes), predicted, attention_s, gemm_s, quantize_s,
+                  elementwise_s, era.host_gap_s.value, stream_s, weights, streamed, room > 0, backend)
+
+
+# ---------------------------------------------------------------- memory of the decode
+
+def vae_decode_bytes(model: Model, canvas: Canvas, tile_px: int | None = None) -> int:
+    """ComfyUI's own estimate of the decode's device memory (comfy/sd.py VAE.memory_used_decode), for the whole
+    canvas or one tile of tile_px x tile_px. A video VAE decodes frame after frame through its cache: the estimate
+    is per frame."""
+    width, height = (canvas.width, canvas.height) if tile_px is None else (min(tile_px, canvas.width),
+                                                                           min(tile_px, canvas.height))
+    per_pixel = model.vae.decode_bytes_per_pixel
+    if model.video and model.vae.decode_bytes_per_pixel_video and latent_frames(model, canvas.frames) > 4:
+        per_pixel = model.vae.decode_bytes_per_pixel_video
+    return int(per_pixel * width * height * BF16_BYTES)
+
+
+def output_image_bytes(canvas: Canvas) -> int:
+    """The decoded IMAGE ComfyUI holds on the host: float32 RGB per pixel and frame."""
+    return canvas.width * canvas.height * canvas.frames * 3 * 4
+
+
+# ---------------------------------------------------------------- pricing a request
+
+def price_all(request: Request, data: BudgetData, era: Era, canvas: Canvas) -> tuple[Work, list[Priced]]:
+    """One forward's work at `canvas`, and every config priced on the request's GPU."""
+    work = forward_work(request.model, canvas)
+    return work, [price(name, request.model, request.gpu, data.measured, era, work, memory_bytes=request.memory_bytes,
+                        windows=request.windows) for name in CONFIGS]
+
+
+def runnable(priced: list[Priced]) -> list[Priced]:
+    """The configs whose time is predicted and whose activations fit."""
+    return [p for p in priced if p.available and p.predicted and p.fits]
+
+
+# ---------------------------------------------------------------- tiled routes
+
+@dataclass(frozen=True)
+class TiledRoute:
+    """One tile size as the Tiled Sampling node would run it: its tiles and batch, its peak, and where it fits the
+    fastest config's cost for every step of the route."""
+    node: str | None                     # "Tiled Sampling", or None where no node of the pack tiles the model
+    tile_px: int
+    overlap_px: int
+    tiles: int
+    batch: int
+    tile_activation_bytes: int
+    peak_bytes: int
+    fits: bool
+    steps: int
+    config: str | None = None
+    seconds_per_tile: float | None = None     # all steps
+    seconds: float | None = None
+    stock_seconds: float | None = None
+
+    @property
+    def settings(self) -> dict:
+        """The node's inputs for this route."""
+        return {"tile_px": self.tile_px, "overlap_px": self.overlap_px, "tile_batch": self.batch}
+
+    def as_json(self) -> dict:
+        out = {"node": self.node, "tile_px": self.tile_px, "overlap_px": self.overlap_px, "tiles": self.tiles,
+               "batch": self.batch, "tile_activation_bytes": self.tile_activation_bytes,
+               "peak_bytes": self.peak_bytes, "fits": self.fits, "settings": self.settings, "steps": self.steps}
+        if self.fits:
+            out.update({"config": self.config, "seconds_per_tile": self.seconds_per_tile, "seconds": self.seconds,
+                        "stock_seconds": self.stock_seconds})
+        return out
+
+
+def _tiling():
+    """The overlay pack's planner and its table of the models the Tiled Sampling node tiles (fused_dit/tiling, loaded
+    by path: torch-free), so that the budget prices the tiles, the batch and the memory the node plans."""
+    return load_pack_module("tiling.plan"), load_pack_module("tiling.models")
+
+
+def tile_shape(model: Model, tile_px: int, overlap_px: int, plan_module, known) -> object:
+    """The planner's ModelShape of a budget model: the node's own entry where it tiles the model, else one made of
+    the budget's numbers (batch of 1: nothing measured)."""
+    joint = bool(model.groups) and model.groups[0].stream == "all"
+    mine = next((shape for shape in known.MODELS.values() if shape.key == model.key), None)
+    return plan_module.ModelShape(model.key, model.patch, model.vae.factor, model.hidden, model.activation_widths,
+                                  model.text_tokens, joint, tile_px, overlap_px,
+                                  mine.max_batch if mine else 1)
+
+
+def tiled_routes(data: BudgetData, request: Request, era: Era) -> list[TiledRoute]:
+    """Each tile size of the model's list smaller than the canvas, as the Tiled Sampling node would run it: the tiles
+    and the batch its planner chooses in the memory beside the weights, and the fastest config's cost for the
+    request's route steps."""
+    plan_module, known = _tiling()
+    canvas, overlap, reserve = request.canvas, data.measured.tile_overlap_px, data.measured.reserve_bytes
+    tokens = token_counts(request.model, canvas)
+    memory = request.memory_bytes
+    node = "Tiled Sampling" if any(shape.key == request.model.key for shape in known.MODELS.values()) else None
+    steps = request.route_steps
+    routes = []
+    for tile in request.model.tile_px:
+        if tile >= max(canvas.width, canvas.height) or tile <= overlap:
+            continue
+        tile_canvas = Canvas(min(tile, canvas.width), min(tile, canvas.height), canvas.frames)
+        work, priced = price_all(request, data, era, tile_canvas)
+        can_run = runnable(priced)
+        best = min(can_run, key=lambda p: p.forward_s) if can_run else None
+        weights = best.weights_bytes if best else weight_bytes(request.model, work, True)
+        shape = tile_shape(request.model, tile, overlap, plan_module, known)
+        settings = plan_module.choose(shape, tokens.latent_height, tokens.latent_width,
+                                      max(0, memory - weights - reserve), frames=tokens.latent_frames)
+        count = settings.plan.count
+        fits = best is not None and weights + settings.tile_bytes + reserve <= memory
+        cost = {}
+        if fits:
+            per_tile = best.forward_s * request.cfg_forwards * steps
+            stock = priced[0]
+            cost = {"config": best.config, "seconds_per_tile": per_tile, "seconds": per_tile * count,
+                    "stock_seconds": (stock.forward_s * request.cfg_forwards * steps * count
+                                      if stock in can_run else None)}
+        routes.append(TiledRoute(node, tile, overlap, count, settings.batch, settings.tile_bytes,
+                                 weights + settings.batch * settings.tile_bytes + reserve, fits, steps, **cost))
+    return routes

@@ -1,0 +1,229 @@
+"""The budget's records: the tables' rows (GPUs, model families, measured efficiencies), the target's caps as read,
+and the request a budget answers (model, GPU, canvas, steps, the time given).
+
+Plain frozen dataclasses and the constants they share; the tables are read into them by data.py, the caps by caps.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from applier.errors import RefusedError
+
+GIB = 1024 ** 3
+BF16_BYTES = 2
+FP8_BYTES = 1
+DEFAULT_WITHIN_S = 3600.0
+# The configs a budget prices, by the names benchmarks/generation.py gives them; each is a set of overlay families.
+CONFIGS = {
+    "stock": (),
+    "overlay": ("elementwise",),
+    "overlay_attention": ("attention",),
+    "overlay_fp8": ("elementwise", "fp8"),
+    "overlay_all": ("elementwise", "attention"),
+    "overlay_all_fp8": ("elementwise", "attention", "fp8"),
+}
+FAMILY_WORDS = {"elementwise": "norm_rope + adaln + gate", "attention": "attention (fastest exact SDPA backend)",
+                "fp8": "fp8_linear"}
+# The lowest compute capability each family runs on: Triton bf16 kernels and cuDNN/flash attention need Ampere,
+# FP8 tensor cores Ada (sm_89) or later.
+FAMILY_MIN_CAPABILITY = {"elementwise": (8, 0), "attention": (8, 0), "fp8": (8, 9)}
+
+
+class UnknownModelError(RefusedError):
+    """--model names no model family of the table."""
+
+
+class UnknownGpuError(RefusedError):
+    """The GPU is not in the table (or none was detected): the user names one with --gpu."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    key: str
+    name: str
+    names: tuple[str, ...]
+    compute_capability: tuple[int, int]
+    memory_mib: int
+    memory_published: str
+    bandwidth_gbs: float
+    bf16_tflops: float
+    fp8_tflops: float | None
+    int8_tops: float | None
+    host_link_gbs: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Linear:
+    fan_in: int
+    fan_out: int
+    tokens: str                  # "all" | "image" | "text"
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    name: str
+    count: int
+    stream: str                  # the token set of the residual stream: "all" or "image"
+    width: int
+    linears: tuple[Linear, ...]
+    attention: tuple[tuple[str, str], ...]     # (query set, key/value set) per attention call
+    elementwise_passes: float
+    heads: int
+    head_dim: int
+    downsample: int = 1
+    weight_copies: int = 1
+    fp8: bool = True
+
+
+@dataclass(frozen=True)
+class Vae:
+    factor: int
+    temporal_factor: int
+    channels: int
+    decode_bytes_per_pixel: float
+    decode_bytes_per_pixel_video: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Model:
+    key: str
+    name: str
+    aliases: tuple[str, ...]
+    parameters: int
+    hidden: int
+    patch: int
+    text_tokens: int
+    activation_widths: float
+    steps: int
+    cfg_forwards: int
+    frames: int                  # default frames of a video model, 1 for an image model
+    tile_px: tuple[int, ...]
+    overlay_blocks: bool
+    fp8_path: str                # "blocks" | "generic"
+    video: bool
+    vae: Vae
+    groups: tuple[BlockGroup, ...]
+    sources: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    value: float
+    source: str
+    # where it varies with sequence length (attention): the tokens `value` was measured at, and more
+    # (tokens, value, source) points; between points it is interpolated linearly in log(tokens), held flat outside
+    tokens: int | None = None
+    by_tokens: tuple[tuple[int, float, str], ...] = ()
+
+    def at(self, tokens: float) -> float:
+        """The efficiency at this sequence length (value where nothing is known of the length)."""
+        if not self.by_tokens or self.tokens is None:
+            return self.value
+        points = sorted([(self.tokens, self.value)] + [(t, v) for t, v, _ in self.by_tokens])
+        if tokens <= points[0][0]:
+            return points[0][1]
+        for (t0, v0), (t1, v1) in zip(points, points[1:]):
+            if tokens <= t1:
+                share = math.log(tokens / t0) / math.log(t1 / t0)
+                return v0 + share * (v1 - v0)
+        return points[-1][1]
+
+
+@dataclass(frozen=True)
+class Era:
+    name: str
+    releases: str                # a packaging specifier
+    stock_attention: str
+    stock_attention_windows: str
+    attention_source: str
+    other: Efficiency
+    elementwise_factor: Efficiency
+    host_gap_s: Efficiency
+
+
+@dataclass(frozen=True)
+class Measured:
+    gpu: str                     # the key of the GPU the efficiencies were measured on
+    gemm_bf16: Efficiency
+    gemm_fp8: Efficiency
+    fp8_quantize: Efficiency
+    quantize_bytes_per_element: float
+    attention: dict              # backend -> Efficiency
+    projection_attention: str
+    eras: tuple[Era, ...]
+    reserve_bytes: int
+    reserve_source: str
+    tile_overlap_px: int
+    tiling_source: str
+    vae_tile_px: int
+    vae_tile_overlap_px: int
+    vae_tiled_source: str
+    pillow_max_image_pixels: int
+    pillow_source: str
+
+
+@dataclass(frozen=True)
+class BudgetData:
+    gpus: dict                   # key -> Gpu
+    models: dict                 # key -> Model
+    measured: Measured
+
+
+@dataclass(frozen=True)
+class Cap:
+    where: str                   # "comfy_extras/nodes_load_3d.py:7"
+    value: int
+    what: str                    # the input's name, or "MAX_RESOLUTION"
+    node: str = ""               # the node class the input belongs to, "" at module level
+
+
+@dataclass(frozen=True)
+class TargetCaps:
+    """What the target's files allow, as read (applier/budget/caps.py)."""
+    max_resolution: int | None
+    max_resolution_where: str
+    pillow_max_image_pixels: int | None      # None: no bound (someone set None)
+    pillow_where: str
+    hard_caps: tuple[Cap, ...] = ()
+    notes: tuple[str, ...] = ()
+    target: str = "<TARGET>"                 # the install, as a command line names it (the fixes' --target)
+
+
+@dataclass(frozen=True)
+class Canvas:
+    width: int
+    height: int
+    frames: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.width}x{self.height}" + (f"x{self.frames}" if self.frames > 1 else "")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a budget answers: a model on a GPU at a canvas, with its steps and the time a generation may take."""
+    model: Model
+    gpu: Gpu
+    canvas: Canvas
+    steps: int                           # the steps a native generation is priced at
+    cfg_forwards: int
+    within_s: float = DEFAULT_WITHIN_S
+    comfyui_version: str | None = None
+    windows: bool = False
+    memory_mib: int | None = None        # the detected GPU's memory; the table's when None
+    gpu_how: str = "--gpu"               # "--gpu" | "detected"
+    tiled_steps: int | None = None       # the steps a tiled route is priced at; None: `steps`
+    steps_how: str = ""                  # where the steps come from, in words ("--steps", the model's sampler)
+    tiled_steps_how: str = ""            # likewise for the tiled route (the pack's template)
+
+    @property
+    def route_steps(self) -> int:
+        return self.tiled_steps or self.steps
+
+    @property
+    def memory_bytes(self) -> int:
+        return (self.memory_mib or self.gpu.memory_mib) * 1024 * 1024
