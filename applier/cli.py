@@ -675,10 +675,16 @@ def _verify_size(text):
               help="Seconds per check subprocess [default: 180; kernel-parity 900].")
 @click.option("--size", metavar="WxH", default=None, callback=lambda _c, _p, v: _verify_size(v),
               help="Also run the reach check: every cap below this canvas (e.g. 32768x18432).")
-def verify(invocation, only, kernels, device, real_import, timeout, size):
+@click.option("--keep-pythonpath", is_flag=True,
+              help="Pass PYTHONPATH on to the checks that run in the target's interpreter (isolated, without it, "
+                   "by default).")
+def verify(invocation, only, kernels, device, real_import, timeout, size, keep_pythonpath):
     """Prove the effect: MAX_RESOLUTION as the server sees it, each patch's behaviour, kernel parity.
 
-    Exit 6 when a check FAILs or every check SKIPs (SKIP is never PASS). Example: applier verify --target ComfyUI/
+    A line per check on stderr as it starts and ends. The checks that need torch run in the target's interpreter
+    isolated (python -I), without PYTHONPATH, as ComfyUI started from its own folder would; --keep-pythonpath
+    passes it on. Exit 6 when a check FAILs or every check SKIPs (SKIP is never PASS).
+    Example: applier verify --target ComfyUI/
     """
     from applier.catalog.allowlist import store_for
     from applier.resources import load_verify
@@ -689,16 +695,28 @@ def verify(invocation, only, kernels, device, real_import, timeout, size):
     store = store_for(found, catalog)
     recover_if_pending(store)   # an interrupted apply/revert is finished before anything is judged
     state = store.load()
-    tty = sys.stderr.isatty() and not invocation.as_json
+    tty = sys.stderr.isatty()
+    shown = tty or not invocation.as_json      # --json's reader gets the document alone, unless at a terminal
+    if shown and os.environ.get("PYTHONPATH") and not keep_pythonpath:
+        click.echo(f"note: {verify_pkg.KEEP_PYTHONPATH_HINT}", err=True)
 
-    def progress(name):
-        if tty:
-            click.echo(f"... {name}", err=True)
+    def progress(step):
+        """A line per check on stderr: "[3/12] name ..." as it starts, its outcome and time as it ends (on a
+        terminal the end overwrites the start)."""
+        if not shown:
+            return
+        head = f"[{step.index}/{step.total}] {step.name}"
+        if step.result is None:
+            click.echo(f"{head} ...", err=True, nl=not tty)
+        else:
+            outcome = getattr(step.result.outcome, "value", step.result.outcome)
+            click.echo(("\r\033[K" if tty else "") + f"{head}: {outcome} in {step.result.duration_s:.1f} s",
+                       err=True)
 
     limits = {} if timeout is None else {"timeout": timeout, "kernel_timeout": timeout}
     options = verify_pkg.VerifyOptions(target=found, catalog=catalog, state=state, device=device, kernels=kernels,
                                        real_import=real_import, only=tuple(only), progress=progress, size=size,
-                                       **limits)
+                                       keep_pythonpath=keep_pythonpath, **limits)
     results = verify_pkg.run_verify(options)
     ok = verify_pkg.overall_ok(results)
     if invocation.as_json:

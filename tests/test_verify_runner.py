@@ -136,6 +136,38 @@ def test_real_probe_gets_json_args_isolated_mode_a_temp_cwd_and_extra_env(tmp_pa
     assert not Path(numbers["cwd"]).exists()      # the temporary folder is removed afterwards
 
 
+def needs_a_module_from_pythonpath(tmp_path: Path, monkeypatch) -> Path:
+    """A probe that imports a module found only through PYTHONPATH, with PYTHONPATH (and PYTHONINSPECT) set."""
+    probes, extra = tmp_path / "probes", tmp_path / "extra"
+    probes.mkdir()
+    extra.mkdir()
+    (extra / "only_on_pythonpath.py").write_text("VALUE = 7\n")
+    (probes / "imports_extra.py").write_text(textwrap.dedent("""\
+        import json, sys
+        import only_on_pythonpath
+        print(json.dumps({"outcome": "PASS", "reason": "imported", "numbers": {
+            "value": only_on_pythonpath.VALUE, "isolated": sys.flags.isolated}}))
+    """))
+    monkeypatch.setenv("PYTHONPATH", str(extra))
+    monkeypatch.setenv("PYTHONINSPECT", "1")      # honoured without -I: it must still be dropped
+    return probes
+
+
+def test_a_probe_runs_without_pythonpath_and_its_missing_module_failure_says_how_to_keep_it(tmp_path, monkeypatch):
+    probes = needs_a_module_from_pythonpath(tmp_path, monkeypatch)
+    result = run_probe(Path(sys.executable), "imports_extra", ARGS, timeout=60, probes_dir=probes)
+    assert result.outcome is Outcome.FAIL and "only_on_pythonpath" in result.reason
+    assert "PYTHONPATH" in result.reason and "--keep-pythonpath" in result.reason
+
+
+def test_keep_pythonpath_passes_pythonpath_on_and_still_drops_the_other_python_variables(tmp_path, monkeypatch):
+    probes = needs_a_module_from_pythonpath(tmp_path, monkeypatch)
+    result = run_probe(Path(sys.executable), "imports_extra", ARGS, timeout=30, probes_dir=probes,
+                       keep_pythonpath=True)
+    assert result.outcome is Outcome.PASS, result.reason + result.stderr
+    assert result.numbers == {"value": 7, "isolated": 0}
+
+
 def test_probe_raising_without_a_verdict_is_a_fail_with_the_traceback(tmp_path):
     probes = tmp_path / "probes"
     probes.mkdir()

@@ -132,13 +132,16 @@ def test_unknown_only_name_is_refused_with_the_known_names(tmp_path):
     assert "max-resolution" in raised.value.hint
 
 
-def test_progress_is_told_each_slow_check_before_it_runs(tmp_path):
+def test_progress_is_told_as_each_check_starts_and_as_it_ends(tmp_path):
     seen = []
     options = verify.VerifyOptions(target=make_target(tmp_path), catalog=make_catalog(tmp_path), state=State(),
                                    kernels=True, progress=seen.append)
     results = verify.run_verify(options)
-    assert seen == ["effect:torch/fake-patch", "kernel-parity"]
-    assert [r.name for r in results][-2:] == seen
+    names = [r.name for r in results]
+    assert [(s.name, s.result is None) for s in seen] == [(n, started) for n in names for started in (True, False)]
+    assert [s.result for s in seen[1::2]] == results
+    assert {(s.index, s.total) for s in seen} == {(i, len(names)) for i in range(1, len(names) + 1)}
+    assert [s.name for s in seen[::2] if s.slow] == ["effect:torch/fake-patch", "kernel-parity"]
 
 
 # ------------------------------------------------------------------ effect and kernel checks
@@ -259,3 +262,39 @@ def test_probes_that_import_comfyui_wait_for_real_import(tmp_path, patch_id):
     (effect,) = verify.run_verify(options)
     assert effect.outcome is Outcome.PASS          # the stand-in interpreter answered
     assert effect.numbers["args"]["real_import"] is True
+
+
+# ------------------------------------------------------------------ the command's progress
+
+def run_verify_command(tmp_path: Path, *args: str, env: dict | None = None):
+    from click.testing import CliRunner
+
+    from applier.cli import cli
+    from tests.fixtures.comfy_tree import build_comfy_tree
+    comfy = build_comfy_tree(tmp_path / "ComfyUI", era="latest", layout="plain")
+    return CliRunner().invoke(cli, ["verify", "--target", str(comfy), *args],
+                              env={"APPLIER_NO_GPU_PROBE": "1", "PYTHONPATH": None, **(env or {})})
+
+
+def test_verify_writes_a_line_per_check_to_stderr_as_it_starts_and_ends(tmp_path):
+    result = run_verify_command(tmp_path)
+    names = [line.split()[0] for line in result.stdout.splitlines()[:-1] if line and not line.startswith(" ")]
+    assert names and "max-resolution" in names
+    total = len(names)
+    for index, name in enumerate(names, start=1):
+        assert f"[{index}/{total}] {name} ...\n" in result.stderr
+        assert f"[{index}/{total}] {name}: " in result.stderr
+    assert "[1/" not in result.stdout
+
+
+def test_verify_json_keeps_stdout_for_the_document(tmp_path):
+    result = run_verify_command(tmp_path, "--json")
+    document = json.loads(result.stdout)
+    assert document["checks"] and "[1/" not in result.stdout
+
+
+def test_verify_says_it_leaves_pythonpath_out_and_how_to_keep_it(tmp_path):
+    told = run_verify_command(tmp_path, env={"PYTHONPATH": str(tmp_path / "mine")})
+    assert "PYTHONPATH" in told.stderr and "--keep-pythonpath" in told.stderr
+    kept = run_verify_command(tmp_path / "kept", "--keep-pythonpath", env={"PYTHONPATH": str(tmp_path / "mine")})
+    assert "--keep-pythonpath" not in kept.stderr and kept.exit_code == told.exit_code

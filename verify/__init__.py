@@ -22,11 +22,11 @@ from applier.target import Target
 
 from .registry import (REGISTRY, Check, CheckInstance, CheckResult, Outcome, check, nothing_verified, overall_ok,
                        selected, summarize)
-from .runner import PYTHON_HINT, ProbeResult, run_probe
+from .runner import KEEP_PYTHONPATH_HINT, PYTHON_HINT, ProbeResult, run_probe
 
-__all__ = ["VerifyOptions", "VerifyContext", "run_verify", "plan_checks", "results_to_json", "overall_ok",
-           "nothing_verified", "summarize", "CheckResult", "Outcome", "check", "REGISTRY", "run_probe",
-           "ProbeResult"]
+__all__ = ["VerifyOptions", "VerifyContext", "CheckProgress", "run_verify", "plan_checks", "results_to_json",
+           "overall_ok", "nothing_verified", "summarize", "CheckResult", "Outcome", "check", "REGISTRY", "run_probe",
+           "ProbeResult", "KEEP_PYTHONPATH_HINT"]
 
 REPORT_FORMAT = 1
 DEFAULT_PROBE_TIMEOUT_S = 180.0
@@ -44,9 +44,20 @@ class VerifyOptions:
     real_import: bool = False            # import the target's ComfyUI in its interpreter (seconds, needs torch)
     only: tuple[str, ...] = ()           # check names, families ("effect") or patch ids; empty: every check
     timeout: float = DEFAULT_PROBE_TIMEOUT_S            # per probe
-    progress: Callable[[str], None] | None = None     # told each slow check's name before it runs
+    progress: Callable[[CheckProgress], None] | None = None    # told as each check starts and as it ends
     kernel_timeout: float = DEFAULT_KERNEL_TIMEOUT_S
     size: tuple[int, int] | None = None   # --size WxH: the canvas the reach check walks the tree for
+    keep_pythonpath: bool = False        # pass PYTHONPATH on to the probes (they run isolated, without it, by default)
+
+
+@dataclass(frozen=True)
+class CheckProgress:
+    """A check starting (result None) or ended, the index-th of total, for a progress line."""
+    name: str
+    index: int
+    total: int
+    slow: bool
+    result: CheckResult | None = None
 
 
 @dataclass
@@ -137,7 +148,8 @@ class VerifyContext:
         key = json.dumps([probe, args, env_extra or {}], sort_keys=True)
         if key not in self._probe_cache:
             self._probe_cache[key] = run_probe(self.target.python, probe, args,
-                                               self.options.timeout if timeout is None else timeout, env_extra)
+                                               self.options.timeout if timeout is None else timeout, env_extra,
+                                               keep_pythonpath=self.options.keep_pythonpath)
         return self._probe_cache[key]
 
 
@@ -191,10 +203,14 @@ def run_verify(options: VerifyOptions) -> list[CheckResult]:
     """Run the selected checks in registry order; every check yields a result, none raises."""
     ctx = VerifyContext(options)
     results = []
-    for instance in plan_checks(options, ctx):
-        if options.progress is not None and instance.is_slow(ctx):
-            options.progress(instance.name)
+    plan = plan_checks(options, ctx)
+    for index, instance in enumerate(plan, start=1):
+        slow = instance.is_slow(ctx)
+        if options.progress is not None:
+            options.progress(CheckProgress(instance.name, index, len(plan), slow))
         results.append(instance.run(ctx))
+        if options.progress is not None:
+            options.progress(CheckProgress(instance.name, index, len(plan), slow, results[-1]))
     return results
 
 

@@ -4,14 +4,17 @@ The probe runs as `python -I -X utf8 probes/<name>.py '<json args>'` through app
 empty temporary folder that is also its TMPDIR and TORCHINDUCTOR_CACHE_DIR (so torch.compile's caches and anything
 else it puts in a temp folder go when it ends: no `$TMPDIR/torchinductor_<user>` is left behind). Isolated mode: no
 user site, no PYTHON* variables, no current folder on sys.path, so nothing of the applier's environment leaks in;
-UTF-8 mode, so paths and output survive any locale. Its last stdout line must be one JSON object (see
-verify/README.md). A crash, a non-zero exit, a hang past the timeout, more than PROBE_STDOUT_LIMIT bytes of
-stdout, bytes that are not UTF-8, or output that is not that JSON is a FAIL with the reason in words (the process
-group is killed); a missing interpreter is a SKIP. This module never raises for anything the probe does.
+UTF-8 mode, so paths and output survive any locale. `applier verify --keep-pythonpath` runs it with -s instead of
+-I and PYTHONPATH kept (every other PYTHON* variable still dropped), for a target whose interpreter needs it. Its
+last stdout line must be one JSON object (see verify/README.md). A crash, a non-zero exit, a hang past the
+timeout, more than PROBE_STDOUT_LIMIT bytes of stdout, bytes that are not UTF-8, or output that is not that JSON is
+a FAIL with the reason in words (the process group is killed); a missing interpreter is a SKIP. This module never
+raises for anything the probe does.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import tempfile
@@ -35,6 +38,11 @@ PROBE_STDERR_KEPT = 256 * 1024            # stderr beyond this is dropped from t
 _PROBE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 # Variables that would make the target's interpreter load something other than what it would load on its own.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "PYTHONUSERBASE")
+# With keep_pythonpath (`applier verify --keep-pythonpath`): -s instead of -I, so that PYTHONPATH is read, and every
+# other PYTHON* variable dropped (PYTHONINSPECT would leave the probe waiting at a prompt until its timeout).
+KEEP_PYTHONPATH_FLAGS = ("-s", "-B", "-X", "utf8")
+KEEP_PYTHONPATH_HINT = ("PYTHONPATH is set but the checks run isolated (python -I), without it, as ComfyUI started "
+                        "from its own folder would; `applier verify --keep-pythonpath` passes it on")
 
 
 @dataclass
@@ -58,9 +66,11 @@ def probe_path(probe: str, probes_dir: Path | None = None) -> Path | None:
 
 
 def run_probe(python: Path | str | None, probe: str, args: dict, timeout: float,
-              env_extra: dict[str, str | None] | None = None, *, probes_dir: Path | None = None) -> ProbeResult:
+              env_extra: dict[str, str | None] | None = None, *, probes_dir: Path | None = None,
+              keep_pythonpath: bool = False) -> ProbeResult:
     """Run one probe and read its verdict; see the module docstring for how failures are classified.
-    `probes_dir` replaces verify/probes/ (tests run probes of their own)."""
+    `probes_dir` replaces verify/probes/ (tests run probes of their own); keep_pythonpath passes PYTHONPATH on.
+    A probe that fails on a missing module while PYTHONPATH was left out says so, and how to keep it."""
     if python is None:
         return ProbeResult(Outcome.SKIP, f"no Python interpreter found for the target; {PYTHON_HINT}")
     python = Path(python)
@@ -78,16 +88,25 @@ def run_probe(python: Path | str | None, probe: str, args: dict, timeout: float,
     with tempfile.TemporaryDirectory(prefix="applier-probe-", ignore_cleanup_errors=True) as workdir:
         own_temp = {"TMPDIR": workdir, "TEMP": workdir, "TMP": workdir,
                     "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "torchinductor")}
-        env = child_env({**own_temp, **(env_extra or {})}, drop=_DROPPED_ENV)
+        if keep_pythonpath:
+            flags, drop = KEEP_PYTHONPATH_FLAGS, tuple(k for k in os.environ if k.startswith("PYTHON")
+                                                       and k != "PYTHONPATH")
+        else:
+            flags, drop = PYTHON_FLAGS, _DROPPED_ENV
+        env = child_env({**own_temp, **(env_extra or {})}, drop=drop)
         try:
-            result = run_bounded([python, *PYTHON_FLAGS, script, payload], what=f"probe {probe}", timeout=timeout,
+            result = run_bounded([python, *flags, script, payload], what=f"probe {probe}", timeout=timeout,
                                  stdout_limit=PROBE_STDOUT_LIMIT, stderr_limit=PROBE_STDERR_KEPT, stderr_tail=True,
                                  env=env, cwd=workdir)
             out = result.text()
         except ChildFailure as exc:
             return ProbeResult(Outcome.FAIL, exc.message, stderr=_tail(exc.stderr),
                                duration_s=time.monotonic() - started)
-    return _classify(probe, result.returncode, out, result.stderr, result.duration_s)
+    found = _classify(probe, result.returncode, out, result.stderr, result.duration_s)
+    if (found.outcome is Outcome.FAIL and not keep_pythonpath and os.environ.get("PYTHONPATH")
+            and "ModuleNotFoundError" in found.reason + found.stderr):
+        found.reason += f" ({KEEP_PYTHONPATH_HINT})"
+    return found
 
 
 def _classify(probe: str, returncode: int, out: str, err: bytes, duration: float) -> ProbeResult:
