@@ -23,6 +23,7 @@ COMMANDS = {
     "canvas-pipeline": ("canvas_pipeline", "a 32K canvas through a real server's nodes, after applier apply and stock"),
     "tiled-route": ("tiled_route", "the tiled 32K route through a real server: TiledSampling, its peaks, the peer "
                     "side by side"),
+    "tiled-vae": ("tiled_vae", "the one-pass tiled VAE against ComfyUI's tiled VAE and the untiled one, in process"),
     "compiler": ("compiler", "the node's configs under ComfyUI's model compiler (malloc graphs, CUDA graphs), on/off"),
     "assemble": ("assemble", "the newest reachable ComfyUI: a real tree plus code-index files, each checked"),
     "fp8-linear-shapes": ("fp8_linear_shapes", "FP8 Linear vs bf16 per shape; --write-table: the pack's per-call rule"),

@@ -41,7 +41,7 @@ The weights are random: the figures are for time, memory and which code ran, nev
     python -m benchmarks tiled-route --comfyui DIR --work /tmp/route --make-checkpoint /tmp/ckpt \\
         --peer tiled-diffusion=/tmp/ComfyUI-TiledDiffusion --out tiled-route-RELEASE.json
     python -m benchmarks tiled-route --comfyui DIR --work W --make-checkpoint C --tiny --server-args=--cpu --out O
-        # CPU smoke test of the plumbing: tiny Flux, 256 px canvases from a 128 px base, 128 px tiles
+        # CPU smoke test of the plumbing: tiny Flux, 512 px canvases from a 256 px base, 256 px tiles
 On the device machine: COMMAND=tiled-route scripts/comfy_server_for_device.sh (benchmarks/README.md).
 """
 from __future__ import annotations
@@ -69,8 +69,8 @@ VAE_TILING = {"tile_size": 1024, "overlap": 64, "temporal_size": 64, "temporal_o
 SAMPLER = {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0}
 PEERS = {"tiled-diffusion": {"folder": "ComfyUI-TiledDiffusion", "class_type": "TiledDiffusion",
                              "method": "MultiDiffusion"}}
-TINY = {"sizes": "256x256,384x256", "base": "128x128", "memory_check": "192x192", "peer_size": "256x256",
-        "tile": (128, 32, 2)}
+TINY = {"sizes": "512x512,768x512", "base": "256x256", "memory_check": "384x384", "peer_size": "512x512",
+        "tile": (256, 64, 2)}
 PEER_DEFAULT_TILE = (1024, 128, 4)   # the peer needs numbers: where ours is planned (0/-1/0), these for both
 MEMORY_FRACTION_ENV = "GENERATION_PROBE_MEMORY_FRACTION"
 # node ids of the prompts: the model chain, then each part
@@ -141,11 +141,20 @@ def ksampler(model: list, latent: list, steps: int, denoise: float, seed: int) -
                                                  "latent_image": latent, "denoise": denoise}}
 
 
+# the route's encode, decode and save: the pack's one-pass nodes, or ComfyUI's own (the peer's route, and ours
+# with --stock-vae)
+PACK_VAE = {"encode": "TiledVAEEncode", "decode": "TiledVAEDecode", "save": "SaveImagePNG"}
+STOCK_VAE = {"encode": "VAEEncodeTiled", "decode": "VAEDecodeTiled", "save": "SaveImage"}
+
+
 def route_prompt(size: tuple, base: tuple, checkpoint: str, vae: str, weight_dtype: str, fused: dict | None,
-                 tiled: dict, base_steps: int, steps: int, denoise: float, seed: int, prefix: str) -> dict:
-    """The issue's route as one prompt: generate at `base`, upscale to `size` (W, H), refine tiled, save."""
+                 tiled: dict, base_steps: int, steps: int, denoise: float, seed: int, prefix: str,
+                 peer: dict | None = None, vae_nodes: dict = PACK_VAE) -> dict:
+    """The issue's route as one prompt: generate at `base`, upscale to `size` (W, H), encode, refine tiled, decode,
+    save. With `peer`, the peer's node in place of TiledSampling over the loader's model (stock ComfyUI)."""
     (width, height), (base_width, base_height) = size, base
-    nodes, untiled, tiled_model = model_chain(checkpoint, weight_dtype, fused, tiled)
+    nodes, untiled, tiled_model = model_chain(checkpoint, weight_dtype, fused, tiled, peer)
+    vae_inputs = VAE_TILING if vae_nodes["encode"] == STOCK_VAE["encode"] else {}
     nodes.update({
         ID["vae"]: {"class_type": "VAELoader", "inputs": {"vae_name": vae}},
         ID["base_latent"]: {"class_type": "EmptySD3LatentImage",
@@ -155,12 +164,12 @@ def route_prompt(size: tuple, base: tuple, checkpoint: str, vae: str, weight_dty
                        "inputs": {"samples": [ID["base_sampler"], 0], "vae": [ID["vae"], 0]}},
         ID["scale"]: {"class_type": "ImageScale", "inputs": {"image": [ID["decode"], 0], "upscale_method": "bilinear",
                                                              "width": width, "height": height, "crop": "disabled"}},
-        ID["encode"]: {"class_type": "VAEEncodeTiled",
-                       "inputs": {"pixels": [ID["scale"], 0], "vae": [ID["vae"], 0], **VAE_TILING}},
+        ID["encode"]: {"class_type": vae_nodes["encode"],
+                       "inputs": {"pixels": [ID["scale"], 0], "vae": [ID["vae"], 0], **vae_inputs}},
         ID["refine"]: ksampler(tiled_model, [ID["encode"], 0], steps, denoise, seed),
-        ID["decode_tiled"]: {"class_type": "VAEDecodeTiled",
-                             "inputs": {"samples": [ID["refine"], 0], "vae": [ID["vae"], 0], **VAE_TILING}},
-        ID["save"]: {"class_type": "SaveImage",
+        ID["decode_tiled"]: {"class_type": vae_nodes["decode"],
+                             "inputs": {"samples": [ID["refine"], 0], "vae": [ID["vae"], 0], **vae_inputs}},
+        ID["save"]: {"class_type": vae_nodes["save"],
                      "inputs": {"images": [ID["decode_tiled"], 0], "filename_prefix": prefix}}})
     return nodes
 
@@ -312,7 +321,7 @@ def add_arguments(parser) -> None:
     which.add_argument("--make-checkpoint", type=Path, metavar="DIR",
                        help="write it (`python -m benchmarks checkpoint`) into DIR, or reuse the one there")
     parser.add_argument("--tiny", action="store_true",
-                        help="tiny Flux (with --make-checkpoint), canvases of a few hundred pixels, 128 px tiles: the "
+                        help="tiny Flux (with --make-checkpoint), canvases of a few hundred pixels, 256 px tiles: the "
                              "CPU smoke test")
     parser.add_argument("--weight-dtype", default="default",
                         choices=("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"),
@@ -320,8 +329,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--node-config", default="{}",
                         help="FusedDiTOps inputs as JSON (or a file of it) over the node's defaults from /object_info")
     parser.add_argument("--no-fused", action="store_true", help="no FusedDiTOps: UNETLoader -> TiledSampling")
-    parser.add_argument("--tile-px", type=int, default=None, help="TiledSampling tile_px (0: planned; --tiny: 128)")
-    parser.add_argument("--overlap-px", type=int, default=None, help="overlap_px (-1: planned; --tiny: 32)")
+    parser.add_argument("--tile-px", type=int, default=None, help="TiledSampling tile_px (0: planned; --tiny: 256)")
+    parser.add_argument("--overlap-px", type=int, default=None, help="overlap_px (-1: planned; --tiny: 64)")
     parser.add_argument("--tile-batch", type=int, default=None, help="tile_batch (0: planned; --tiny: 2)")
     parser.add_argument("--sizes", default=None, help="route canvases WxH,... (default 16384x16384,32768x18432)")
     parser.add_argument("--base", default=None, help="WxH of the first generation (default 2048x2048)")
@@ -342,6 +351,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--peer-tile", type=int, default=None, help="tile px of both, side by side")
     parser.add_argument("--peer-overlap", type=int, default=None, help="overlap px of both, side by side")
     parser.add_argument("--peer-batch", type=int, default=None, help="tile batch of both, side by side")
+    parser.add_argument("--no-side-by-side", dest="side_by_side", action="store_false",
+                        help="no refinement-only side by side at --peer-size (the peer's whole route still runs)")
+    parser.add_argument("--no-readback", dest="readback", action="store_false",
+                        help="no LoadImage of the route's PNG")
+    parser.add_argument("--stock-vae", action="store_true",
+                        help="our route with ComfyUI's VAEEncodeTiled, VAEDecodeTiled and SaveImage (as issue 37's)")
+    parser.add_argument("--template-steps", type=int, default=8,
+                        help="the refinement steps of the template: each route's end to end is scaled to these")
     parser.add_argument("--memory-fraction", type=float, default=None,
                         help="the probe calls torch.cuda.set_per_process_memory_fraction(F) at import")
     parser.add_argument("--limit-gib", type=float, default=24.0, help="the memory limit judged (an RTX 4090: 24)")
@@ -562,13 +579,18 @@ def run(options, parser) -> int:
         one("warm-up", refine_prompt(peer_size, checkpoint_name, dtype, fused, peer_tiled, low, denoise, seed + 1,
                                      "tiled_route/warmup"), role="warm-up", size="%dx%d" % peer_size, steps=low)
         for name, spec in ((n, PEERS[n]) for n in setup["peers"]):
-            if not report["peers"][name]["registered"]:
+            if report["peers"][name]["registered"] and not options.side_by_side:
+                # the stock chain's own loading, paid before its route as ours is by the warm-up above
+                one(f"peer warm-up {name}", refine_prompt(peer_size, checkpoint_name, dtype, None, peer_tiled, low,
+                                                          denoise, seed + 3, "tiled_route/peer_warmup", spec),
+                    role="peer warm-up", peer=name, size="%dx%d" % peer_size, steps=low)
+            if not report["peers"][name]["registered"] or not options.side_by_side:
                 continue
             for steps in (low, high):
                 one(f"peer {name} {steps}", refine_prompt(peer_size, checkpoint_name, dtype, fused, peer_tiled, steps,
                                                           denoise, seed, f"tiled_route/peer_{steps}", spec),
                     role="peer", peer=name, size="%dx%d" % peer_size, steps=steps)
-        if setup["peers"]:
+        if setup["peers"] and options.side_by_side:
             for steps in (low, high):
                 one(f"ours {steps}", refine_prompt(peer_size, checkpoint_name, dtype, fused, peer_tiled, steps, denoise,
                                                    seed, f"tiled_route/ours_{steps}"),
@@ -578,23 +600,36 @@ def run(options, parser) -> int:
                 one(f"memory {steps}", refine_prompt(setup["memory_check"], checkpoint_name, dtype, fused, tiled, steps,
                                                      denoise, seed, f"tiled_route/memory_{steps}"),
                     role="memory check", size="%dx%d" % setup["memory_check"], steps=steps)
+        vae_nodes = STOCK_VAE if options.stock_vae else PACK_VAE
+        peer_routes = [(n, PEERS[n]) for n in setup["peers"] if report["peers"][n]["registered"]]
         for size in setup["sizes"]:
             label = "%dx%d" % size
             route = one(f"route {label}", route_prompt(size, setup["base"], checkpoint_name, vae.name, dtype, fused,
                                                        tiled, options.base_steps, options.steps, denoise, seed,
-                                                       f"tiled_route/route_{label}"),
+                                                       f"tiled_route/route_{label}", vae_nodes=vae_nodes),
                         role="route", size=label, steps=options.steps)
             saved = (route.get("outputs") or {}).get(ID["save"]) or []
-            if not saved:
-                continue
-            path = tree / "output" / saved[0]
-            route["png"] = {"file": path.name, "bytes": path.stat().st_size, "width_height": png_size(path)}
-            link(path, tree / "input" / path.name)
-            back = one(f"readback {label}", readback_prompt(path.name, get_size), role="readback", size=label)
-            back["read_width_height"] = readback_size(back)
-            write()
-            for done in (path, tree / "input" / path.name):   # read back: a 32K PNG is large, the disk is not
-                done.unlink(missing_ok=True)
+            if saved:
+                path = tree / "output" / saved[0]
+                route["png"] = {"file": path.name, "bytes": path.stat().st_size, "width_height": png_size(path)}
+                if options.readback:
+                    link(path, tree / "input" / path.name)
+                    back = one(f"readback {label}", readback_prompt(path.name, get_size), role="readback",
+                               size=label)
+                    back["read_width_height"] = readback_size(back)
+                    write()
+                for done in (path, tree / "input" / path.name):   # a 32K PNG is large, the disk is not
+                    done.unlink(missing_ok=True)
+            for name, spec in peer_routes:
+                # the user's alternative: the peer over stock ComfyUI (no FusedDiTOps), ComfyUI's tiled VAE and
+                # SaveImage, the same fp8-stored weights, tile, overlap and batch
+                theirs = one(f"peer route {name} {label}",
+                             route_prompt(size, setup["base"], checkpoint_name, vae.name, dtype, None, peer_tiled,
+                                          options.base_steps, options.steps, denoise, seed + 2,
+                                          f"tiled_route/peer_{name}_{label}", peer=spec, vae_nodes=STOCK_VAE),
+                             role="peer route", peer=name, size=label, steps=options.steps)
+                for output in (theirs.get("outputs") or {}).get(ID["save"]) or []:
+                    (tree / "output" / output).unlink(missing_ok=True)
 
     serve("route", tree, python, options, report, write, prompts, env)
     report["summary"] = summarise(report, options)
@@ -657,7 +692,10 @@ def summarise(report: dict, options) -> dict:
                       "device_peak_used_gib": _top(route, "peak_gpu_used_gib"),
                       "peak_rss_gib": _top([route, back], "peak_rss_gib")},
             "png": route.get("png"), "read_back_width_height": back.get("read_width_height"),
-            "error": route.get("failed_at") or route.get("refused_by") or back.get("failed_at")})
+            "error": route.get("failed_at") or route.get("refused_by") or back.get("failed_at"),
+            "end_to_end": compare_routes(route, [p for p in prompts if p.get("role") == "peer route"
+                                                 and p.get("size") == route["size"]],
+                                         getattr(options, "template_steps", 8))})
     memory = [p for p in prompts if p.get("role") == "memory check"]
     largest = max((r for r in prompts if r.get("role") == "route" and r.get("status") == "success"),
                   key=lambda r: parse_size(r["size"])[0] * parse_size(r["size"])[1], default=None)
@@ -696,6 +734,47 @@ def summarise(report: dict, options) -> dict:
     out["limit"] = {"conditions": cond, **limit_verdict(prompts, options.limit_gib, report.get("memory_fraction"),
                                                         report.get("server_args") or "", device.get("total_gib"))}
     return out
+
+
+# the route's nodes that make the image (the loaders and the zero conditioning are cached after the first prompt)
+ROUTE_NODES = {"generate": "base_sampler", "decode_base": "decode", "upscale": "scale", "encode": "encode",
+               "refine": "refine", "decode": "decode_tiled", "save": "save"}
+
+
+def route_seconds(record: dict, template_steps: int) -> dict | None:
+    """A route's seconds per node (named by role, with the node's class), its refinement's seconds per step, and
+    its end to end with the refinement scaled from the steps it ran to the template's; None where a node did not
+    run."""
+    found = {role: node_of(record, ID[key]) for role, key in ROUTE_NODES.items()}
+    if any(node.get("seconds") is None for node in found.values()):
+        return None
+    per_step = found["refine"]["seconds"] / record["steps"]
+    total = sum(node["seconds"] for node in found.values()) + per_step * (template_steps - record["steps"])
+    return {"seconds_per_node": {role: {"class_type": node["class_type"], "seconds": node["seconds"]}
+                                 for role, node in found.items()},
+            "refine_s_per_step": round(per_step, 3), "seconds": round(total, 2),
+            "save_share": round(found["save"]["seconds"] / total, 4)}
+
+
+def compare_routes(ours: dict, theirs: list, template_steps: int) -> dict | None:
+    """Our route against the user's alternative (the peer's route) at one canvas: both routes' seconds per node,
+    end to end with the template's refinement steps, and the ratios."""
+    mine = route_seconds(ours, template_steps)
+    if mine is None:
+        return None
+    entry = {"template_steps": template_steps, "timed_steps": ours["steps"],
+             "note": (f"timed with {ours['steps']} refinement step(s); the refinement's seconds per step scaled to "
+                      f"the template's {template_steps}" if ours["steps"] != template_steps else
+                      "timed with the template's steps"), "ours": mine}
+    other = next((route_seconds(r, template_steps) for r in theirs if r.get("status") == "success"), None)
+    if other is not None:
+        nodes = lambda side, role: side["seconds_per_node"][role]["seconds"]  # noqa: E731
+        entry.update({"alternative": other, "peer": theirs[0].get("peer"),
+                      "speedup_vs_alternative": ratio(other["seconds"], mine["seconds"]),
+                      "speedup_per_node": {role: ratio(nodes(other, role), nodes(mine, role)) for role in ROUTE_NODES}})
+    elif theirs:
+        entry["alternative_error"] = theirs[0].get("failed_at") or theirs[0].get("refused_by") or "did not finish"
+    return entry
 
 
 def _top(records, key):

@@ -30,8 +30,8 @@ def test_the_route_is_one_prompt_from_a_2048_generation_to_the_saved_canvas():
     kinds = {node: spec["class_type"] for node, spec in prompt.items()}
     assert sorted(kinds.values()) == sorted([
         "UNETLoader", "FusedDiTOps", "TiledSampling", "GenerationProbeZeroConditioning", "VAELoader",
-        "EmptySD3LatentImage", "KSampler", "VAEDecode", "ImageScale", "VAEEncodeTiled", "KSampler",
-        "VAEDecodeTiled", "SaveImage"])
+        "EmptySD3LatentImage", "KSampler", "VAEDecode", "ImageScale", "TiledVAEEncode", "KSampler",
+        "TiledVAEDecode", "SaveImagePNG"])
     edges = links(prompt)
     # the base generation samples the FusedDiTOps model untiled; the refinement the TiledSampling model
     assert (ID["base_sampler"], "model", ID["fused"]) in edges and (ID["refine"], "model", ID["tiled"]) in edges
@@ -48,14 +48,51 @@ def test_the_route_is_one_prompt_from_a_2048_generation_to_the_saved_canvas():
     scale = prompt[ID["scale"]]["inputs"]
     assert (scale["width"], scale["height"], scale["upscale_method"], scale["crop"]) == (
         32768, 18432, "bilinear", "disabled")
-    for node in ("encode", "decode_tiled"):
-        inputs = prompt[ID[node]]["inputs"]
-        assert (inputs["tile_size"], inputs["overlap"], inputs["temporal_size"], inputs["temporal_overlap"]) == (
-            1024, 64, 64, 8)
+    for node in ("encode", "decode_tiled"):                  # the one-pass nodes with their defaults
+        assert set(prompt[ID[node]]["inputs"]) == {"pixels" if node == "encode" else "samples", "vae"}
     assert prompt[ID["tiled"]]["inputs"] == {"model": [ID["fused"], 0], **TILED}
     assert prompt[ID["fused"]]["inputs"] == {"model": [ID["unet"], 0], "fp8_linear": True}
     cond = prompt[ID["cond"]]["inputs"]
     assert (cond["tokens"], cond["channels"], cond["pooled"], cond["guidance"]) == (256, 4096, 768, 3.5)
+
+
+def test_the_users_alternative_is_the_peer_over_stock_comfyui_with_its_tiled_vae_and_save():
+    peer = tiled_route.PEERS["tiled-diffusion"]
+    prompt = tiled_route.route_prompt((16384, 16384), (2048, 2048), "f", "v", "fp8_e4m3fn", None, TILED, 4, 1, 0.3, 0,
+                                      "p", peer=peer, vae_nodes=tiled_route.STOCK_VAE)
+    kinds = {node: spec["class_type"] for node, spec in prompt.items()}
+    assert "FusedDiTOps" not in kinds.values() and "TiledSampling" not in kinds.values()
+    assert (kinds[ID["encode"]], kinds[ID["decode_tiled"]], kinds[ID["save"]]) == (
+        "VAEEncodeTiled", "VAEDecodeTiled", "SaveImage")
+    assert prompt[ID["refine"]]["inputs"]["model"] == [ID["peer"], 0]
+    assert prompt[ID["peer"]]["inputs"]["model"] == [ID["unet"], 0]
+    inputs = prompt[ID["decode_tiled"]]["inputs"]
+    assert (inputs["tile_size"], inputs["overlap"]) == (1024, 64)
+    peer_inputs = prompt[ID["peer"]]["inputs"]
+    assert (peer_inputs["tile_width"], peer_inputs["tile_overlap"], peer_inputs["tile_batch_size"]) == (
+        TILED["tile_px"], TILED["overlap_px"], TILED["tile_batch"])
+
+
+def _route_nodes(seconds: dict) -> list:
+    return [{"node": ID[key], "class_type": key, "seconds": seconds[role], "ran": True}
+            for role, key in tiled_route.ROUTE_NODES.items()]
+
+
+def test_end_to_end_scales_the_refinement_to_the_templates_steps_and_compares_per_node():
+    ours = {"generate": 6.0, "decode_base": 0.5, "upscale": 0.5, "encode": 20.0, "refine": 100.0, "decode": 40.0,
+            "save": 10.0}
+    theirs = {**ours, "encode": 100.0, "refine": 130.0, "decode": 190.0, "save": 120.0}
+    mine = {"role": "route", "size": "32768x18432", "steps": 1, "status": "success", "nodes": _route_nodes(ours)}
+    peer = {"role": "peer route", "peer": "tiled-diffusion", "size": "32768x18432", "steps": 1, "status": "success",
+            "nodes": _route_nodes(theirs)}
+    entry = tiled_route.compare_routes(mine, [peer], 8)
+    assert entry["ours"]["seconds"] == 6 + 0.5 + 0.5 + 20 + 100 * 8 + 40 + 10
+    assert entry["alternative"]["seconds"] == 6 + 0.5 + 0.5 + 100 + 130 * 8 + 190 + 120
+    assert entry["speedup_vs_alternative"] == round(entry["alternative"]["seconds"] / entry["ours"]["seconds"], 4)
+    assert entry["speedup_per_node"]["decode"] == round(190 / 40, 4) and "scaled" in entry["note"]
+    assert entry["ours"]["save_share"] == round(10 / entry["ours"]["seconds"], 4)
+    failed = tiled_route.compare_routes(mine, [{**peer, "status": "error", "failed_at": {"node": "15"}}], 8)
+    assert failed["alternative_error"] == {"node": "15"} and "speedup_vs_alternative" not in failed
 
 
 def test_without_fused_dit_ops_the_tiled_node_takes_the_loaders_model_and_fp8_weights_are_the_loaders():
@@ -171,8 +208,8 @@ def test_the_settings_default_to_the_issues_route_and_tiny_to_the_smoke_test():
     assert found["memory_check"] is None and str(found["peers"]["tiled-diffusion"]) == "/tmp/td"
     assert found["node_config"] == {"fp8_linear": True}
     tiny = tiled_route.settings(*options("--tiny"))
-    assert tiny["sizes"] == [(256, 256), (384, 256)] and tiny["base"] == (128, 128)
-    assert tiny["tiled"] == tiny["peer_tiled"] == {"tile_px": 128, "overlap_px": 32, "tile_batch": 2}
+    assert tiny["sizes"] == [(512, 512), (768, 512)] and tiny["base"] == (256, 256)
+    assert tiny["tiled"] == tiny["peer_tiled"] == {"tile_px": 256, "overlap_px": 64, "tile_batch": 2}
     for bad in (["--peer", "ultimate=/x"], ["--timing-steps", "3", "1"], ["--sizes", "big"], ["--denoise", "0"]):
         with pytest.raises(SystemExit):
             tiled_route.settings(*options(*bad))

@@ -57,7 +57,10 @@ def test_the_32k_example_becomes_the_route_prompt():
     workflow = json.loads((WORKFLOWS / "make_a_32k_image_flux.json").read_text(encoding="utf-8"))
     prompt = to_prompt(workflow, core_object_info())
     kinds = {node["class_type"] for node in prompt.values()}
-    assert "Note" not in kinds and {"TiledSampling", "FusedDiTOps", "VAEEncodeTiled", "VAEDecodeTiled"} <= kinds
+    assert "Note" not in kinds and {"TiledSampling", "FusedDiTOps", "TiledVAEEncode", "TiledVAEDecode",
+                                    "SaveImagePNG"} <= kinds
+    decode = next(n for n in prompt.values() if n["class_type"] == "TiledVAEDecode")["inputs"]
+    assert (decode["tile_px"], decode["overlap_px"], decode["tile_batch"]) == (1024, 128, 0)
     refine = next(n for n in prompt.values() if n["class_type"] == "KSampler" and n["inputs"]["denoise"] < 1)
     assert refine["inputs"]["seed"] == 42 and refine["inputs"]["steps"] == 8 and refine["inputs"]["denoise"] == 0.3
     tiled_id = refine["inputs"]["model"][0]

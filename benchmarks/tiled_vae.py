@@ -1,0 +1,120 @@
+"""The one-pass tiled VAE against ComfyUI's own tiled VAE and the untiled VAE, in one release's process (issue 48).
+
+Loads a ComfyUI tree in this process (`comfy.sd.VAE` of the random-weight Flux VAE that `python -m benchmarks
+checkpoint --model flux-vae` writes), then at a canvas where the untiled decode fits (4096 by default) decodes one
+random latent three ways, each timed on a second call (the first pays cuDNN's and the allocator's warm-up):
+  untiled     the VAE's own decoder on the whole latent (first_stage_model.decode; never ComfyUI's OOM fallback)
+  comfy       VAEDecodeTiled's call as the route makes it (vae.decode_tiled, tile 1024 px, overlap 64 px) and with
+              the node's defaults (512 / 64): three passes of different tiles, averaged
+  pack        the TiledVAEDecode node (comfyui_fused_dit.tiled_vae) with its defaults
+and the image the untiled decode made is encoded back the same three ways (VAEEncodeTiled's call at 1024 / 64).
+Error: the mean and largest absolute difference from the untiled result (image pixels 0..1; latents).
+
+The weights are random: the figures are for time and for how far each tiling departs from the untiled VAE, never
+image quality. The process is not ComfyUI's server: no DynamicVRAM (the VAE is small), ComfyUI's model management
+loads the VAE as its nodes do.
+
+    python -m benchmarks tiled-vae --comfyui DIR --work /tmp/vae --out tiled-vae-RELEASE.json
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from . import comfy_release, results
+from .canvas_pipeline import make_vae, parse_size
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--comfyui", type=Path, required=True, help="the ComfyUI tree to import")
+    parser.add_argument("--source", default="github:jwijaya83/ComfyUI", help="where the tree came from (recorded)")
+    parser.add_argument("--work", type=Path, required=True, help="where the random VAE is written")
+    parser.add_argument("--size", default="4096x4096", help="WxH of the canvas (the untiled decode must fit)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+
+
+def import_paths(options) -> list[Path]:
+    return [options.comfyui.resolve(), REPO_ROOT / "overlays"]
+
+
+def _timed(call, sync) -> tuple[object, float]:
+    call()                                   # warm-up: cuDNN's choices, the allocator's pool
+    sync()
+    start = time.perf_counter()
+    out = call()
+    sync()
+    return out, round(time.perf_counter() - start, 3)
+
+
+def _error(got, want) -> dict:
+    diff = (got.float().cpu() - want.float().cpu()).abs()
+    return {"mean_abs": round(float(diff.mean()), 6), "max_abs": round(float(diff.max()), 5)}
+
+
+def run(options, parser) -> int:
+    width, height = parse_size(options.size)
+    tree = options.comfyui.resolve()
+    report = {"benchmark": "tiled-vae", "script": "benchmarks/tiled_vae.py", "date": results.now(),
+              "command": results.command_line(), "size": options.size,
+              "comfyui": {**comfy_release.read_release(tree).as_dict(), "source": options.source},
+              "note": "random-weight Flux VAE: time and departure from the untiled VAE, never image quality"}
+    report["vae_file"] = make_vae(tree, options.work / "vae", options.seed, 300)
+    sys.argv = ["main.py"]
+    import torch
+    import comfy.model_management as mm
+    import comfy.sd
+    import comfy.utils
+    from comfyui_fused_dit import tiled_vae as node
+
+    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(report["vae_file"]["path"]))
+    report["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    report["vae"] = {"dtype": str(vae.vae_dtype), "device": str(vae.device), "output_device": str(vae.output_device)}
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    generator = torch.Generator().manual_seed(options.seed)
+    latent = torch.randn((1, vae.latent_channels, height // 8, width // 8), generator=generator)
+    mm.load_models_gpu([vae.patcher], memory_required=vae.memory_used_decode((1, 16, 128, 128), vae.vae_dtype))
+
+    def untiled_decode():
+        with torch.inference_mode():
+            out = vae.first_stage_model.decode(latent.to(vae.device, vae.vae_dtype)).float()
+            return vae.process_output(out).cpu().movedim(1, -1)
+
+    def untiled_encode(image):
+        with torch.inference_mode():
+            pixels = vae.process_input(image.movedim(-1, 1).to(vae.device)).to(vae.vae_dtype)
+            return vae.first_stage_model.encode(pixels).float().cpu()
+
+    whole, whole_s = _timed(untiled_decode, sync)
+    decode = {"untiled": {"seconds": whole_s}}
+    for name, tile, overlap in (("comfy_route_1024_64", 1024, 64), ("comfy_defaults_512_64", 512, 64)):
+        got, seconds = _timed(lambda: vae.decode_tiled(latent, tile_x=tile // 8, tile_y=tile // 8,
+                                                        overlap=overlap // 8), sync)
+        decode[name] = {"seconds": seconds, "error": _error(got, whole)}
+    defaults = {name: spec[1]["default"] for name, spec in node.TILE_INPUTS.items()}
+    got, seconds = _timed(lambda: node.TiledVAEDecode().decode({"samples": latent}, vae, **defaults)[0], sync)
+    decode["pack_defaults"] = {"seconds": seconds, "error": _error(got, whole), "settings": defaults}
+    latent_whole, latent_s = _timed(lambda: untiled_encode(whole), sync)
+    encode = {"untiled": {"seconds": latent_s}}
+    got, seconds = _timed(lambda: vae.encode_tiled(whole, tile_x=1024, tile_y=1024, overlap=64), sync)
+    encode["comfy_route_1024_64"] = {"seconds": seconds, "error": _error(got, latent_whole)}
+    got, seconds = _timed(lambda: node.TiledVAEEncode().encode(whole, vae, **defaults)[0]["samples"], sync)
+    encode["pack_defaults"] = {"seconds": seconds, "error": _error(got, latent_whole), "settings": defaults}
+    route = decode["comfy_route_1024_64"]
+    report["decode"], report["encode"] = decode, encode
+    report["summary"] = {
+        "decode_speedup_vs_comfy_route": round(route["seconds"] / decode["pack_defaults"]["seconds"], 3),
+        "encode_speedup_vs_comfy_route": round(encode["comfy_route_1024_64"]["seconds"]
+                                               / encode["pack_defaults"]["seconds"], 3),
+        "decode_error_within_comfy_route": decode["pack_defaults"]["error"]["mean_abs"]
+        <= route["error"]["mean_abs"],
+        "decode_error_within_comfy_defaults": decode["pack_defaults"]["error"]["mean_abs"]
+        <= decode["comfy_defaults_512_64"]["error"]["mean_abs"],
+        "encode_error_within_comfy_route": encode["pack_defaults"]["error"]["mean_abs"]
+        <= encode["comfy_route_1024_64"]["error"]["mean_abs"]}
+    results.write_json(report, options.out)
+    print(report["summary"], flush=True)
+    return 0
