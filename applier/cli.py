@@ -29,17 +29,55 @@ def raise_terminated(signum, frame):
 
 
 def main() -> None:
-    """The entry point of `applier` and `python -m applier`."""
-    signal.signal(signal.SIGTERM, raise_terminated)
+    """The entry point of `applier` and `python -m applier`, reached through applier.__main__.entry (which ends the
+    process at once on a signal while this module loads). From here SIGINT raises KeyboardInterrupt and SIGTERM
+    Terminated, so that a command unwinds (ApplierGroup says so in one line, exit 130 / 143); once the process is
+    ending, both are ignored. A signal the process was started with ignored stays ignored."""
     try:
         try:
+            for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, raise_terminated)):
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    signal.signal(signum, handler)
             cli.main(prog_name="applier")
         except BrokenPipeError:
             quiet_broken_pipe()
+        except (KeyboardInterrupt, Terminated) as exc:     # between statements, before a command was entered
+            sys.exit(say_stopped(exc, wants_json(sys.argv[1:])))
     except SystemExit as exc:
+        ignore_signals()
         if sys.flags.inspect:
             exit_past_inspect(exc.code)
         raise
+
+
+def ignore_signals() -> None:
+    """The process is ending (or saying why): a second Ctrl-C or SIGTERM changes nothing and prints nothing."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def stopped(exc: BaseException) -> tuple[str, int, str]:
+    """(message, exit code, kind) of a Ctrl-C or SIGTERM that ended the command: one line."""
+    what, code, kind = (("interrupted (Ctrl-C)", EXIT_INTERRUPTED, "Interrupted") if isinstance(exc, KeyboardInterrupt)
+                        else ("terminated (SIGTERM)", EXIT_TERMINATED, "Terminated"))
+    return f"{what}: {INTERRUPTED_HINT}", code, kind
+
+
+def say_stopped(exc: BaseException, as_json: bool) -> int:
+    """Say in one line (or one JSON error) that a signal ended the command; its exit code."""
+    ignore_signals()
+    message, code, kind = stopped(exc)
+    if as_json:
+        out_json({"ok": False, "error": {"kind": kind, "message": message, "hint": None, "exit_code": code}})
+    else:
+        click.echo(f"error: {message}", err=True)
+    return code
+
+
+def wants_json(argv) -> bool:
+    """--json among the arguments (before a `--`): errors Click finds before any command runs are JSON too."""
+    argv = list(argv)
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
 def exit_past_inspect(code) -> None:
@@ -60,8 +98,7 @@ def exit_past_inspect(code) -> None:
 
 UNFORESEEN_IO_HINT = ("applier stopped there; a run it had started is finished or rolled back by the next applier "
                       "command on the install, once the cause (permissions, free space) is fixed")
-INTERRUPTED_HINT = ("a run cut short is finished or rolled back by the next applier command on this install (its "
-                    "journal says what was in flight)")
+INTERRUPTED_HINT = "a run cut short is finished or rolled back by the next applier command on the install"
 
 
 def quiet_broken_pipe() -> None:
@@ -75,7 +112,29 @@ def quiet_broken_pipe() -> None:
 
 
 class ApplierGroup(click.Group):
-    """Turns ApplierError into a message and its stable exit code; any other exception into exit 1."""
+    """Turns ApplierError into a message and its stable exit code; any other exception into exit 1; a usage error
+    into Click's message, or with --json the JSON error README promises (exit 2); Ctrl-C and SIGTERM into one line
+    and 130 / 143, wherever they land (Click's own word for a Ctrl-C, Abort and exit 1, is not used)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            code = result if isinstance(result, int) else EXIT_OK
+        except click.exceptions.Abort as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, KeyboardInterrupt):
+                code = say_stopped(cause, wants_json(argv))
+            else:           # end of input at a prompt: as Click says it
+                click.echo("Aborted!", err=True)
+                code = EXIT_INTERNAL
+        except click.ClickException as exc:
+            code = say_usage_error(exc, wants_json(argv))
+        except (KeyboardInterrupt, Terminated) as exc:
+            code = say_stopped(exc, wants_json(argv))
+        if not standalone_mode:
+            return code
+        sys.exit(code)
 
     def invoke(self, ctx):
         try:
@@ -84,10 +143,10 @@ class ApplierGroup(click.Group):
             emit_error(ctx, exc.message, exc.hint, exc.exit_code, type(exc).__name__)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
-        except KeyboardInterrupt:
-            emit_error(ctx, "interrupted (Ctrl-C)", INTERRUPTED_HINT, EXIT_INTERRUPTED, "Interrupted")
-        except Terminated:
-            emit_error(ctx, "terminated (SIGTERM)", INTERRUPTED_HINT, EXIT_TERMINATED, "Terminated")
+        except (KeyboardInterrupt, Terminated) as exc:
+            ignore_signals()
+            message, code, kind = stopped(exc)
+            emit_error(ctx, message, None, code, kind)
         except BrokenPipeError:
             quiet_broken_pipe()
         except OSError as exc:  # the file system refused something no check foresaw: still a message, exit 8
@@ -99,6 +158,18 @@ class ApplierGroup(click.Group):
             traceback.print_exc()
             emit_error(ctx, f"internal error: {type(exc).__name__}: {exc}", "please report this with the "
                        "traceback above", EXIT_INTERNAL, "InternalError")
+
+
+def say_usage_error(exc: click.ClickException, as_json: bool) -> int:
+    """A usage error as Click prints it, or with --json as README's JSON error (kind UsageError); its exit code."""
+    if not as_json:
+        exc.show()
+        return exc.exit_code
+    context = getattr(exc, "ctx", None)
+    hint = f"`{context.command_path} --help` lists its options" if context is not None else "`applier --help`"
+    out_json({"ok": False, "error": {"kind": "UsageError", "message": exc.format_message(), "hint": hint,
+                                     "exit_code": exc.exit_code}})
+    return exc.exit_code
 
 
 def emit_error(ctx, message: str, hint: str | None, code: int, kind: str):
