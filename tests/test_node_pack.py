@@ -216,3 +216,28 @@ def test_export_into_an_earlier_clone_never_writes_through_a_link_out(tmp_path):
         export(dest)
     assert sorted(p.name for p in outside.iterdir()) == ["keep.py"]
     assert (outside / "keep.py").read_text() == "mine = 1\n"
+
+
+def test_the_exported_pack_carries_a_readme_of_its_nodes_and_the_projects_license(tmp_path):
+    exported = export(tmp_path / "export")
+    folder = Path(exported["folder"])
+    assert {"README.md", "LICENSE"} <= set(exported["files"])
+    assert (folder / "LICENSE").read_bytes() == (REPO / "LICENSE").read_bytes()
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    for shown in ("Fused DiT Ops (Triton)", "Tiled Sampling"):      # the two nodes, by the names ComfyUI shows
+        assert f"**{shown}**" in readme, shown
+    templates = sorted((folder / "example_workflows").glob("*.json"))
+    assert templates and all(f"example_workflows/{t.name}" in readme for t in templates)
+    cited = set(re.findall(r"`([\w.-]+\.json)`", readme)) - {f"example_workflows/{t.name}" for t in templates}
+    assert "benchmarks/results/" in readme and cited
+    assert all((REPO / "benchmarks" / "results" / name).is_file() for name in cited), cited
+
+
+def test_the_repository_carries_the_mit_license_that_setup_cfg_declares():
+    import configparser
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert config["metadata"]["license"] == "MIT" and text.startswith("MIT License")
+    assert "Copyright (c) " in text and "the applier authors" in text
+    assert "LICENSE" in (REPO / "MANIFEST.in").read_text(encoding="utf-8").split()
