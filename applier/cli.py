@@ -480,6 +480,16 @@ def drift_advice(root, drift) -> list[str]:
 
 # ------------------------------------------------------------------ apply / revert
 
+class WholeNumber(click.IntRange):
+    """A whole number from min to max; anything else (a fraction, nan, a word) is a usage error stating the range."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not allowed: give a whole number from {self.min} to {self.max}", param, ctx)
+
+
 def selection_options(func):
     func = click.option("--skip", multiple=True, metavar="ID", shell_complete=complete_patch_ids,
                         help="Leave this patch (or component) out.")(func)
@@ -492,7 +502,7 @@ def selection_options(func):
 @target_options
 @selection_options
 @click.option("--dry-run", is_flag=True, help="Plan and report; write nothing.")
-@click.option("--fuzz", type=click.IntRange(0, 3), default=0, show_default=True,
+@click.option("--fuzz", type=WholeNumber(0, 3), default=0, show_default=True,
               help="Context lines a hunk may ignore to find its place (fuzz can misplace hunks: off by default).")
 def apply(invocation, only, skip, dry_run, fuzz):
     """Apply the catalog's patches that fit this install: all or nothing, backed up, journaled.
@@ -732,7 +742,21 @@ def _verify_size(text):
     try:
         return budget.parse_size(text)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--size") from None
+        low, high = budget.SIZE_RANGE
+        message = str(exc) if f"{low} to {high}" in str(exc) else f"{exc}; each side from {low} to {high} pixels"
+        raise click.BadParameter(message, param_hint="--size") from None
+
+
+TIMEOUT_RANGE_S = (1.0, 24 * 3600.0)    # a check's subprocess: a second to a day (kernel parity takes minutes)
+
+
+def _verify_timeout(value):
+    """--timeout within TIMEOUT_RANGE_S; nan, inf, zero and negatives are a usage error (exit 2) before any work."""
+    low, high = TIMEOUT_RANGE_S
+    if value is not None and not low <= value <= high:     # False for nan as well
+        raise click.BadParameter(f"{value} is not a timeout applier can use: give seconds from {low:g} to "
+                                 f"{high:g} (a day)")
+    return value
 
 
 @cli.command()
@@ -742,8 +766,9 @@ def _verify_size(text):
               help="Run kernel parity of installed overlays.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--real-import", is_flag=True, help="Import the target's ComfyUI nodes in its own interpreter.")
-@click.option("--timeout", type=float, default=None,
-              help="Seconds per check subprocess [default: 180; kernel-parity 900].")
+@click.option("--timeout", type=float, default=None, callback=lambda _c, _p, v: _verify_timeout(v),
+              help=f"Seconds per check subprocess, {TIMEOUT_RANGE_S[0]:g} to {TIMEOUT_RANGE_S[1]:g} "
+                   "[default: 180; kernel-parity 900].")
 @click.option("--size", metavar="WxH", default=None, callback=lambda _c, _p, v: _verify_size(v),
               help="Also run the reach check: every cap below this canvas (e.g. 32768x18432).")
 @click.option("--keep-pythonpath", is_flag=True,
