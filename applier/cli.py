@@ -117,7 +117,7 @@ class ApplierGroup(click.Group):
     and 130 / 143, wherever they land (Click's own word for a Ctrl-C, Abort and exit 1, is not used)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = self.argv = list(sys.argv[1:] if args is None else args)
         try:
             result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else EXIT_OK
@@ -174,7 +174,8 @@ def say_usage_error(exc: click.ClickException, as_json: bool) -> int:
 
 def emit_error(ctx, message: str, hint: str | None, code: int, kind: str):
     invocation = ctx.find_object(Invocation)
-    if invocation is not None and invocation.as_json:
+    # --json as parsed, or as typed: an error before the command's options are parsed (a bad APPLIER_* value)
+    if (invocation is not None and invocation.as_json) or wants_json(getattr(ctx.find_root().command, "argv", ())):
         click.echo(json.dumps({"ok": False, "error": {"kind": kind, "message": message, "hint": hint,
                                                        "exit_code": code}}, indent=2))
     else:

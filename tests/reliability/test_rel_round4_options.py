@@ -103,3 +103,10 @@ def test_a_usage_error_with_json_is_the_json_error(argv):
     assert data["error"]["message"] and "Traceback" not in out.text
     plain = cli(*argv)
     assert plain.code == 2 and "Error:" in plain.stderr and not plain.stdout.lstrip().startswith("{")
+
+
+def test_an_environment_value_refused_before_the_command_with_json_is_the_json_error():
+    out = cli("status", "--target", NOWHERE, "--json", env={"APPLIER_LOCK_TIMEOUT": "soon"})
+    assert out.code == 2, out
+    data = json.loads(out.stdout)
+    assert data["error"]["exit_code"] == 2 and "APPLIER_LOCK_TIMEOUT" in data["error"]["message"], data
