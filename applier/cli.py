@@ -327,6 +327,8 @@ def detect(invocation):
                    + (" not usable: see the note" if found.python_problem else "")),
         ("site-packages", str(found.site_packages or "-") + (" (not used: see the note)"
                                                              if found.site_packages_problem else "")),
+        *([("own site-packages", f"{found.purelib or '-'} (the overlay package's home; torch is in a parent "
+                                 "environment)")] if found.purelib != found.site_packages else []),
         ("torch", (found.torch_version or "not installed") + (f", CUDA {found.torch_cuda}" if found.torch_cuda
                                                               else "")),
         ("triton", found.triton_version or "not installed"),
@@ -419,12 +421,14 @@ def status(invocation, only):
 
     Example: applier status --target ComfyUI/
     """
-    from applier.status import DRIFT, PatchState, node_pack_installs, node_pack_lines
+    from applier.status import DRIFT, PatchState, node_pack_installs, node_pack_lines, parts_line
     statuses, found, recovered = compute_statuses(invocation, tuple(only))
     drift = [s for s in statuses if s.state in DRIFT]
     node_pack = node_pack_installs(found) if found.comfyui_root and not only else None
     if invocation.as_json:
         out_json({"target": str(found.root), "python": str(found.python) if found.python else None,
+                  "site_packages": str(found.site_packages) if found.site_packages else None,
+                  "purelib": str(found.purelib) if found.purelib else None,
                   "recovered": recovered, "drift": bool(drift), "patches": [s.to_json() for s in statuses],
                   **({} if node_pack is None else {"node_pack": node_pack})})
     else:
@@ -438,6 +442,8 @@ def status(invocation, only):
                     click.echo(f"{'':32}   {f.state}: {f.path} {f.note}")
         for line in drift_advice(found.root, drift) + (node_pack_lines(node_pack) if node_pack is not None else []):
             click.echo(line)
+        if not only and parts_line(found):
+            click.echo(parts_line(found))
     if drift:
         sys.exit(EXIT_DRIFT)
 
@@ -846,7 +852,8 @@ def overlay():
 @overlay.command("install")
 @target_options
 def overlay_install(invocation):
-    """Install the overlay pack into the target's site-packages and custom_nodes/ (tracked by a manifest).
+    """Install the overlay pack into the target environment's own site-packages and custom_nodes/ (a manifest
+    tracks every file); never into a parent environment that --system-site-packages shows it.
 
     Example: applier overlay install --target ComfyUI/
     """
@@ -960,12 +967,13 @@ def overlay_check(invocation, verbose):
     if found.comfyui_root is None:
         raise BadTargetError(f"{invocation.target_path} has no ComfyUI folder",
                              hint="point --target at the ComfyUI folder")
-    from applier.status import node_pack_installs, node_pack_lines
+    from applier.status import node_pack_installs, node_pack_lines, parts_line
     report = check_tree(found.comfyui_root, found.comfyui_version, node_pack=node_pack_installs(found))
     if invocation.as_json:
-        return out_json(report)
+        return out_json({**report, "site_packages": str(found.site_packages) if found.site_packages else None,
+                         "purelib": str(found.purelib) if found.purelib else None})
     click.echo(f"ComfyUI {found.comfyui_version or 'version unknown'} at {found.comfyui_root}")
-    for line in node_pack_lines(report["node_pack"]) + [report["node_pack_note"] or ""]:
+    for line in node_pack_lines(report["node_pack"]) + [report["node_pack_note"] or "", parts_line(found) or ""]:
         if line:
             click.echo(line)
     for model in report["models"]:

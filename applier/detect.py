@@ -132,7 +132,7 @@ def with_interpreter(found: Target, python: Path | None, *, source: str, strict:
     note and `python_problem`, site-packages are found by layout beside it. strict (--python): such an
     interpreter is BadInterpreterError (exit 9) instead."""
     notes = [n for n in found.notes if n not in found.env_notes]
-    python_version = problem = site_packages = None
+    python_version = problem = site_packages = purelib = None
     if python is not None:
         try:
             answer = ask_interpreter(python)
@@ -145,6 +145,7 @@ def with_interpreter(found: Target, python: Path | None, *, source: str, strict:
         else:
             python_version = answer.version
             site_packages = pick_site_packages(answer)
+            purelib = answer.purelib if answer.purelib is not None and answer.purelib.is_dir() else None
     elif found.layout == "portable":
         site_packages = first_existing([found.root / "python_embeded" / "Lib" / "site-packages"])
     site_problem = None
@@ -153,6 +154,10 @@ def with_interpreter(found: Target, python: Path | None, *, source: str, strict:
                         f"(to {os.path.realpath(site_packages)})")
         notes.append(escaped_site_packages_note(found.root, site_packages, python))
         site_packages = None
+    purelib = purelib or site_packages      # found by layout: the environment's own folder already
+    if purelib is not None and leads_out_of(found.root, purelib):
+        notes.append(escaped_site_packages_note(found.root, purelib, python))
+        purelib = None
     if python is None and found.layout != "python-env":
         notes.append("no Python environment found (venv/, .venv/, python_embeded/): torch patches are not "
                      "applicable; use --python PATH")
@@ -162,7 +167,7 @@ def with_interpreter(found: Target, python: Path | None, *, source: str, strict:
     env_notes = [n for n in notes if n not in found.notes or n in found.env_notes]
     return replace(found, python=python, python_source=source if python is not None else "none",
                    python_version=python_version, python_problem=problem, site_packages=site_packages,
-                   site_packages_problem=site_problem,
+                   site_packages_problem=site_problem, purelib=purelib,
                    torch_version=torch_version, torch_cuda=torch_cuda, triton_version=triton_version(site_packages),
                    notes=notes, env_notes=env_notes)
 

@@ -205,13 +205,27 @@ def node_pack_installs(target: Target) -> list[dict]:
         return []
     managed = manifest_pack(target.state_dir)
     package = read_pack()["package"]
-    in_site = target.site_packages is not None and (target.site_packages / package / "__init__.py").is_file()
+    # the environment's own site-packages first, then torch's (a parent environment's, also on sys.path there)
+    in_site = next((folder / package for folder in dict.fromkeys((target.purelib, target.site_packages))
+                    if folder is not None and (folder / package / "__init__.py").is_file()), None)
     out = []
     for copy in find_copies(target.comfyui_root):
         by_applier = managed is not None and copy.folder.name == managed["node"]
+        found = copy.folder / package if copy.carries_package else in_site
         out.append({**copy.to_json(), "installed_by": Installer.APPLIER if by_applier else copy.source,
-                    "finds_package": copy.carries_package or in_site})
+                    "finds_package": found is not None, "package_at": str(found) if found is not None else None})
     return out
+
+
+def parts_line(target: Target) -> str | None:
+    """Where each part goes on this install, in one line: torch's patches where torch is, the overlay package in
+    the environment's own site-packages (they differ in a venv made with --system-site-packages)."""
+    if target.site_packages is None and target.purelib is None:
+        return None
+    if target.purelib == target.site_packages:
+        return f"site-packages: {target.site_packages} (torch patches and the overlay package)"
+    return (f"site-packages: torch patches in {target.site_packages or '-'} (where torch is); the overlay package in "
+            f"{target.purelib or '-'} (this environment's own)")
 
 
 def node_pack_lines(installs: list[dict]) -> list[str]:
@@ -228,6 +242,8 @@ def node_pack_lines(installs: list[dict]) -> list[str]:
             notes.append("disabled: ComfyUI does not load it")
         elif not item["finds_package"]:
             notes.append("no fused_dit beside it nor in site-packages: the node fails when it runs")
+        else:
+            notes.append(f"its kernels package: {item['package_at']}")
         lines.append(f"node pack: {item['folder']}: {installed_by_words(Installer(item['installed_by']))}; {', '.join(notes)}")
     loaded = [item for item in installs if not item["disabled"]]
     if len(loaded) > 1:

@@ -32,6 +32,9 @@ class Target:
     python_problem: str | None = None   # why `python` is not usable ("this is not a usable Python interpreter: ...")
     gpu_problem: str | None = None      # "GPU unknown: ..." when nvidia-smi hung, flooded or printed garbage
     site_packages_problem: str | None = None   # why site-packages is None although an env was found (a link out)
+    purelib: Path | None = None         # the environment's own site-packages (its interpreter's sysconfig purelib):
+    #                                     the overlay package's home; torch may live in a parent environment seen
+    #                                     through --system-site-packages (site_packages then names that one)
     env_notes: list[str] = field(default_factory=list, repr=False)   # the notes about the Python env (replaced
     #                                                                  when detect.with_interpreter picks another)
 

@@ -31,7 +31,8 @@ def confinement_for(target: Target, catalog: list[Patch] | None = None,
                     overlay: OverlayPrefixes | None = None) -> Confinement:
     """The target's roots, the paths the catalog's patches can touch, and the overlay pack's folders (default: the
     packaged pack's)."""
-    return Confinement({"comfyui": target.comfyui_root, "site-packages": target.site_packages}, target.state_dir,
+    return Confinement({"comfyui": target.comfyui_root, "purelib": target.purelib,
+                        "site-packages": target.site_packages}, target.state_dir,
                        catalog_paths(catalog or []), overlay if overlay is not None else pack_prefixes())
 
 

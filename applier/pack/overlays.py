@@ -24,7 +24,9 @@ from applier.store.state import StateStore, read_state_document
 from applier.target import Target
 
 def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path, bytes]]:
-    if target.site_packages is None:
+    """(destination, bytes) of every file of the pack: the package into the environment's own site-packages (its
+    purelib, never a parent environment's that --system-site-packages shows it), the node into custom_nodes/."""
+    if target.purelib is None:
         if target.site_packages_problem:
             raise RefusedError(f"refusing to install the overlay package: {target.site_packages_problem}",
                                hint="applier never writes through a link leading out of the install; `applier "
@@ -34,7 +36,7 @@ def planned_files(target: Target, pack_dir: Path, meta: dict) -> list[tuple[Path
     out = []
     package_src = pack_dir / meta["package"]
     for src in pack_files(package_src):
-        out.append((target.site_packages / meta["package"] / src.relative_to(package_src), src.read_bytes()))
+        out.append((target.purelib / meta["package"] / src.relative_to(package_src), src.read_bytes()))
     if target.comfyui_root is not None:
         node_src = pack_dir / meta["node"]
         for src in pack_files(node_src):
@@ -121,8 +123,8 @@ PACKAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def install_tops(target: Target, meta: dict) -> list[Path]:
     tops = []
-    if target.site_packages is not None:
-        tops.append(target.site_packages / meta["package"])
+    if target.purelib is not None:
+        tops.append(target.purelib / meta["package"])
     if target.comfyui_root is not None:
         tops.append(target.comfyui_root / "custom_nodes" / meta["node"])
     return tops

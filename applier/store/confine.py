@@ -5,7 +5,10 @@ them, and a later `sudo applier revert` must not overwrite a file of their choos
 paths: every file is named by a root of the target and a path relative to it, and every read resolves it here:
 
     root "comfyui"        the ComfyUI folder (the `comfyui` component's diffs are relative to it)
-    root "site-packages"  the target's site-packages (the `torch` component's diffs are relative to it)
+    root "site-packages"  the target's site-packages (the `torch` component's diffs are relative to it): where
+                          torch is, which may be a parent environment's
+    root "purelib"        the environment's own site-packages, the overlay package's home (an older applier
+                          recorded the package under "site-packages": read as "purelib" where both are one folder)
 
 A name resolves only when its path is relative, has no `..`, stays inside the root after every symlink, does not
 lead into `.applier/`, and is one the catalog's patches could touch (or, for overlay files, lies under the overlay
@@ -26,18 +29,21 @@ from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
 from applier.store.heldroot import HeldRoot, Sweep, hold
 from applier.store.paths import STATE_DIR_NAME, real_inside
 
-ROOTS = ("comfyui", "site-packages")
+ROOTS = ("comfyui", "purelib", "site-packages")      # relative() tries them in this order: roots may be one folder
+LEGACY_ROOTS = ("comfyui", "site-packages")          # format 1's absolute paths map onto these
 COMPONENT_ROOT = {"comfyui": "comfyui", "torch": "site-packages"}
+PACKAGE_ROOT = "purelib"
 
 
 @dataclass(frozen=True)
 class OverlayPrefixes:
-    """Where the overlay pack installs: <site-packages>/<package>/ and <ComfyUI>/custom_nodes/<node>/."""
+    """Where the overlay pack installs: <purelib>/<package>/ and <ComfyUI>/custom_nodes/<node>/ (an older applier's
+    <site-packages>/<package>/ is read, and removed by uninstall, where its manifest names it)."""
     package: str | None = None
     node: str | None = None
 
     def allows(self, root: str, relpath: str) -> bool:
-        if root == "site-packages" and self.package:
+        if root in (PACKAGE_ROOT, "site-packages") and self.package:
             return relpath.startswith(self.package + "/")
         if root == "comfyui" and self.node:
             return relpath.startswith(f"custom_nodes/{self.node}/")
@@ -122,8 +128,9 @@ class Confinement:
 
     def resolve(self, root: str, relpath, *, what: str = "the state") -> Place:
         """(root, relpath) as a Place of this target, checked; StateCorruptError when any check fails."""
-        base = self.root_path(root)
         rel = check_relpath(relpath, what)
+        root = self.canonical_root(root, rel)
+        base = self.root_path(root)
         if not self.allows(root, rel):
             raise StateCorruptError(f"{what} names {root}:{rel}, which no catalog patch or overlay can touch",
                                     hint=REPAIR_HINT)
@@ -141,10 +148,23 @@ class Confinement:
             raise StateCorruptError(f"{what} names {root}:{rel}, which is a folder", hint=REPAIR_HINT)
         return self.place(root, rel)
 
+    def canonical_root(self, root: str, rel: str) -> str:
+        """"purelib" for an overlay package path an older applier recorded under "site-packages", where the two
+        roots are one folder (so a Place is one key whichever applier wrote it); else root as given."""
+        if root != "site-packages" or not self.overlay.allows(PACKAGE_ROOT, rel):
+            return root
+        if rel in self.catalog_paths.get(root, ()):
+            return root
+        here, there = self.roots.get(root), self.roots.get(PACKAGE_ROOT)
+        if here is not None and there is not None and os.path.realpath(here) == os.path.realpath(there):
+            return PACKAGE_ROOT
+        return root
+
     def resolve_dir(self, root: str, relpath, *, what: str = "the state") -> Place:
         """A folder the overlay pack installs into (a run removes it when it leaves it empty), checked."""
-        base = self.root_path(root)
         rel = check_relpath(relpath, what)
+        root = self.canonical_root(root, rel + "/")
+        base = self.root_path(root)
         if not self.overlay.allows(root, rel + "/"):
             raise StateCorruptError(f"{what} names the folder {root}:{rel}, which the overlay pack does not own",
                                     hint=REPAIR_HINT)
@@ -195,7 +215,7 @@ class Confinement:
         """The overlay pack's install folders in this target (the pack writes anywhere below them); one that a link
         leads outside its root is left out, as in catalog_folders."""
         tops = []
-        for root, prefix in (("site-packages", self.overlay.package),
+        for root, prefix in ((PACKAGE_ROOT, self.overlay.package),
                              ("comfyui", f"custom_nodes/{self.overlay.node}" if self.overlay.node else None)):
             base = self.roots.get(root)
             if base is not None and prefix is not None:
@@ -281,7 +301,7 @@ def legacy_relative(path, confinement: Confinement) -> tuple[str, str]:
     inside one of this target's roots maps; a path of another folder (the install was copied) cannot be trusted."""
     if not isinstance(path, str):
         raise StateCorruptError(f"the state holds an invalid path: {path!r}", hint=REPAIR_HINT)
-    for root in ROOTS:
+    for root in LEGACY_ROOTS:
         base = confinement.roots.get(root)
         if base is None:
             continue
