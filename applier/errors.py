@@ -6,7 +6,8 @@ Exit codes (documented in README.md, stable):
     2  usage error (Click), or an environment variable applier reads holding a value it cannot use (settings.py)
     3  refused: a hunk conflicts, no variant fits, an unsafe path, a binary diff, a catalog entry that cannot be
        read or is past the catalog's bounds, a folder of the overlay pack's name applier did not install
-    4  the target is locked by another applier run
+    4  the target is locked by another applier run (the message names the holder the lock file records, and says
+       when that process no longer runs)
     5  drift: a file changed since apply (revert refuses without --force); status found lost/modified patches
     6  verify: at least one check FAILed
     7  the state folder is corrupt, of an unknown format or a newer applier's (the message names the version that

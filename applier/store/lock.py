@@ -1,10 +1,18 @@
 """One applier run at a time per target: an flock on the lock file of the state folder. The state store opens that
 file through the folder's held handle (never through a link: a lock file swapped for a link is refused, not
-truncated or created where it points) and hands the descriptor here (StateStore.locked)."""
+truncated or created where it points) and hands the descriptor here (StateStore.locked).
+
+The holder writes who it is into the lock file while it holds it (one JSON line: pid, host, command, since; emptied
+on release, best effort: a full disk only leaves it empty), so that a run that waits in vain can say who holds the
+lock, and whether that process still runs (a holder that no longer runs left the lock to a process it started)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shlex
+import socket
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,14 +59,70 @@ def hold(fd: int | None, lock_file: Path, *, reader: bool = False, timeout: floa
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise io_failure(exc, lock_file, "take the lock in") from exc
             if time.monotonic() >= deadline:
-                raise locked_error(lock_file, timeout)
+                raise locked_error(lock_file, timeout, read_holder(fd))
             time.sleep(POLL_S)
+        write_holder(fd, holder_record())
         try:
             yield
         finally:
+            write_holder(fd, None)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+MAX_HOLDER_BYTES = 4096
+MAX_COMMAND_CHARS = 300
+
+
+def holder_record() -> dict:
+    """Who holds the lock: this process, its host, its command line (as the user typed it), since when (UTC)."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "applier"
+    if program in ("__main__.py", "-m", "-c", "") or program.startswith("applier"):
+        program = "applier"
+    command = shlex.join([program, *sys.argv[1:]])
+    return {"pid": os.getpid(), "host": socket.gethostname(), "command": command[:MAX_COMMAND_CHARS],
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_holder(fd: int, record: dict | None) -> None:
+    """The lock file's content: record as one JSON line, or nothing (released). Best effort: the lock is the flock,
+    never its content, so a write that fails (a full disk) changes nothing."""
+    try:
+        os.ftruncate(fd, 0)
+        if record is not None:
+            os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+    except OSError:
+        pass
+
+
+def read_holder(fd: int) -> dict | None:
+    """The holder the lock file names, its fields checked (the file is anyone's who can write the folder: only
+    plain values of bounded length are shown); None when it names none."""
+    try:
+        data = json.loads(os.pread(fd, MAX_HOLDER_BYTES, 0).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or type(data.get("pid")) is not int or data["pid"] <= 0:
+        return None
+    out = {"pid": data["pid"]}
+    for key, limit in (("host", 255), ("command", MAX_COMMAND_CHARS), ("since", 40)):
+        value = data.get(key)
+        out[key] = value if isinstance(value, str) and value.isprintable() and len(value) <= limit else None
+    return out
+
+
+def holder_runs(holder: dict) -> bool | None:
+    """Whether the holder's process still runs: None when it is on another host (that cannot be told from here)."""
+    if holder.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 @contextmanager
@@ -69,10 +133,23 @@ def take(open_fd, lock_file: Path, *, reader: bool = False, timeout: float | Non
         yield
 
 
-def locked_error(lock_file: Path, timeout: float) -> LockedError:
-    return LockedError(f"another applier run holds the lock on {lock_file.parent.parent} (waited {timeout:g} s)",
-                       hint="wait for it to finish; if none is running, the lock is released automatically when "
-                            "its process ends")
+def locked_error(lock_file: Path, timeout: float, holder: dict | None = None) -> LockedError:
+    """Exit 4, saying who holds the lock (as the lock file names it) and whether that process still runs."""
+    waited = f"another applier run holds the lock on {lock_file.parent.parent} (waited {timeout:g} s)"
+    if holder is None:
+        return LockedError(f"{waited}; the lock file names no holder (an older applier, or a run just starting)",
+                           hint="wait for it to finish; the lock is released when its process ends")
+    who = (f"pid {holder['pid']} on {holder['host'] or 'an unnamed host'}, `{holder['command'] or '?'}`, since "
+           f"{holder['since'] or 'an unknown time'}")
+    runs = holder_runs(holder)
+    if runs is False:
+        return LockedError(f"{waited}: {who}; that process no longer runs (stale): a process it started still holds "
+                           "the lock", hint=f"end what holds {lock_file} (`fuser -v {lock_file}` lists it); the lock "
+                                            "is released when it ends, and the next command finishes any run cut short")
+    where = "" if runs else " (on another host: whether it still runs cannot be told from here)"
+    return LockedError(f"{waited}: {who}{where}",
+                       hint=f"wait for it to finish, or end it (kill {holder['pid']}); the lock is released when its "
+                            "process ends, and the next command finishes any run cut short")
 
 
 @contextmanager
