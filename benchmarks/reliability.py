@@ -40,7 +40,19 @@ SECTIONS = {
     "test_rel_races": "races",
     "test_rel_rights": "rights-and-bounds",
     "test_rel_round3_inputs": "inputs-round3",
+    "test_rel_round4_disk": "round4-full-disk",
+    "test_rel_round4_export": "round4-export",
+    "test_rel_round4_rights": "round4-denied-state-files",
+    "test_rel_round4_signals": "round4-signals",
+    "test_rel_round4_options": "round4-options",
+    "test_rel_round4_home": "round4-package-home",
+    "test_rel_round4_lock": "round4-lock-holder",
 }
+# record_figure's section names -> the section whose "figures" they become (cases tried and held inside a test)
+FIGURES = {"sigkill": "sigkill-loop", "concurrency": "concurrency", "fuzz": "fuzz",
+           "round4-disk": "round4-full-disk", "round4-export": "round4-export",
+           "round4-rights": "round4-denied-state-files", "round4-signals": "round4-signals",
+           "round4-options": "round4-options", "round4-home": "round4-package-home", "round4-lock": "round4-lock-holder"}
 
 
 def scrub(text: str, *roots: Path) -> str:
@@ -98,7 +110,7 @@ def run_suite(product: Path, settings: dict, workdir: Path) -> dict:
         for line in figures.read_text().splitlines():
             entry = json.loads(line)
             extra.setdefault(entry.pop("section"), []).append(entry)
-    for key, name in (("sigkill", "sigkill-loop"), ("concurrency", "concurrency"), ("fuzz", "fuzz")):
+    for key, name in FIGURES.items():
         if key in extra:
             sections[name]["figures"] = extra[key]
     tried = sum(s["tried"] for s in sections.values())

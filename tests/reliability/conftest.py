@@ -21,6 +21,15 @@ Sections, one file each:
                               bits and xattrs kept, deep trees refused, foreign pack folders left alone (round 3)
     test_rel_round3_inputs.py catalog bounds and unreadable entries, environment values, PYTHONINSPECT, verify's
                               bounded scans, `.` in catalog paths (round 3)
+    test_rel_round4_disk.py   every writing verb on a full disk, free space swept around its threshold on a tmpfs
+                              of the test's own (smalldisk.py; RLIMIT_FSIZE where it cannot mount) (round 4, issue 49)
+    test_rel_round4_export.py `overlay export` all or nothing: full disk, killed while staging or renaming (round 4)
+    test_rel_round4_rights.py each entry of .applier/ denied to the user who owns the install (round 4)
+    test_rel_round4_signals.py SIGINT and SIGTERM at random moments, start-up included (APPLIER_SIGNAL_SAMPLES per
+                              command and signal) (round 4)
+    test_rel_round4_options.py every numeric option's edges; usage errors with --json (round 4)
+    test_rel_round4_home.py   the overlay package in the environment's own site-packages (round 4)
+    test_rel_round4_lock.py   the lock file names its holder; a stale holder said so (round 4)
 
 Shared helpers live in reltools.py; `python -m benchmarks reliability` runs the sections and writes the figures.
 """
