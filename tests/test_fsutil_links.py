@@ -94,7 +94,7 @@ def test_confinement_walks_no_folder_a_link_leads_out_of_its_root(tmp_path):
     (elsewhere / "node").mkdir()
     (site / "torch" / "cuda").symlink_to(elsewhere / "cuda", target_is_directory=True)
     (comfy / "custom_nodes" / "comfyui_fused_dit").symlink_to(elsewhere / "node", target_is_directory=True)
-    confinement = Confinement({"comfyui": comfy, "site-packages": site}, comfy / ".applier",
+    confinement = Confinement({"comfyui": comfy, "purelib": site, "site-packages": site}, comfy / ".applier",
                               {"comfyui": {"nodes.py"}, "site-packages": {"torch/cuda/streams.py",
                                                                           "torch/version.py"}},
                               OverlayPrefixes("fused_dit", "comfyui_fused_dit"))
