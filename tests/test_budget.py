@@ -499,12 +499,17 @@ def test_out_of_reach_says_what_reaches_it_and_each_suggestion_does(comfy):
 
 def test_node_caps_that_set_no_side_of_the_canvas_are_not_the_lowest_that_matters():
     from applier.budget.verdict import caps_verdict
-    caps = budget.TargetCaps(16384, "nodes.py:1", None, "off", (
-        budget.Cap("a.py:1", 256, "resolution_steps", "A"), budget.Cap("b.py:2", 512, "octree_resolution", "B"),
-        budget.Cap("c.py:3", 4096, "width", "Load3D"), budget.Cap("d.py:4", 8192, "MAX_RESOLUTION")))
-    found = caps_verdict(budget.Canvas(16384, 16384), caps)
-    assert found.lowest_that_matters.where == "c.py:3" and len(found.node_caps) == 4
-    assert [c.canvas_side for c in found.node_caps] == [False, False, True, True]
+    caps = [budget.Cap("a.py:1", 256, "resolution_steps", "ImageScaleToTotalPixels"),
+            budget.Cap("b.py:2", 512, "octree_resolution", "VAEDecodeHunyuan3D"),
+            budget.Cap("c.py:3", 1024, "spacing_width", "ImageStitch"), budget.Cap("d.py:4", 4096, "width", "Load3D"),
+            budget.Cap("e.py:5", 8192, "MAX_RESOLUTION")]
+    found = caps_verdict(budget.Canvas(16384, 16384), budget.TargetCaps(16384, "nodes.py:1", None, "off", tuple(caps)))
+    assert found.lowest_that_matters.where == "d.py:4" and len(found.node_caps) == 5
+    assert [c.canvas_side for c in found.node_caps] == [False, False, False, True, True]
+    latent = budget.Cap("f.py:6", 8192, "height", "EmptyHiDreamO1LatentImage")     # an image or latent node first
+    found = caps_verdict(budget.Canvas(16384, 16384), budget.TargetCaps(16384, "nodes.py:1", None, "off",
+                                                                          (*caps, latent)))
+    assert found.lowest_that_matters.where == "f.py:6"
 
 
 # ---------------------------------------------------------------- the report
@@ -615,3 +620,12 @@ def test_readmes_32k_figure_for_an_rtx_4090_is_what_the_command_prints(tmp_path)
     quoted = float(re.search(r"RTX 4090: the refinement ([0-9.]+) min", readme).group(1))
     assert abs(quoted * 60 - fastest["seconds"]) <= 0.05 * fastest["seconds"], (quoted, fastest["seconds"])
     assert f"takes {fastest['seconds'] / 60:.1f} min for {fastest['steps']} steps" in readme
+
+
+def test_the_help_states_each_range_the_readers_hold():
+    result = CliRunner().invoke(cli, ["budget", "--help"], terminal_width=200)
+    text = " ".join(result.output.split())
+    for low, high in (budget.SIZE_RANGE, budget.FRAMES_RANGE, budget.STEPS_RANGE, budget.CFG_RANGE):
+        assert f"{low:g}-{high:g}" in text, (low, high)
+    low, high = budget.WITHIN_RANGE_S
+    assert f"{low:g} s to {high / 3600:g} h" in text

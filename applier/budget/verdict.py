@@ -79,9 +79,11 @@ def route_words(route: TiledRoute) -> str:
 
 # ---------------------------------------------------------------- caps
 
-# An input that sets a side of the canvas: width, height, resolution, *_width, *_height, *MAX_RESOLUTION (not
-# octree_resolution or resolution_steps, which the resolution-caps scan also finds).
-_CANVAS_SIDE = re.compile(r"(?i)^(?:\w*max_resolution|resolution|(?:\w+_)?(?:width|height)(?:_\w+)?)$")
+# An input that sets a side of the canvas: width, height, a MAX_RESOLUTION of the node's own (not resolution_steps,
+# octree_resolution or spacing_width, which the resolution-caps scan also finds); and the nodes a workflow of
+# images or latents goes through (EmptyLatentImage, ImageScale...), whose caps come first.
+_CANVAS_SIDE = re.compile(r"(?i)^(?:\w*max_resolution|width|height)$")
+_IMAGE_NODE = re.compile(r"Latent|Image")
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,10 @@ class CapsVerdict:
 
     @property
     def lowest_that_matters(self) -> NodeCap | None:
-        """The lowest node cap on a side of the canvas (else the lowest of all), the one a workflow meets first."""
-        sides = [c for c in self.node_caps if c.canvas_side] or list(self.node_caps)
-        return min(sides, key=lambda c: c.value) if sides else None
+        """The lowest cap on a side of the canvas of an image or latent node, else of any node, else the lowest."""
+        sides = [c for c in self.node_caps if c.canvas_side]
+        found = [c for c in sides if _IMAGE_NODE.search(c.node)] or sides or list(self.node_caps)
+        return min(found, key=lambda c: c.value) if found else None
 
     def as_json(self) -> dict:
         return {"checked": self.checked, "allowed": self.allowed,
