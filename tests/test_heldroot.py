@@ -8,8 +8,9 @@ import stat
 
 import pytest
 
-from applier.store.heldroot import (HeldRoot, LeadsOutside, NotRegularFile, PathRoot, WalkLimit, is_temp_name,
-                              temp_name)
+from applier.store.fileops import LeadsOutside, NotRegularFile, WalkLimit, is_temp_name, temp_name
+from applier.store.heldroot import HeldRoot
+from applier.store.pathroot import PathRoot
 
 KINDS = [HeldRoot, PathRoot]
 

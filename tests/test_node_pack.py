@@ -204,7 +204,7 @@ def test_a_copied_node_without_its_package_is_said_to_fail_when_it_runs(tmp_path
 
 
 def test_export_into_an_earlier_clone_never_writes_through_a_link_out(tmp_path):
-    from applier.store.heldroot import LeadsOutside
+    from applier.store.fileops import LeadsOutside
     dest = tmp_path / "clone"
     export(dest)
     outside = tmp_path / "outside"

@@ -12,7 +12,9 @@ from pathlib import Path
 from applier import __version__
 from applier.errors import StateCorruptError
 from applier.store.confine import COMPONENT_ROOT, Confinement, check_relpath
-from applier.store.heldroot import KEEP, HeldRoot, Opened, RunEnds, StoreLayout
+from applier.store.heldroot import HeldRoot
+from applier.store.statefolder import Opened, StoreLayout
+from applier.store.writer import KEEP, RunEnds
 
 STATE_FORMAT = 2
 JOURNAL_FORMAT = 2
@@ -176,7 +178,7 @@ class State:
 class Pending:
     """The state folder as a command that changes the install found it, read once under the lock (StateStore.open_run):
     the state it has (while an interrupted run's journal is there, that run's state_after: what finishing it records),
-    and that run: its journal and what it records (heldroot.RunEnds)."""
+    and that run: its journal and what it records (writer.RunEnds)."""
     state: State
     folder: HeldRoot
     journal: dict | None = None

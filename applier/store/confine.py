@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from applier.errors import IOFailure, StateCorruptError
-from applier.store.fsutil import MAX_READ_BYTES, io_failure, sha256_bytes
-from applier.store.heldroot import HeldRoot, Sweep, hold
+from applier.store.fsutil import MAX_READ_BYTES, hold, io_failure, sha256_bytes
+from applier.store.heldroot import HeldRoot, Sweep
 from applier.store.paths import STATE_DIR_NAME, real_inside
 
 ROOTS = ("comfyui", "purelib", "site-packages")      # relative() tries them in this order: roots may be one folder

@@ -3,7 +3,7 @@
 Used by the tests to kill apply and revert at every step and prove the next command recovers. Hooks are the
 in-process counterpart for race tests: a test registers a function for a hook point (`HOOKS["before-write"]`,
 called with the Place about to be written, after every check of the run; `HOOKS["before-state"]`, called with the
-run's RunEnds before the state and manifest are recorded; heldroot.carry_out calls them) and swaps a link in there,
+run's RunEnds before the state and manifest are recorded; writer.carry_out calls them) and swaps a link in there,
 deterministically, where a real attacker would need to win a race. Failpoint names:
     after-backups      originals backed up, journal not yet written (no target file changed)
     after-journal      journal committed, no target file changed yet

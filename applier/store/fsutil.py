@@ -14,8 +14,10 @@ import stat
 from pathlib import Path
 
 from applier.errors import IOFailure
-from applier.store.heldroot import (MAX_READ_BYTES, SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, HeldRoot, LeadsOutside,
-                                   NotRegularFile, dump_json, hold, io_failure, kind_of, read_fd)
+from applier.store.fileops import (MAX_READ_BYTES, SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, LeadsOutside, NotRegularFile,
+                                   dump_json, io_failure, kind_of, read_fd)
+from applier.store.heldroot import HeldRoot
+from applier.store.pathroot import hold
 from applier.store.paths import real_inside
 
 # Walks of applier's own folder and of the pack's install folders stop here (exit 7 / a refusal): applier writes
@@ -24,7 +26,7 @@ MAX_WALK_DEPTH = 64
 MAX_WALK_ENTRIES = 200_000
 
 __all__ = ["MAX_READ_BYTES", "TEMP_SUFFIX", "FileTooLarge", "HeldRoot", "LeadsOutside", "NotRegularFile", "dump_json",
-           "io_failure", "kind_of"]
+           "hold", "io_failure", "kind_of"]
 
 
 def sha256_bytes(data: bytes) -> str:

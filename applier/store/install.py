@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 
-from applier.store import heldroot, journal
+from applier.store import journal, writer
 from applier.store.applied import State
 from applier.store.confine import Confinement
-from applier.store.heldroot import KEEP
+from applier.store.writer import KEEP
 from applier.store.journal import Backup, FileOp
 from applier.store.state import StateStore
 from applier.target import Target
@@ -23,7 +23,7 @@ class Install:
     """The target (as detected) and its state store, held for one command, opened on creation: with `run`, the state
     folder is opened once (StateStore.open_run: the lock taken and held until close, then the state and any
     interrupted run read in one pass) and that run finished (journal.finish: planned as data, written by
-    heldroot.carry_out); create=False: only where `.applier/` exists, elsewhere nothing is created and the state is
+    writer.carry_out); create=False: only where `.applier/` exists, elsewhere nothing is created and the state is
     empty (a dry run, a revert with nothing recorded). `execute` hands a run's file operations to the journal in one
     go. Everything it holds (the lock, the handles) is released by close, in reverse order."""
 
@@ -71,7 +71,7 @@ class Install:
         assert self.locked, "execute() needs the lock an install opened with run holds"
         ends = self.store.run_ends(new_state, manifest_after)
         run = journal.plan(ends, self.confinement, ops, description, prune=prune, backups=backups)
-        heldroot.carry_out(run)
+        writer.carry_out(run)
         self.state = new_state
 
     def record_interpreter(self, python) -> None:

@@ -1,8 +1,8 @@
 """The journal: what a run holds, decided before anything is written; and recovery of an interrupted run.
 
-`plan` turns a run's file operations into a heldroot.Run: every file as a Place inside the install, the backups, and
+`plan` turns a run's file operations into a writer.Run: every file as a Place inside the install, the backups, and
 `journal.json` (the commit point: it says in words and data what is in flight, and the state and overlay manifest
-to record at the end) with the bytes every file will have and had (`journal-data/`). heldroot.carry_out writes it,
+to record at the end) with the bytes every file will have and had (`journal-data/`). writer.carry_out writes it,
 in that order, all or nothing. A process killed anywhere is finished by the next command (`recover`): each file
 already at its new bytes is left, each still at its old bytes is written (the rest of the run, planned here and
 carried out by the same writer), and the temp files a killed write left behind are removed.
@@ -23,7 +23,7 @@ from applier.errors import StateCorruptError
 from applier.store.applied import JOURNAL_FORMAT, SHA256, Pending
 from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
-from applier.store.heldroot import KEEP, Run, RunEnds, Write, carry_out, temp_files
+from applier.store.writer import KEEP, Run, RunEnds, Write, carry_out, temp_files
 from applier.store.state import StateStore, private_mode
 
 
@@ -52,7 +52,7 @@ class Backup:
 
 def plan(ends: RunEnds, confinement: Confinement, ops: list[FileOp], description: str, *, prune: tuple = (),
          backups: list[Backup] = ()) -> Run:
-    """The whole run as data (heldroot.Run), nothing written: every file of ops as a Place (each path checked once,
+    """The whole run as data (writer.Run), nothing written: every file of ops as a Place (each path checked once,
     here, against what the install may touch; from then on every write goes through its root's held handle, so a
     link swapped in after this check is refused at the write and the run rolled back), the folders it creates and
     may empty, the backups, and journal.json with the bytes every file will have and had (journal-data/)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from applier.errors import LockedError
 from applier.settings import lock_timeout
 from applier.store.fsutil import io_failure
-from applier.store.heldroot import supported
+from applier.store.fileops import supported
 
 try:
     import fcntl

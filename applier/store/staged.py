@@ -21,7 +21,9 @@ from pathlib import Path
 
 from applier.errors import IOFailure, LockedError, RefusedError
 from applier.store.failpoints import failpoint
-from applier.store.heldroot import HeldRoot, hold, io_failure, parts_of
+from applier.store.fileops import io_failure, parts_of
+from applier.store.heldroot import HeldRoot
+from applier.store.pathroot import hold
 
 try:
     import fcntl

@@ -1,5 +1,5 @@
 """The state folder `<target>/.applier/`: plain JSON and plain files a person can read and repair; every write into
-it goes through the folder's held handle (StateStore's; a run's writer, heldroot.carry_out, is handed it), which
+it goes through the folder's held handle (StateStore's; a run's writer, writer.carry_out, is handed it), which
 refuses links and special files anywhere inside it.
 
     .applier/state.json          what is applied: patch, variant, files (relative to their component root) with
@@ -33,8 +33,11 @@ from applier.store.applied import (AppliedFile, AppliedPatch, Pending, State, ba
 from applier.store.confine import Confinement, Place
 from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, dump_json,
                                   io_failure)
-from applier.store.heldroot import (KEEP, HeldRoot, RunEnds, StoreLayout, check_roots, check_store, hold, hold_install,
-                                   identity, open_store, read_document)
+from applier.store.heldroot import HeldRoot
+from applier.store.pathroot import hold
+from applier.store.statefolder import (StoreLayout, check_roots, check_store, hold_install, identity, open_store,
+                                       read_document)
+from applier.store.writer import KEEP, RunEnds
 
 
 class StateStore:
@@ -238,7 +241,7 @@ class StateStore:
 
     def open_run(self, stack: ExitStack | None, *, create: bool = True, reader: bool = False,
                  timeout: float | None = None, read: bool = True) -> Pending | None:
-        """Open the folder for a command that may write, in one pass (heldroot.open_store): the install's root held
+        """Open the folder for a command that may write, in one pass (statefolder.open_store): the install's root held
         and its roots checked (exit 9), the folder checked (no link or special file in it: exit 7) and created inside
         the install, never above it (a deleted install is not recreated), the lock taken (lock.take, held on stack
         until the command is done; stack None: the caller holds it), then, with read, the state and an interrupted
@@ -268,7 +271,7 @@ class StateStore:
         return self.open_run(None)
 
     def run_ends(self, state: State, manifest=KEEP) -> RunEnds:
-        """What a run needs of this folder, read once before it is planned (heldroot.RunEnds): its held handle, as
+        """What a run needs of this folder, read once before it is planned (writer.RunEnds): its held handle, as
         the command's opening checked it (open_run; ensured here when it was not open: created inside the install,
         0700, its .gitignore, no link or special file in it, exit 7), the install's roots as opened, and the state
         (and overlay manifest: KEEP, None to remove it) to record."""

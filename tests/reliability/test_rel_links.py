@@ -211,20 +211,20 @@ def test_a_worktree_keeps_applier_out_of_git_status_without_touching_the_main_ch
 # ------------------------------------------------------------------------------ the target's identity
 
 def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, monkeypatch, tmp_path):
-    from applier.store import heldroot
+    from applier.store import writer
     moved = tmp_path / "moved"
-    real = heldroot.failpoint
+    real = writer.failpoint
 
     def move_at(name):
         if name == "after-journal":
             os.rename(plain.root, moved)
         real(name)
 
-    monkeypatch.setattr(heldroot, "failpoint", move_at)
+    monkeypatch.setattr(writer, "failpoint", move_at)
     out = assert_clean(cli(*plain.args("apply")), allowed=(9,))
     assert "moved" in out.text
     assert not plain.root.exists(), "a stray tree appeared at the old path"
-    monkeypatch.setattr(heldroot, "failpoint", real)
+    monkeypatch.setattr(writer, "failpoint", real)
     # the journal travelled with the install: its next command finishes the run there
     status = assert_clean(cli("status", "--target", moved, "--patches", plain.catalog, "--json"), allowed=(0,))
     assert {p["state"] for p in status.json()["patches"]} == {"applied"}
@@ -233,15 +233,15 @@ def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, 
 
 def test_a_target_deleted_while_apply_runs_is_not_recreated(plain, monkeypatch):
     import shutil
-    from applier.store import heldroot
-    real = heldroot.failpoint
+    from applier.store import writer
+    real = writer.failpoint
 
     def delete_at(name):
         if name == "after-backups":
             shutil.rmtree(plain.root)
         real(name)
 
-    monkeypatch.setattr(heldroot, "failpoint", delete_at)
+    monkeypatch.setattr(writer, "failpoint", delete_at)
     assert_clean(cli(*plain.args("apply")), allowed=(9,))
     assert not plain.root.exists(), "the run recreated a deleted install"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from applier.store import failpoints, heldroot
+from applier.store import failpoints, writer
 from reltools import FAILPOINT_EXIT, REPO, assert_clean, child_env, cli, make_install, record_figure, snapshot
 
 pytestmark = pytest.mark.slow
@@ -161,7 +161,7 @@ def test_recovery_after_a_kill_never_finishes_through_a_swapped_link(tmp_path, o
     for run in range(RUNS):
         other = make_install(tmp_path / f"t{run}", layout="plain")
         with monkeypatch.context() as patched, pytest.raises(Killed):
-            patched.setattr(heldroot, "failpoint", die)
+            patched.setattr(writer, "failpoint", die)
             cli(*other.args("apply"))
         installs.append(other)
     for inst in installs:
