@@ -4,27 +4,36 @@ ends the process at once with one line and exit 130 / 143; applier.cli.main then
 unwinds (the next command finishes or rolls back a run cut short). A signal the process was started with ignored
 (a background job's SIGINT) stays ignored.
 
-Only the interpreter's own start-up (its site module, before any line of applier runs) is outside applier's reach."""
-import os
-import signal
+Only the interpreter's own start-up (its site module, runpy finding this file, before this module's first statement)
+is outside applier's reach. The handlers are installed as this module is imported: it is the entry point only."""
+from _signal import SIG_IGN, SIGINT, SIGTERM, getsignal, signal   # builtin: no import time before the handlers
+from os import _exit, write
 
-EARLY_EXIT = {signal.SIGINT: (130, b"applier: interrupted (Ctrl-C) while starting; nothing was changed\n"),
-              signal.SIGTERM: (143, b"applier: terminated (SIGTERM) while starting; nothing was changed\n")}
+EARLY_EXIT = {SIGINT: (130, b"applier: interrupted (Ctrl-C) while starting; nothing was changed\n"),
+              SIGTERM: (143, b"applier: terminated (SIGTERM) while starting; nothing was changed\n")}
 
 
 def early_exit(signum, frame):
     code, line = EARLY_EXIT[signum]
     try:
-        os.write(2, line)
+        write(2, line)
     finally:
-        os._exit(code)
+        _exit(code)
+
+
+def answer_early() -> None:
+    """early_exit for SIGINT and SIGTERM, unless the process was started with them ignored."""
+    for signum in EARLY_EXIT:
+        if getsignal(signum) is not SIG_IGN:
+            signal(signum, early_exit)
+
+
+answer_early()
 
 
 def entry():
-    """Install early_exit for SIGINT and SIGTERM (unless ignored), then load and run the command line."""
-    for signum in EARLY_EXIT:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, early_exit)
+    """Load and run the command line (the signals are answered from the import of this module on)."""
+    answer_early()
     from applier.cli import main
     main()
 

@@ -3,7 +3,7 @@
 Where the suite runs as root and may mount, the test mounts a tmpfs of its own (SmallDisk) and leaves a chosen number
 of bytes free by filling the rest with one file: the command then meets ENOSPC wherever the space runs out. Elsewhere
 the command runs in a forked child whose RLIMIT_FSIZE caps every file it writes (EFBIG past it, SIGXFSZ ignored), the
-sweep then moving that cap instead of the free space. Neither possible: the test is skipped with the reason.
+sweep then moving that cap instead of the free space. Neither possible: the test is skipped with the reason. APPLIER_SMALLDISK=fsize chooses the size cap as root too.
 
 The sweep finds the threshold (the least free space, or cap, at which the command succeeds) by bisection in pages,
 then tries every page just below and at it, where the last writes fail, and a random sample of the pages below.
@@ -43,12 +43,15 @@ class SmallDisk:
         self.where.mkdir(parents=True, exist_ok=True)
         self.filler = None
         self.limit: int | None = None
-        why = can_mount()
+        why = can_mount() if os.environ.get("APPLIER_SMALLDISK") != "fsize" else "APPLIER_SMALLDISK=fsize"
         if why is None:
             done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "applier-test",
                                    str(self.where)], capture_output=True, text=True)
             why = None if done.returncode == 0 else f"mount failed: {done.stderr.strip()[:200]}"
         self.mode = "tmpfs" if why is None else "fsize"
+        # the least value swept: under a cap of 0 the command could not even write its message (its output file is
+        # capped too), which is no full disk
+        self.floor = 0 if self.mode == "tmpfs" else PAGE
         self.why_not_tmpfs = why
         if self.mode == "tmpfs":
             self.filler = self.where / ".filler"
@@ -117,10 +120,10 @@ class Sweep:
                 "failed_runs": sum(1 for _, code, _ in self.cases if code != 0)}
 
 
-def sweep(verb: str, attempt, top: int, *, near: int = 4, sample: int = 6, seed: int = 49) -> Sweep:
+def sweep(verb: str, attempt, top: int, *, floor: int = 0, near: int = 4, sample: int = 6, seed: int = 49) -> Sweep:
     """attempt(n) -> (exit code, problems) for n bytes (free or cap). top: a value at which the command succeeds.
     Bisects (in pages) for the least one where it succeeds, then tries the `near` pages below it and it, and
-    `sample` random pages further down (0 among them)."""
+    `sample` random pages further down (floor, the least value tried, among them)."""
     result = Sweep(verb)
     tried: dict[int, int] = {}
 
@@ -131,7 +134,8 @@ def sweep(verb: str, attempt, top: int, *, near: int = 4, sample: int = 6, seed:
             result.cases.append((pages * PAGE, code, problems))
         return tried[pages]
 
-    lo, hi = -1, max(1, top // PAGE)
+    low = floor // PAGE
+    lo, hi = low - 1, max(low + 1, top // PAGE)
     if one(hi) != 0:
         result.cases[-1][2].append(f"does not succeed with {hi * PAGE} bytes, the sweep's top")
         return result
@@ -143,7 +147,7 @@ def sweep(verb: str, attempt, top: int, *, near: int = 4, sample: int = 6, seed:
             lo = mid
     result.threshold = hi * PAGE
     rng = random.Random(seed)
-    below = list(range(0, max(0, hi - near)))
-    for pages in sorted({*range(max(0, hi - near), hi + 1), 0, *rng.sample(below, min(sample, len(below)))}):
+    below = list(range(low, max(low, hi - near)))
+    for pages in sorted({*range(max(low, hi - near), hi + 1), low, *rng.sample(below, min(sample, len(below)))}):
         one(pages)
     return result

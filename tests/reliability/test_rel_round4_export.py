@@ -59,7 +59,8 @@ def test_overlay_export_on_a_full_disk_leaves_no_half_made_folder(disk, tmp_path
             return out.code, found
 
         result = sweep(f"overlay-export-{kind}", attempt,
-                       top=disk.free() - (1 << 20) if disk.mode == "tmpfs" else 1 << 20)
+                       top=disk.free() - (1 << 20) if disk.mode == "tmpfs" else 1 << 20,
+                       floor=disk.floor)
         record_figure("round4-export", mode=disk.mode, **result.figure())
         assert not result.problems(), "\n".join(result.problems()[:10])
         assert any(code != 0 for _, code, _ in result.cases)

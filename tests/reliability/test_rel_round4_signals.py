@@ -34,10 +34,23 @@ def spawn(args, env=None) -> subprocess.Popen:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+MAIN = REPO / "applier" / "__main__.py"
+# the line of applier/__main__.py that installs its handlers: a frame of that module above it is still start-up
+ANSWERED_AT = next(n for n, line in enumerate(MAIN.read_text().splitlines(), 1) if line == "answer_early()")
+
+
+def applier_frames(err: str) -> list[str]:
+    """The frames of applier's own code in a traceback, but those of applier/__main__.py before its handlers are
+    installed (the module's first statements, as the interpreter runs them) and of applier/__init__.py."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', err)
+    return [f"{path}:{line}" for path, line, where in frames if f"{os.sep}applier{os.sep}" in path
+            and not path.endswith(f"applier{os.sep}__init__.py")
+            and not (path == str(MAIN) and where == "<module>" and int(line) < ANSWERED_AT)]
+
+
 def judge(proc: subprocess.Popen, signum: int, normal: tuple[int, ...]) -> tuple[str, str]:
     """("held" | "before applier" | "failed", why) of a process that got signum."""
     _, err = proc.communicate(timeout=60)
-    frames = re.findall(r'File "([^"]+)"', err)
     if proc.returncode in normal and "Traceback" not in err:
         return "held", "finished before the signal mattered"
     if proc.returncode == CODES[signum]:
@@ -45,7 +58,7 @@ def judge(proc: subprocess.Popen, signum: int, normal: tuple[int, ...]) -> tuple
         if "Traceback" in err or len(lines) != 1:
             return "failed", f"exit {proc.returncode} but stderr is {len(lines)} lines:\n{err[-800:]}"
         return "held", lines[0]
-    if not any(f"{os.sep}applier{os.sep}" in f for f in frames) and (
+    if not applier_frames(err) and (
             proc.returncode == -signum or ("Traceback" in err and proc.returncode in (1, -signum))):
         return "before applier", err.strip().splitlines()[-1] if err.strip() else f"killed by signal {signum}"
     return "failed", f"exit {proc.returncode}:\n{err[-1200:]}"
