@@ -61,7 +61,8 @@ def judge(proc: subprocess.Popen, signum: int, normal: tuple[int, ...]) -> tuple
     if not applier_frames(err) and (
             proc.returncode == -signum or ("Traceback" in err and proc.returncode in (1, -signum))):
         return "before applier", err.strip().splitlines()[-1] if err.strip() else f"killed by signal {signum}"
-    return "failed", f"exit {proc.returncode}:\n{err[-1200:]}"
+    last = err.strip().splitlines()[-1] if err.strip() else "nothing printed"
+    return "failed", f"exit {proc.returncode}, {last!r}, applier frames {applier_frames(err)}:\n{err[-1200:]}"
 
 
 def duration(args) -> float:
