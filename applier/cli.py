@@ -35,6 +35,7 @@ def main() -> None:
     ending, both are ignored. A signal the process was started with ignored stays ignored."""
     try:
         try:
+            sys.unraisablehook = deliver_later
             for signum, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, raise_terminated)):
                 if signal.getsignal(signum) is not signal.SIG_IGN:
                     signal.signal(signum, handler)
@@ -50,8 +51,30 @@ def main() -> None:
         raise
 
 
+PENDING: list = []          # the Ctrl-C or SIGTERM deliver_later holds back for a moment
+
+
+def deliver_later(unraisable) -> None:
+    """sys.unraisablehook: a Ctrl-C or SIGTERM that landed in a finalizer (a __del__, a generator the collector
+    closes), where Python would print it as ignored and go on, is raised again 10 ms later in the command's own code;
+    anything else is reported as Python does."""
+    exc = unraisable.exc_value
+    if isinstance(exc, (KeyboardInterrupt, Terminated)) and hasattr(signal, "setitimer"):
+        PENDING[:] = [type(exc)]
+        signal.signal(signal.SIGALRM, raise_pending)
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def raise_pending(signum, frame):
+    raise PENDING[0]()
+
+
 def ignore_signals() -> None:
     """The process is ending (or saying why): a second Ctrl-C or SIGTERM changes nothing and prints nothing."""
+    if hasattr(signal, "setitimer"):
+        signal.setitimer(signal.ITIMER_REAL, 0)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
 

@@ -99,6 +99,16 @@ def run(*args, env: dict | None = None, timeout: float = 120, **popen) -> Outcom
     return Outcome(args, proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_writer():
+    """The module of a run's writer, whose failpoint the race tests patch: applier.store.writer (an older product,
+    the baseline `python -m benchmarks reliability` runs these tests against, kept it in heldroot)."""
+    try:
+        from applier.store import writer
+    except ImportError:
+        from applier.store import heldroot as writer
+    return writer
+
+
 REAL_FSYNC = os.fsync     # the suite's conftest turns fsync off in this process; forked runs get it back
 
 

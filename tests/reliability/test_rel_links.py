@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reltools import (PATCHED, REPO, assert_clean, child_env, cli, make_install, run, snapshot, state_files)
+from reltools import (PATCHED, REPO, assert_clean, child_env, cli, make_install, run, run_writer, snapshot,
+                      state_files)
 from shelltools import make_catalog, make_comfy, run_git
 
 pytestmark = pytest.mark.slow
@@ -211,7 +212,7 @@ def test_a_worktree_keeps_applier_out_of_git_status_without_touching_the_main_ch
 # ------------------------------------------------------------------------------ the target's identity
 
 def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, monkeypatch, tmp_path):
-    from applier.store import writer
+    writer = run_writer()
     moved = tmp_path / "moved"
     real = writer.failpoint
 
@@ -233,7 +234,7 @@ def test_a_target_moved_while_apply_runs_aborts_and_leaves_no_stray_tree(plain, 
 
 def test_a_target_deleted_while_apply_runs_is_not_recreated(plain, monkeypatch):
     import shutil
-    from applier.store import writer
+    writer = run_writer()
     real = writer.failpoint
 
     def delete_at(name):

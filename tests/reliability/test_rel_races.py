@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from applier.store import failpoints, writer
-from reltools import FAILPOINT_EXIT, REPO, assert_clean, child_env, cli, make_install, record_figure, snapshot
+from applier.store import failpoints
+from reltools import (FAILPOINT_EXIT, REPO, assert_clean, child_env, cli, make_install, record_figure, run_writer,
+                      snapshot)
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +162,7 @@ def test_recovery_after_a_kill_never_finishes_through_a_swapped_link(tmp_path, o
     for run in range(RUNS):
         other = make_install(tmp_path / f"t{run}", layout="plain")
         with monkeypatch.context() as patched, pytest.raises(Killed):
-            patched.setattr(writer, "failpoint", die)
+            patched.setattr(run_writer(), "failpoint", die)
             cli(*other.args("apply"))
         installs.append(other)
     for inst in installs:

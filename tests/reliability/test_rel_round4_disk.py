@@ -5,7 +5,6 @@ verb ends in 0 or a documented code without a traceback, a "nothing was changed"
 verb's retry succeeds. `overlay export` never leaves a half-made folder, and its retry works."""
 from __future__ import annotations
 
-import shutil
 
 import pytest
 

@@ -149,3 +149,33 @@ def test_a_signal_while_the_modules_load_ends_at_once(module, signum):
     assert proc.returncode == CODES[signum], proc
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "nothing was changed" in proc.stderr
     assert proc.stdout == ""
+
+
+IN_A_FINALIZER = """
+import os, signal, sys
+sys.argv = ["applier", "--version"]
+import applier.__main__
+from applier import cli
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.{signal})     # lands here, where Python would print it as ignored and go on
+        for _ in range(100000):
+            pass
+run = cli.cli.main
+def main(*args, **kwargs):
+    Finalized()
+    import time
+    time.sleep(0.2)
+    return run(*args, **kwargs)
+cli.cli.main = main
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_that_lands_in_a_finalizer_still_ends_the_command(signum):
+    proc = subprocess.run([sys.executable, "-c", IN_A_FINALIZER.format(signal=signal.Signals(signum).name)],
+                          cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == CODES[signum], proc
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "ignored" not in proc.stderr, proc
