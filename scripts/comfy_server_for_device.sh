@@ -76,6 +76,13 @@ mkdir -p "$site" "$trees" "$ckpt"
         # it wrote so far. The harness's own limit: ROUTE_LIMIT (1700 s). RUN=NAME: another run beside the first (its
         # own folder and tiled-route-ERA-NAME.json; the kit and the checkpoint are shared); NO_PEER=1: no peer.
         run="$work/tiled-route${RUN:+-$RUN}"; mkdir -p "$run"
+        if [ ! -e "$run/pid" ] && [ -n "${VAE_CHECK:-}" ]; then
+            # the one-pass tiled VAE against ComfyUI's tiled and untiled VAE (in process, before the route holds
+            # the GPU): VAE_CHECK=WxH, the canvas where the untiled decode fits
+            timeout -k 20 "${VAE_LIMIT:-300}" python3 -m benchmarks tiled-vae --comfyui "$trees/$era" \
+                --work "$run/vae-check" --size "$VAE_CHECK" --out "$out/tiled-vae-$era.json"
+            cp "$out/tiled-vae-$era.json" "$run/" 2>/dev/null
+        fi
         if [ ! -e "$run/pid" ]; then
             peer_arg=()
             if [ -f "$kit/tiled-diffusion.tar.xz" ] && [ -z "${NO_PEER:-}" ]; then

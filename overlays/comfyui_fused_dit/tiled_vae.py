@@ -3,7 +3,8 @@
 Drop-in for ComfyUI's VAEDecodeTiled / VAEEncodeTiled on 2-D VAEs (Flux's, SD's, Qwen-Image's): one pass of equal
 tiles, batched, blended with the Tiled Sampling node's seamless profiles, memory that tracks a batch of tiles. A VAE
 the one pass does not fit (a video VAE, one that tiles itself) goes to ComfyUI's own tiled call with the same
-numbers, said once. The inputs' ranges are ComfyUI's own checks (no VALIDATE_INPUTS: every value in range runs).
+numbers, said once. The tile inputs are optional (an API prompt may leave them out: the defaults run); their ranges are ComfyUI's own
+checks (no VALIDATE_INPUTS: every value in range runs).
 This module imports no torch; the tiling package is imported when a node first runs.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ class TiledVAEDecode:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"samples": ("LATENT",), "vae": ("VAE",), **TILE_INPUTS}}
+        return {"required": {"samples": ("LATENT",), "vae": ("VAE",)}, "optional": dict(TILE_INPUTS)}
 
     def decode(self, samples, vae, tile_px=1024, overlap_px=128, tile_batch=0):
         latent = samples["samples"]
@@ -96,7 +97,7 @@ class TiledVAEEncode:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"pixels": ("IMAGE",), "vae": ("VAE",), **TILE_INPUTS}}
+        return {"required": {"pixels": ("IMAGE",), "vae": ("VAE",)}, "optional": dict(TILE_INPUTS)}
 
     def encode(self, pixels, vae, tile_px=1024, overlap_px=128, tile_batch=0):
         if _stock_reason(vae):
