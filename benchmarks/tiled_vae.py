@@ -11,14 +11,13 @@ and the image the untiled decode made is encoded back the same three ways (VAEEn
 Error: the mean and largest absolute difference from the untiled result (image pixels 0..1; latents).
 
 The weights are random: the figures are for time and for how far each tiling departs from the untiled VAE, never
-image quality. The process is not ComfyUI's server: no DynamicVRAM (the VAE is small), ComfyUI's model management
-loads the VAE as its nodes do.
+image quality. ComfyUI is imported as its main.py starts it (comfy_release.import_comfyui: cuda_malloc, DynamicVRAM
+where the release has it), without its server; ComfyUI's model management loads the VAE as its nodes do.
 
     python -m benchmarks tiled-vae --comfyui DIR --work /tmp/vae --out tiled-vae-RELEASE.json
 """
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--work", type=Path, required=True, help="where the random VAE is written")
     parser.add_argument("--size", default="4096x4096", help="WxH of the canvas (the untiled decode must fit)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the smoke test")
     parser.add_argument("--out", type=Path, required=True)
 
 
@@ -42,11 +42,14 @@ def import_paths(options) -> list[Path]:
 
 
 def _timed(call, sync) -> tuple[object, float]:
-    call()                                   # warm-up: cuDNN's choices, the allocator's pool
-    sync()
-    start = time.perf_counter()
-    out = call()
-    sync()
+    """call()'s result and its seconds on a second call, under torch.inference_mode() as ComfyUI runs its nodes."""
+    import torch
+    with torch.inference_mode():
+        call()                               # warm-up: cuDNN's choices, the allocator's pool
+        sync()
+        start = time.perf_counter()
+        out = call()
+        sync()
     return out, round(time.perf_counter() - start, 3)
 
 
@@ -63,7 +66,8 @@ def run(options, parser) -> int:
               "comfyui": {**comfy_release.read_release(tree).as_dict(), "source": options.source},
               "note": "random-weight Flux VAE: time and departure from the untiled VAE, never image quality"}
     report["vae_file"] = make_vae(tree, options.work / "vae", options.seed, 300)
-    sys.argv = ["main.py"]
+    device = "cuda" if options.device == "cuda" else "cpu"
+    report["started"] = comfy_release.import_comfyui(tree, device, "native" if device == "cpu" else "comfy")
     import torch
     import comfy.model_management as mm
     import comfy.sd
