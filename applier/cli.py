@@ -975,17 +975,19 @@ def overlay_export(invocation, folder, publisher, repository):
 
 @overlay.command("check")
 @target_options
-@click.option("--verbose", "-v", is_flag=True, help="Under each family's line, its long reason (the code that differs).")
+@click.option("--verbose", "-v", is_flag=True,
+              help="Under each line, the pack's own names for it and the long reason (the code that differs).")
 def overlay_check(invocation, verbose):
     """Per model family and op family, what the node would run on this ComfyUI, or why it stays stock.
 
-    Reads the target's ComfyUI files (no torch, no GPU): one line per op family, attention included, with a short
-    reason; the long ones with --verbose or --json. Exit 0 with the report, whatever stays stock; 9 when the target
-    holds no ComfyUI code; 3 when the overlay pack's variants.json is unreadable.
+    Reads the target's ComfyUI files (no torch, no GPU): one line per op family, attention included, in words of
+    ComfyUI and PyTorch; the pack's own names and the long reasons with --verbose or --json. Exit 0 with the report,
+    whatever stays stock; 9 when the target holds no ComfyUI code; 3 when the overlay pack's variants.json is
+    unreadable.
     Example: applier overlay check --target ComfyUI/
     """
     from applier.errors import BadTargetError
-    from applier.pack.check import check_tree
+    from applier.pack.check import check_tree, report_lines
     found = invocation.target()
     if found.comfyui_root is None:
         raise BadTargetError(f"{invocation.target_path} has no ComfyUI folder",
@@ -999,12 +1001,8 @@ def overlay_check(invocation, verbose):
     for line in node_pack_lines(report["node_pack"]) + [report["node_pack_note"] or "", parts_line(found) or ""]:
         if line:
             click.echo(line)
-    for model in report["models"]:
-        click.echo(f"{model['model']}:")
-        for family, verdict in model["families"].items():
-            click.echo(f"    {family:10} {'runs' if verdict['runs'] else 'stock:'} {verdict['short']}")
-            if verbose:
-                click.echo(f"               {verdict['reason']}")
+    for line in report_lines(report, verbose=verbose):
+        click.echo(line)
 
 
 # ------------------------------------------------------------------ budget

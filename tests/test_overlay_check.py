@@ -199,11 +199,14 @@ def test_a_2026_tree_runs_the_rope_seam_and_leaves_the_rest_stock_naming_why(tmp
     assert flux["fp8_linear"]["matched"] == "fixture"                 # the Linear op did not change
     assert flux["norm_rope"] == {"variant": "rope_ck_seam", "matched": "fixture", "runs": True,
                                  "reason": "code matches ComfyUI fixture as verified",
-                                 "short": "rope_ck_seam (verified on fixture)"}
+                                 "short": "rope_ck_seam (verified on fixture)", "label": "fused QK RMSNorm + RoPE",
+                                 "says": "runs for RoPE alone (ComfyUI fixture's apply_rope code); the QK RMSNorm "
+                                         "stays ComfyUI's"}
     assert families(report, "Wan 2.1")["norm_rope"]["variant"] == "rope_ck_seam"
     adaln = flux["adaln"]
     assert adaln["matched"] is None and "no op seam serves this family" in adaln["reason"]
     assert adaln["short"] == "flux_block_forward_0.3: verified on fixture, this code differs"
+    assert adaln["says"] == "stays ComfyUI's own: written for ComfyUI fixture's Flux blocks, this tree's differ"
     assert "differing: {blocks}:DoubleStreamBlock.forward, {blocks}:RMSNorm.forward, {blocks}:attention" in \
         adaln["reason"]
     assert "RMSNorm is bound by Assign, not by one def/class" in adaln["reason"]
@@ -265,17 +268,22 @@ def test_the_attention_family_runs_where_the_releases_sdpa_order_leaves_it_a_gai
     assert ("attention" in overlay_check.speeds_up(report)["Qwen-Image"]) == runs
 
 
-def test_the_cli_says_one_short_line_per_family_and_the_long_reasons_with_verbose(tmp_path):
+def test_the_cli_says_one_line_per_family_in_words_and_the_pack_s_names_with_verbose(tmp_path):
     tree = write_tree(tmp_path / "ComfyUI", "2026")
     short = run_cli("overlay", "check", "--target", str(tree), check=True).stdout.splitlines()
-    flux = short[short.index("Flux:") + 1:short.index("Flux:") + 6]
-    assert [line.split()[0] for line in flux] == [*overlay_check.FAMILIES, "attention"]
-    assert flux[1] == "    adaln      stock: flux_block_forward_0.3: verified on 0.3.64, this code differs"
-    assert flux[4] == "    attention  stock: no SDPA order to change"
+    flux = short[short.index("Flux.1:") + 1:short.index("Flux.1:") + 6]
+    assert [line[4:32].strip() for line in flux] == ["fused QK RMSNorm + RoPE", "fused LayerNorm + modulation",
+                                                     "fused gated residual add", "FP8 Linears", "attention"]
+    assert flux[1] == ("    fused LayerNorm + modulation stays ComfyUI's own: written for ComfyUI 0.3.64's Flux "
+                       "blocks, this tree's differ")
+    assert flux[4] == ("    attention                    stays ComfyUI's own: this release sets no order of SDPA "
+                       "backends to improve on")
     assert all(len(line) <= 160 and "differing:" not in line for line in short)
     verbose = run_cli("overlay", "check", "--target", str(tree), "--verbose", check=True).stdout.splitlines()
-    assert len(verbose) == len(short) + 5 * sum(line.endswith(":") and not line.startswith(" ") for line in short)
-    assert "differing: {blocks}:DoubleStreamBlock.forward" in verbose[verbose.index(flux[1]) + 1]
+    assert len(verbose) == len(short) + 5 * 4           # 4 models (Flux.1, HunyuanVideo, Wan 2.1, Qwen-Image)
+    under = verbose[verbose.index(flux[1]) + 1]
+    assert under.lstrip().startswith("adaln: stock: flux_block_forward_0.3: code differs")
+    assert "differing: {blocks}:DoubleStreamBlock.forward" in under
 
 
 def test_a_folder_without_comfyui_code_is_a_bad_target(tmp_path):

@@ -8,12 +8,15 @@ loaded by path), then compared with the releases the pack records in `fused_dit/
 (`fused_dit/variants.py`, loaded the same way). The node makes the same comparison at run time on the live objects,
 so both say the same thing about the same code.
 
-Per model family present in the tree (Flux, Flux.2, Chroma, HunyuanVideo, Wan 2.1/2.2, Qwen-Image, Lumina 2 /
+Per model family present in the tree (Flux.1, Flux.2, Chroma, HunyuanVideo, Wan 2.1/2.2, Qwen-Image, Lumina 2 /
 Z-Image) and per op family (norm_rope, adaln, gate, fp8_linear, attention): whether it runs (the variant and the
-release it was verified on; for attention, the release's SDPA order read from comfy/ops.py), with a short reason
-("short") and the long one ("reason", with the differing code). The report also names where the node is
-installed, by applier or the ComfyUI way (ComfyUI-Manager, `comfy node install`), and says when that copy is
-another version than the one judged here.
+release it was verified on; for attention, the release's SDPA order read from comfy/ops.py), in the user's words
+("label" and "says": the model, the ComfyUI release, the kernel; what `overlay check` prints), with the internal
+ids kept for --json and --verbose ("variant", "short", and the long "reason" with the differing code). FP8 reaches
+a model the block families do not know through ComfyUI's Linear ops in its stack of blocks, as the node does
+(fused_dit.integration.generic_blocks). The report also names where the node is installed, by applier or the
+ComfyUI way (ComfyUI-Manager, `comfy node install`), and says when that copy is another version than the one
+judged here.
 """
 from __future__ import annotations
 
@@ -41,11 +44,18 @@ class ModelFamily:
     variant: str | None                   # the block-forward variant that would serve it
     marker: str | None = None             # a class comfy/supported_models.py must define (for shared model files)
     no_variant: str = ""                  # why there is none
+    title: str = ""                       # the name users know it by, where it is not `name`
+    no_variant_says: str = ""             # why there is none, in the user's words (default: NO_BLOCKS_SAYS)
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.name
 
 
 _NO_BLOCKS = "the overlay has no variant for this model's blocks: all families stay stock"
 MODEL_FAMILIES = (
-    ModelFamily("Flux", "comfy/ldm/flux/model.py", "DoubleStreamBlock", "flux_block_forward_0.3", "Flux"),
+    ModelFamily("Flux", "comfy/ldm/flux/model.py", "DoubleStreamBlock", "flux_block_forward_0.3", "Flux",
+                title="Flux.1"),
     ModelFamily("Flux.2", "comfy/ldm/flux/model.py", "DoubleStreamBlock", "flux_block_forward_0.3", "Flux2"),
     ModelFamily("Chroma", "comfy/ldm/chroma/model.py", "DoubleStreamBlock", "flux_block_forward_0.3", "Chroma"),
     ModelFamily("HunyuanVideo", "comfy/ldm/hunyuan_video/model.py", "DoubleStreamBlock", "flux_block_forward_0.3",
@@ -58,8 +68,18 @@ MODEL_FAMILIES = (
     ModelFamily("Qwen-Image 2.1", "comfy/ldm/qwen_image21/model.py", None, None, None,
                 "its blocks call comfy-kitchen's rms_rope and adaln directly and add the gate inline: the block "
                 "families have no seam there and stay stock (fp8_linear and attention reach it through ComfyUI's "
-                "Linear and attention seams, checked on the assembled 0.38.1 tree)"),
+                "Linear and attention seams, checked on the assembled 0.38.1 tree)",
+                no_variant_says="its blocks call comfy-kitchen's kernels directly, with nothing the pack can swap"),
 )
+
+# --------------------------------------------------------------- the user's words (what `overlay check` prints)
+BLOCKS_OF = {"DoubleStreamBlock": "Flux", "WanAttentionBlock": "Wan"}     # whose blocks a block forward copies
+RUNS, STOCK = "runs", "stays ComfyUI's own"
+NO_BLOCKS_SAYS = "the pack's fused blocks are Flux's and Wan's only"
+GENERIC_FP8_SAYS = "on Qwen-Image for memory, not speed"   # the node's line, registry._on_unknown_model
+LABEL_WIDTH = 28
+LEGEND = ("What the node Fused DiT Ops runs with each toggle on (FP8 Linears is off by default), or why a part "
+          "stays ComfyUI's own:")
 
 
 class SourceTree:
@@ -199,10 +219,15 @@ def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_
     for family in MODEL_FAMILIES:
         if not tree.exists(family.model_file) or (family.marker and family.marker not in model_classes):
             continue
-        entry = {"model": family.name, "model_file": family.model_file, "families": {}}
+        entry = {"model": family.name, "shown": family.shown,
+                 "heading": f"{family.shown} on ComfyUI {comfyui_version}:" if comfyui_version else f"{family.shown}:",
+                 "model_file": family.model_file, "families": {}}
         if family.variant is None:
             entry["families"] = {name: {"variant": None, "matched": None, "reason": family.no_variant,
-                                        "short": "no variant for this model's blocks"} for name in FAMILIES}
+                                        "short": "no variant for this model's blocks",
+                                        "says": f"{STOCK}: {family.no_variant_says or NO_BLOCKS_SAYS}"}
+                                 for name in FAMILIES}
+            entry["families"]["fp8_linear"] = _generic_fp8(tree, family, seams)
         else:
             spec = specs[family.variant]
             entry["blocks_file"] = tree.block_file(family.model_file, family.block_class)
@@ -210,13 +235,16 @@ def check_tree(comfyui_root: Path, comfyui_version: str | None = None, overlays_
                                          *tree.fingerprints(spec.depends_on, entry["blocks_file"]), comfyui_version)
             entry["variants"] = {spec.name: block_report}
             for name in FAMILIES:
-                entry["families"][name] = _family_verdict(name, block_report, seams, tree, entry["blocks_file"])
+                entry["families"][name] = _family_verdict(name, block_report, seams, tree, entry["blocks_file"],
+                                                          family, comfyui_version)
         for verdict in entry["families"].values():
             verdict["runs"] = verdict["matched"] is not None
         entry["families"][ATTENTION] = dict(attention)
+        for name, verdict in entry["families"].items():
+            verdict["label"] = families_module.FAMILIES[name].words
         models.append(entry)
-    return {"comfyui_root": str(comfyui_root), "comfyui_version": comfyui_version, "models": models,
-            "seams": seams,
+    return {"comfyui_root": str(comfyui_root), "comfyui_version": comfyui_version, "legend": LEGEND,
+            "models": models, "seams": seams,
             **({} if node_pack is None else {"node_pack": node_pack, "node_pack_note": node_pack_note(node_pack)}),
             "variants": {name: {"kind": s.kind, "families": list(s.families), "verified_on": s.verified_versions,
                                 "about": s.about} for name, s in specs.items()}}
@@ -273,17 +301,20 @@ def attention_verdict(order: list[str] | None, implementation) -> dict:
     if not order:
         return {"variant": name, "matched": None, "runs": False, "short": "no SDPA order to change",
                 "reason": f"{SDPA_ORDER_FILE} orders no SDPA backends ({SDPA_ORDER_NAME}: a release before it), so "
-                          "there is nothing to reorder"}
+                          "there is nothing to reorder",
+                "says": f"{STOCK}: this release sets no order of SDPA backends to improve on"}
     listed = f"the release's SDPA order on CUDA is {', '.join(order)} ({SDPA_ORDER_FILE})"
     if order[0] in gains_after:
         cited = f"; {implementation.faster.cite()}" if implementation.faster else ""
         return {"variant": name, "matched": None, "runs": True,
                 "short": f"{name} ({order[0]} first in the release's SDPA order)",
-                "reason": f"{listed}: {name} puts the fastest exact backend first for each shape{cited}"}
+                "reason": f"{listed}: {name} puts the fastest exact backend first for each shape{cited}",
+                "says": f"{RUNS}: the fastest exact SDPA backend for each shape (this release puts {order[0]} first)"}
     cited = f"; {implementation.no_gain.cite()}" if implementation.no_gain else ""
     return {"variant": name, "matched": None, "runs": False,
             "short": f"{order[0]} is first in the release's SDPA order",
-            "reason": f"{listed}: with {order[0]} first {name} was measured no faster than that order{cited}"}
+            "reason": f"{listed}: with {order[0]} first {name} was measured no faster than that order{cited}",
+            "says": f"{STOCK}: this release puts {order[0]} first, where picking per shape was measured no faster"}
 
 
 ROPE_CALLERS = ("attention", "apply_rope1")     # what Flux-type blocks and Wan's blocks call for RoPE
@@ -301,23 +332,95 @@ def _calls_rope_seam(tree: SourceTree, blocks_file: str | None, seam: dict) -> b
     return False
 
 
-def _family_verdict(family: str, block_report: dict, seams: dict, tree: SourceTree, blocks_file: str | None) -> dict:
-    """The variant one op family runs on one model: its block forward's, else a seam of that family."""
+def _family_verdict(family: str, block_report: dict, seams: dict, tree: SourceTree, blocks_file: str | None,
+                    model: ModelFamily, version: str | None) -> dict:
+    """The variant one op family runs on one model: its block forward's, else a seam of that family; with what
+    runs, or why it stays stock, in the user's words ("says")."""
+    blocks = BLOCKS_OF.get(model.block_class or "", model.shown)
     if block_report["matched"] and family in block_report["families"]:
-        source = block_report
-    else:
-        source = next((seam for seam in seams.values() if family in seam["families"]), None)
-        if source is None or family not in ("fp8_linear",) and not _calls_rope_seam(tree, blocks_file, source):
-            source = block_report
-        elif not source["matched"] and family not in ("fp8_linear",):
-            return {"variant": None, "matched": None,
-                    "reason": f"{block_report['variant']}: {block_report['reason']}; {source['variant']}: "
-                              f"{source['reason']}", "short": f"{block_report['short']}; {source['short']}"}
-    if source is block_report and not source["matched"] and family != "fp8_linear":
-        return {"variant": None, "matched": None, "reason": f"{source['variant']}: {source['reason']}; no op seam "
-                "serves this family (ComfyUI computes it inline in the block forward)", "short": source["short"]}
+        return _verdict_of(block_report, f"{RUNS}, in the pack's copy of ComfyUI {_release(block_report['matched'])}'s "
+                                         f"{blocks} block forward")
+    seam = next((seam for seam in seams.values() if family in seam["families"]), None)
+    if family == "fp8_linear" and seam is not None:
+        return _verdict_of(seam, _fp8_says(seam))
+    written = f"{STOCK}: {_written_for(block_report, blocks, model, version)}"
+    if seam is not None and _calls_rope_seam(tree, blocks_file, seam):
+        if seam["matched"]:
+            return _verdict_of(seam, f"{RUNS} for RoPE alone (ComfyUI {_release(seam['matched'])}'s apply_rope code); "
+                                     "the QK RMSNorm stays ComfyUI's")
+        rope = "off by default (slower)" if seam["code_matches"] else "its code differs too"
+        return {"variant": None, "matched": None,
+                "reason": f"{block_report['variant']}: {block_report['reason']}; {seam['variant']}: "
+                          f"{seam['reason']}", "short": f"{block_report['short']}; {seam['short']}",
+                "says": f"{written}; RoPE alone: {rope}"}
+    return {"variant": None, "matched": None, "reason": f"{block_report['variant']}: {block_report['reason']}; no op "
+            "seam serves this family (ComfyUI computes it inline in the block forward)",
+            "short": block_report["short"], "says": written}
+
+
+def _verdict_of(source: dict, says: str) -> dict:
     return {"variant": source["variant"], "matched": source["matched"], "reason": source["reason"],
-            "short": source["short"]}
+            "short": source["short"], "says": says}
+
+
+def _release(verified_on: str) -> str:
+    """The ComfyUI release of a verified_on key ("0.33.0:mixed_precision_ops().Linear" is 0.33.0)."""
+    return verified_on.split(":")[0]
+
+
+def _releases(report: dict) -> str:
+    return ", ".join(dict.fromkeys(_release(key) for key in report["verified_on"])) or "no release"
+
+
+def _written_for(block_report: dict, blocks: str, model: ModelFamily, version: str | None) -> str:
+    """Why a block forward does not run, in words: whose blocks of which release it copies, and what differs."""
+    if version is not None and version in {_release(key) for key in block_report["verified_on"]}:
+        differs = f"{model.shown}'s differ"                 # the release it was written for, another model's blocks
+    else:
+        differs = "this release's differ" if version else "this tree's differ"
+    return f"written for ComfyUI {_releases(block_report)}'s {blocks} blocks, {differs}"
+
+
+def _fp8_says(seam: dict, where: str = "") -> str:
+    if seam["matched"]:
+        return f"{RUNS}, through ComfyUI's Linear ops{where} (ComfyUI {_release(seam['matched'])}'s code, verified)"
+    if seam["code_matches"]:
+        return f"{STOCK}: its code is ComfyUI {_release(seam['code_matches'])}'s, but FP8 is off by default there"
+    return f"{STOCK}: ComfyUI's Linear ops here differ from the releases FP8 was verified on ({_releases(seam)})"
+
+
+def _generic_fp8(tree: SourceTree, model: ModelFamily, seams: dict) -> dict:
+    """FP8 on a model whose blocks the block families do not know: the Linear seam in its stack of blocks, where
+    its model file builds one (the node takes every nn.ModuleList of blocks of one class: generic_blocks)."""
+    seam = next((seam for seam in seams.values() if "fp8_linear" in seam["families"]), None)
+    if seam is None or not builds_block_stack(tree, model.model_file):
+        return {"variant": None, "matched": None,
+                "reason": f"{model.no_variant}; {model.model_file} builds no nn.ModuleList of blocks for fp8_linear",
+                "short": "no variant for this model's blocks, and no stack of blocks",
+                "says": f"{STOCK}: {model.model_file} builds no stack of blocks for FP8 to reach"}
+    says = _fp8_says(seam, " in its blocks")
+    return _verdict_of(seam, f"{says}; {GENERIC_FP8_SAYS}" if seam["matched"] else says)
+
+
+def builds_block_stack(tree: SourceTree, model_file: str) -> bool:
+    """Whether the model file builds an nn.ModuleList (its transformer blocks, as ComfyUI's DiTs hold them)."""
+    parsed = tree.parsed(model_file)
+    return parsed is not None and any(
+        isinstance(node, ast.Call) and (getattr(node.func, "attr", None) or getattr(node.func, "id", None))
+        == "ModuleList" for node in ast.walk(parsed[1]))
+
+
+def report_lines(report: dict, verbose: bool = False) -> list[str]:
+    """What `overlay check` prints of a report: the legend, then per model its heading and one line per op family in
+    the user's words (no internal id); verbose: under each line, the pack's names for it and the long reason."""
+    lines = [report["legend"]]
+    for model in report["models"]:
+        lines.append(model["heading"])
+        for family, verdict in model["families"].items():
+            lines.append(f"    {verdict['label']:{LABEL_WIDTH}} {verdict['says']}")
+            if verbose:
+                lines.append(f"{'':{LABEL_WIDTH + 5}}{family}: {verdict['variant'] or 'stock'}: {verdict['reason']}")
+    return lines
 
 
 def speeds_up(report: dict) -> dict[str, list[str]]:

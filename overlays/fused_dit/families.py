@@ -84,6 +84,7 @@ class Family:
     tooltip: str                         # the node's toggle
     node_default: bool
     implementations: tuple[Implementation, ...]     # in order of preference; stock after the last
+    words: str = ""                      # what it changes, in ComfyUI's and PyTorch's words (overlay check, the log)
 
 
 _ELEMENTWISE_CAPTURE = ("Triton kernels into outputs allocated alike on every call; the backend choice reads only "
@@ -125,14 +126,18 @@ FP8_ATTENTION = Implementation(
     faster=Evidence("attention-kernels-h200.json", "shapes.*.speed"))
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
-    Family("norm_rope", "fused QK RMSNorm + RoPE", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD, ROPE_SEAM)),
-    Family("adaln", "fused LayerNorm + shift/scale modulation", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD)),
-    Family("gate", "fused gated residual add", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD)),
-    Family("fp8_linear", "FP8 GEMMs for the blocks' Linear layers (sm_89+; lossy)", False, (LINEAR_FP8_SEAM,)),
+    Family("norm_rope", "fused QK RMSNorm + RoPE", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD, ROPE_SEAM),
+           "fused QK RMSNorm + RoPE"),
+    Family("adaln", "fused LayerNorm + shift/scale modulation", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD),
+           "fused LayerNorm + modulation"),
+    Family("gate", "fused gated residual add", True, (FLUX_BLOCK_FORWARD, WAN_BLOCK_FORWARD),
+           "fused gated residual add"),
+    Family("fp8_linear", "FP8 GEMMs for the blocks' Linear layers (sm_89+; lossy)", False, (LINEAR_FP8_SEAM,),
+           "FP8 Linears"),
     Family("attention", "run ComfyUI's own attention with the fastest exact SDPA backend for each shape (measured "
                         "once per shape on the GPU), where the release's SDPA order puts FLASH first (0.29+ on "
                         "Linux); stock on an order that puts cuDNN first, and when off", True,
-           (FASTEST_SDPA, FP8_ATTENTION)),
+           (FASTEST_SDPA, FP8_ATTENTION), "attention"),
 )}
 # the attention family's modes: `exact` runs FASTEST_SDPA (where the release's order leaves it a gain), `fp8` runs
 # FP8_ATTENTION, opt-in (lossy), with the exact mode for the calls its kernel refuses
