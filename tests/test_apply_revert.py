@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from shelltools import (EXEC_DIFF, MAXRES_DIFF, cli_json, make_catalog, make_comfy, run_cli, run_git, tree_bytes,
-                        write_patch)
+from shelltools import (EXEC_DIFF, MAXRES_DIFF, REPO, cli_json, make_catalog, make_comfy, run_cli, run_git,
+                        tree_bytes, write_patch)
 
 
 @pytest.fixture
@@ -178,6 +178,22 @@ def test_mode_is_kept_and_stale_bytecode_removed(setup):
     assert stat.S_IMODE((comfy / "nodes.py").stat().st_mode) == 0o640
     assert not (cache / "nodes.cpython-311.pyc").exists()
     assert (cache / "execution.cpython-311.pyc").exists() and (cache / "other.cpython-311.pyc").exists()
+
+
+def test_revert_restores_the_bytes_and_removes_the_patched_module_s_bytecode_as_readme_says(setup):
+    """README: `revert` is byte-identical for the files, and by design deletes the .pyc of each module it rewrites."""
+    comfy, catalog = setup
+    original = (comfy / "nodes.py").read_bytes()
+    run_cli("apply", "--target", str(comfy), "--patches", str(catalog), "--only", "comfyui/maxres", check=True)
+    cache = comfy / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "nodes.cpython-311.pyc").write_bytes(b"the patched module's bytecode")
+    (cache / "other.cpython-311.pyc").write_bytes(b"keep")
+    run_cli("revert", "--target", str(comfy), "--patches", str(catalog), check=True)
+    assert (comfy / "nodes.py").read_bytes() == original
+    assert not (cache / "nodes.cpython-311.pyc").exists() and (cache / "other.cpython-311.pyc").exists()
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "by design `revert`, like `apply`, also deletes the bytecode (`__pycache__/<module>.*.pyc`)" in readme
 
 
 def test_a_hardlinked_file_is_replaced_not_written_in_place(setup, tmp_path):
