@@ -160,6 +160,7 @@ class WeightMechanism:
     policy: str
     where: str               # LEGACY or DYNAMIC (the node's ModelPatcher), or SCRIPT (fused_dit.enable)
     does: str
+    brief: str = ""          # in a few words, for the node's one line per model
 
 
 NO_EXTRA_MEMORY = "no_extra_memory"
@@ -176,17 +177,19 @@ CACHED_CODES, RESIDENT_CODES = "cached_codes", "resident_codes"
 FP8_WEIGHTS: dict[str, WeightMechanism] = {m.name: m for m in (
     WeightMechanism(CODES_IN_PLACE, NO_EXTRA_MEMORY, LEGACY,
                     "each FP8 Linear becomes FP8 codes in its weight's place through ComfyUI's object patches, 1 "
-                    "byte per parameter on the GPU instead of 2"),
+                    "byte per parameter on the GPU instead of 2", "codes in the weights' place"),
     WeightMechanism(PER_CALL_CODES, NO_EXTRA_MEMORY, DYNAMIC,
-                    "each weight ComfyUI's cast hands a Linear is quantised for that call and dropped after it"),
+                    "each weight ComfyUI's cast hands a Linear is quantised for that call and dropped after it",
+                    "codes made per call"),
     WeightMechanism(WEIGHTS_IN_HOST_MEMORY, NO_EXTRA_MEMORY, SCRIPT,
-                    "the bf16 weights wait in host memory from enable to disable; only their codes stay on the GPU"),
+                    "the bf16 weights wait in host memory from enable to disable; only their codes stay on the GPU",
+                    "bf16 weights in host memory"),
     WeightMechanism(CACHED_CODES, CODES_BESIDE_WEIGHTS, LEGACY,
                     "codes quantised once and kept beside the bf16 weights, 1 byte per parameter more; exact bf16 "
-                    "for any call FP8 declines"),
+                    "for any call FP8 declines", "codes kept beside the weights"),
     WeightMechanism(RESIDENT_CODES, CODES_BESIDE_WEIGHTS, DYNAMIC,
                     "the codes of the weights comfy-aimdo keeps resident are kept between calls, 1 byte per "
-                    "parameter more"),
+                    "parameter more", "codes of resident weights kept"),
 )}
 PER_CALL_EVIDENCE = Evidence("generation-0.33.0.json", "runs[model=flux-dev, "
                              "config=overlay_fp8|overlay_fp8_alongside|overlay_all_fp8|overlay_all_fp8_alongside]")

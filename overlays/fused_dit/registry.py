@@ -275,7 +275,7 @@ def settle(decision: Decision, model: torch.nn.Module | None = None) -> Selectio
         mechanism = decision.fp8_weights
         lines.append(decision.fp8_line)
         if mechanism and "fp8_linear" in runs:
-            runs["fp8_linear"] = f"FP8 Linears, {mechanism}"
+            runs["fp8_linear"] = f"FP8 Linears, {FP8_WEIGHTS[mechanism].brief}"
     if decision.attention_line:
         lines.append(decision.attention_line)
         (runs if decision.attention else stock)["attention"] = decision.attention_brief

@@ -122,8 +122,8 @@ def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stoc
             call_model(patched, **inputs)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops:")]
     [summary] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops on ")]
-    assert summary.startswith("Fused DiT Ops on ToyModel: runs fp8_linear (FP8 Linears, cached_codes). Stock: "
-                              "norm_rope, adaln, gate (no Flux or Wan blocks)")
+    assert summary.startswith("Fused DiT Ops on ToyModel: runs fp8_linear (FP8 Linears, codes kept beside the "
+                              "weights). Stock: norm_rope, adaln, gate (no Flux or Wan blocks)")
     assert any(line.startswith("Fused DiT Ops: norm_rope, adaln, gate: stock") for line in lines)
     assert any(line.startswith("Fused DiT Ops: fp8_linear:") and "blocks the other families do not know" in line
                for line in lines)

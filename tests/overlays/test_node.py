@@ -179,7 +179,8 @@ def test_the_nodes_run_reads_no_block_and_the_first_use_does_it_once(first_use_w
     assert first_use_work["recognition"] == 1 and first_use_work["quantise"] == first["quantise"]
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fused DiT Ops on ")]
     assert said == ["Fused DiT Ops on Flux: runs norm_rope, adaln, gate (fused Triton kernels); fp8_linear (FP8 "
-                    "Linears, codes_in_place). Stock: attention (no SDPA order to change). Details at DEBUG."]
+                    "Linears, codes in the weights' place). Stock: attention (no SDPA order to change). Details at "
+                    "DEBUG."]
     [cleanup] = patched.callbacks["on_cleanup"][node_pack.WRAPPER_KEY]
     cleanup(patched)                                          # ComfyUI cleans the clone up: FP8 copies dropped
     assert not any(getattr(m, "_fused_dit_install_plans", None) for m in model.modules())
