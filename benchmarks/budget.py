@@ -315,10 +315,11 @@ def tiled_rows(data: budget.BudgetData) -> list[dict]:
     tiled-route results: seconds per step (1 step: the sampler's set-up for the canvas included; the memory check:
     the difference of its two step counts, steady), tiles and batch, and the predicted peak against the device's."""
     rows = []
-    gpu = data.gpus[data.measured.gpu]
     era, _ = budget.era_for(data.measured, "0.33.0")
     for name in TILED_FILES:
-        summary = load(name)["summary"]
+        report = load(name)
+        summary = report["summary"]
+        gpu = _gpu_of(data, report.get("gpu")) or data.gpus[data.measured.gpu]   # each run priced on its own card
         measured = [(f"{name}: summary.routes[{i}]", r["size"], r.get("refine_s_per_step"), r.get("tiles"),
                      r.get("batch"), (r.get("refine_peaks") or {}).get("peak_gpu_used_gib"), "one step")
                     for i, r in enumerate(summary.get("routes", []))]
@@ -335,13 +336,20 @@ def tiled_rows(data: budget.BudgetData) -> list[dict]:
                                      comfyui_version="0.33.0")
             route = next(r for r in budget.tiled_routes(data, request, era) if r.tile_px == 1024)
             error = (route.seconds - seconds) / seconds
-            rows.append({"measured": where, "canvas": size, "how": how, "measured_s_per_step": seconds,
+            rows.append({"measured": where, "gpu": gpu.name, "canvas": size, "how": how,
+                         "measured_s_per_step": seconds,
                          "predicted_s_per_step": round(route.seconds, 2), "config": route.config,
                          "error_pct": round(100 * error, 1), "within_target": abs(error) <= TARGET_ERROR,
                          "tiles": [tiles, route.tiles], "batch": [batch, route.batch],
                          "device_peak_gib": device_gib,
                          "predicted_peak_gib": round(route.peak_bytes / 2 ** 30, 2)})
     return rows
+
+
+def _gpu_of(data: budget.BudgetData, named: str | None):
+    """The GPU table's entry a results file's device string names ("cuda:0 NVIDIA H100 80GB HBM3 : ..."), or None."""
+    text = (named or "").lower()
+    return next((gpu for gpu in data.gpus.values() if any(alias in text for alias in gpu.names)), None)
 
 
 def add_arguments(parser) -> None:
