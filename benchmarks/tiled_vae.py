@@ -33,6 +33,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--work", type=Path, required=True, help="where the random VAE is written")
     parser.add_argument("--size", default="4096x4096", help="WxH of the canvas (the untiled decode must fit)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stages", default="", metavar="WxH",
+                        help="also the route's encode, decode and save at WxH, once each: ComfyUI's VAEEncodeTiled, "
+                             "VAEDecodeTiled (1024/64) and SaveImage against the pack's nodes; the two PNGs read back")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the smoke test")
     parser.add_argument("--out", type=Path, required=True)
 
@@ -56,6 +59,53 @@ def _timed(call, sync) -> tuple[object, float]:
 def _error(got, want) -> dict:
     diff = (got.float().cpu() - want.float().cpu()).abs()
     return {"mean_abs": round(float(diff.mean()), 6), "max_abs": round(float(diff.max()), 5)}
+
+
+def _once(call, sync) -> tuple[object, float]:
+    import torch
+    with torch.inference_mode():
+        sync()
+        start = time.perf_counter()
+        out = call()
+        sync()
+    return out, round(time.perf_counter() - start, 3)
+
+
+def stages(vae, node, size: str, work: Path, seed: int, sync) -> dict:
+    """The route's last three stages at `size`, ComfyUI's nodes against the pack's, each once (seconds), and
+    whether the two PNGs read back with the same pixels."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    import folder_paths
+    import nodes
+    from comfyui_fused_dit import save_png
+
+    width, height = parse_size(size)
+    out_dir = work / "stages"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folder_paths.set_output_directory(str(out_dir))
+    generator = torch.Generator().manual_seed(seed)
+    latent = torch.randn((1, vae.latent_channels, height // 8, width // 8), generator=generator)
+    found = {"size": size}
+    image, found["decode_pack_s"] = _once(lambda: node.TiledVAEDecode().decode({"samples": latent}, vae)[0], sync)
+    _, found["decode_comfy_s"] = _once(lambda: nodes.VAEDecodeTiled().decode(vae, {"samples": latent}, 1024, 64, 64,
+                                                                              8)[0], sync)
+    _, found["encode_pack_s"] = _once(lambda: node.TiledVAEEncode().encode(image, vae)[0], sync)
+    _, found["encode_comfy_s"] = _once(lambda: nodes.VAEEncodeTiled().encode(vae, image, 1024, 64, 64, 8)[0], sync)
+    ours, found["save_pack_s"] = _once(lambda: save_png.SaveImagePNG().save_images(image, "pack"), sync)
+    theirs, found["save_comfy_s"] = _once(lambda: nodes.SaveImage().save_images(image, "comfy"), sync)
+    Image.MAX_IMAGE_PIXELS = None
+    files = [out_dir / answer["ui"]["images"][0]["filename"] for answer in (ours, theirs)]
+    found["png_bytes"] = {"pack": files[0].stat().st_size, "comfy": files[1].stat().st_size}
+    with Image.open(files[0]) as a, Image.open(files[1]) as b:
+        found["same_pixels"] = bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    for file in files:
+        file.unlink()
+    for stage in ("decode", "encode", "save"):
+        found[f"{stage}_speedup"] = round(found[f"{stage}_comfy_s"] / found[f"{stage}_pack_s"], 3)
+    return found
 
 
 def run(options, parser) -> int:
@@ -121,4 +171,8 @@ def run(options, parser) -> int:
         <= encode["comfy_route_1024_64"]["error"]["mean_abs"]}
     results.write_json(report, options.out)
     print(report["summary"], flush=True)
+    if options.stages:
+        report["stages"] = stages(vae, node, options.stages, options.work, options.seed, sync)
+        results.write_json(report, options.out)
+        print(report["stages"], flush=True)
     return 0
