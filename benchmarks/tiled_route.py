@@ -36,6 +36,10 @@ the GPU or the host) but no model loading or FP8 quantisation, which the warm-up
 release, its VRAM mode, the server's arguments and the memory limits (`conditions`); `limit` says whether the
 run stayed within --limit-gib (24: an RTX 4090's card) by torch's peak reserved and by the device's use.
 
+--card-gib G runs the server on a G GiB card for real: another process holds the rest of the device's free memory
+(benchmarks/card.py), so comfy-aimdo, torch and ComfyUI meet that card's limit; the device peaks are then the
+server's share (nvidia-smi's sample less the holder's).
+
 The weights are random: the figures are for time, memory and which code ran, never image quality.
 
     python -m benchmarks tiled-route --comfyui DIR --work /tmp/route --make-checkpoint /tmp/ckpt \\
@@ -46,6 +50,7 @@ On the device machine: COMMAND=tiled-route scripts/comfy_server_for_device.sh (b
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -57,6 +62,7 @@ import urllib.error
 from pathlib import Path
 
 from . import comfy_release, results
+from .card import Ballast, server_share
 from .canvas_pipeline import (PATCHES, PromptCutOff, apply_patches, gib, link, make_vae, max_of, parse_size,
                               png_size, prepare, run_prompt, serve, server_log)
 from .comfy_server import (REPO_ROOT, MODELS, custom_node_import, http_json, install_overlay, log_lines,
@@ -361,6 +367,9 @@ def add_arguments(parser) -> None:
                         help="the refinement steps of the template: each route's end to end is scaled to these")
     parser.add_argument("--memory-fraction", type=float, default=None,
                         help="the probe calls torch.cuda.set_per_process_memory_fraction(F) at import")
+    parser.add_argument("--card-gib", type=float, default=None, metavar="G",
+                        help="a G GiB card: another process holds the rest of the device's free memory while the "
+                             "server runs (benchmarks/card.py); device peaks are the server's share")
     parser.add_argument("--limit-gib", type=float, default=24.0, help="the memory limit judged (an RTX 4090: 24)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8188 + 37)
@@ -439,7 +448,9 @@ def conditions(report: dict) -> str:
     return (f"ComfyUI {comfyui.get('comfyui_version')} ({(comfyui.get('commit') or '')[:8]}), VRAM mode "
             f"{server.get('vram_mode')}, server args {report.get('server_args')!r}, memory fraction "
             f"{report.get('memory_fraction')}, UNETLoader weight_dtype {report.get('weight_dtype')}, FusedDiTOps "
-            f"{json.dumps(fused, sort_keys=True) if fused is not None else 'none'}, gpu {report.get('gpu')}")
+            f"{json.dumps(fused, sort_keys=True) if fused is not None else 'none'}, gpu {report.get('gpu')}"
+            + (f", a {card['card_gib']} GiB card (another process held {card['held_gib']} GiB; device peaks are the "
+               "server's share)" if (card := report.get("card")) else ""))
 
 
 def run(options, parser) -> int:
@@ -631,7 +642,14 @@ def run(options, parser) -> int:
                 for output in (theirs.get("outputs") or {}).get(ID["save"]) or []:
                     (tree / "output" / output).unlink(missing_ok=True)
 
-    serve("route", tree, python, options, report, write, prompts, env)
+    try:
+        with (Ballast(options.card_gib) if options.card_gib else contextlib.nullcontext()) as card:
+            report["card"] = card
+            serve("route", tree, python, options, report, write, prompts, env)
+    except RuntimeError as error:      # the holder did not start: recorded, nothing ran
+        report["error"] = f"card: {error}"
+    if report.get("card"):
+        server_share(report["servers"].get("route", {}).get("prompts", []), report["card"]["held_gib"])
     report["summary"] = summarise(report, options)
     write()
     print(json.dumps(report["summary"], indent=1))

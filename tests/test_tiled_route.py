@@ -294,3 +294,16 @@ def test_every_figure_names_the_release_its_vram_mode_and_the_servers_arguments(
     for said in ("ComfyUI 0.33.0 (fb7e2de4)", "VRAM mode dynamic", "'--reserve-vram 116'", "memory fraction 0.1717",
                  "weight_dtype fp8_e4m3fn", '{"fp8_linear": true}', "NVIDIA H200"):
         assert said in line
+
+
+def test_on_an_emulated_card_the_device_peaks_are_the_servers_share():
+    from benchmarks.card import server_share
+    records = [{"nodes": [{"node": "15", "peak_gpu_used_gib": 80.0}, {"node": "16", "peak_gpu_used_gib": None}]}]
+    server_share(records, 58.5)
+    server_share(records, 58.5)                      # once: a second pass leaves the share as it is
+    assert records[0]["nodes"][0] == {"node": "15", "peak_gpu_used_gib": 21.5,
+                                      "peak_device_used_gib_with_holder": 80.0}
+    assert records[0]["nodes"][1]["peak_gpu_used_gib"] is None
+    report = {"comfyui": {"comfyui_version": "0.33.0"}, "server": {"vram_mode": "dynamic"},
+              "card": {"card_gib": 22.0, "held_gib": 58.5}}
+    assert "a 22.0 GiB card (another process held 58.5 GiB" in tiled_route.conditions(report)

@@ -35,8 +35,12 @@ def _host(vae):
     from fused_dit.tiling import vae as tiled_vae
 
     def free_memory() -> int:
+        # what ComfyUI reports free, less what it keeps for other programs (--reserve-vram; its model loading keeps
+        # the same room): on a 24 GiB card beside a desktop, the batch leaves the desktop its memory
         getter = getattr(vae.patcher, "get_free_memory", None)
-        return int(getter(vae.device) if getter else mm.get_free_memory(vae.device))
+        free = int(getter(vae.device) if getter else mm.get_free_memory(vae.device))
+        reserved = getattr(mm, "extra_reserved_memory", lambda: 0)()
+        return max(0, free - int(reserved))
 
     def progress(total: int):
         bar = comfy.utils.ProgressBar(total)

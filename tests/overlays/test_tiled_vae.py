@@ -150,6 +150,30 @@ def test_the_batch_follows_comfyuis_estimate_of_a_tile_and_the_free_memory():
     assert [c[0] for c in vae.first_stage_model.calls] == [2, 2, 2, 2, 1]
 
 
+def test_the_nodes_batch_leaves_comfyuis_reserved_memory_free(monkeypatch):
+    """--reserve-vram (ComfyUI's room for other programs, a desktop on a 24 GiB card) is not the batch's: the node's
+    free memory is ComfyUI's figure less that reserve, so a reserve of all but one tile's estimate runs one tile at a
+    time."""
+    vae = FakeVAE()
+    per_tile = vae.memory_used_decode((1, 4, 128, 128), None)
+    vae.patcher = types.SimpleNamespace(get_free_memory=lambda device: 10 * per_tile)
+    mm = types.ModuleType("comfy.model_management")
+    mm.load_models_gpu = lambda *args, **kwargs: None
+    mm.throw_exception_if_processing_interrupted = lambda: None
+    utils = types.ModuleType("comfy.utils")
+    utils.ProgressBar = lambda total: types.SimpleNamespace(update_absolute=lambda done: None)
+    comfy = types.ModuleType("comfy")
+    comfy.model_management, comfy.utils = mm, utils
+    for name, module in (("comfy", comfy), ("comfy.model_management", mm), ("comfy.utils", utils)):
+        monkeypatch.setitem(sys.modules, name, module)
+    host = node_pack.tiled_vae._host(vae)
+    assert host.free_memory() == 10 * per_tile                       # a ComfyUI without the reserve's getter
+    mm.extra_reserved_memory = lambda: 9 * per_tile
+    assert host.free_memory() == per_tile
+    tiled_vae.decode(vae, torch.randn(1, 4, 300, 260), host=host)
+    assert {c[0] for c in vae.first_stage_model.calls} == {1}
+
+
 def test_a_video_vae_runs_comfyuis_own_tiled_decode_said_once(caplog, monkeypatch):
     state.forget_said()
     vae = FakeVAE(latent_dim=3)
