@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from applier import cli
 from applier.budget import VerdictKind
 from applier.catalog.check import CellState
 from applier.catalog.planner import PlanAction
+from applier.cli import patches
 from applier.diffengine import FileState, HunkReport, HunkState
 from applier.operations import FileOutcome, backup_done_with
 from applier.pack.node_pack import Installer
@@ -32,14 +32,15 @@ def test_status_states_and_drift_are_the_members_of_patch_state():
 def test_every_file_outcome_is_worded_and_decides_its_backup():
     kept = {member for member in FileOutcome if not backup_done_with(member)}
     assert kept == {FileOutcome.LOST, FileOutcome.FORGOTTEN, FileOutcome.ACCEPTED}
-    verbs = {member: cli.dry_run_verb(member) for member in FileOutcome}
+    verbs = {member: patches.dry_run_verb(member) for member in FileOutcome}
     assert verbs[FileOutcome.RESTORED] == "would restore" and verbs[FileOutcome.LOST] == "lost"
 
 
 def test_every_plan_action_and_patch_state_is_worded():
-    assert [cli.plan_verb(action, False) for action in PlanAction] == ["applied", "already applied", "not applicable"]
-    assert cli.plan_verb(PlanAction.APPLY, True) == "would apply"
-    assert {state: cli.state_color(state) for state in PatchState} == {
+    assert [patches.plan_verb(action, False) for action in PlanAction] == ["applied", "already applied",
+                                                                           "not applicable"]
+    assert patches.plan_verb(PlanAction.APPLY, True) == "would apply"
+    assert {state: patches.state_color(state) for state in PatchState} == {
         "applied": "green", "not-applied": None, "lost": "yellow", "modified": "yellow", "partial": None,
         "conflict": "red", "not-applicable": None}
     assert all(installed_by_words(installer) for installer in Installer)
@@ -48,7 +49,7 @@ def test_every_plan_action_and_patch_state_is_worded():
 def test_every_hunk_state_is_worded_for_each_plan_action():
     for action in PlanAction:
         for state in HunkState:
-            line = cli.hunk_line(HunkReport("f.py", 1, state, 3), action, dry_run=False)
+            line = patches.hunk_line(HunkReport("f.py", 1, state, 3), action, dry_run=False)
             assert line.endswith(" at line 3")
-    assert cli.hunk_line(HunkReport("f.py", 1, HunkState.NOT_APPLIED, None), PlanAction.APPLY, True) == \
+    assert patches.hunk_line(HunkReport("f.py", 1, HunkState.NOT_APPLIED, None), PlanAction.APPLY, True) == \
         "would apply at new file"
