@@ -4,8 +4,8 @@ The ComfyUI-shaped trees of tests/test_overlay_check.py are dressed as the two r
 describes: 0.3.64 (the block code the pack's block forwards copy, cuDNN first in the SDPA order, Chroma with blocks
 of its own) and 0.33.0 (comfy-kitchen's RoPE, FLASH first, Flux.2 and Z-Image). A variants.json of the test's own
 records their fingerprints under those releases, as a maintainer records a real one, so that each fixture tree gets
-the verdicts the real tree gets. Where a real 0.33.0 tree sits in the checkout (`.realcomfy/0.33.0`, never
-committed), README's table is held against it too.
+the verdicts the real tree gets. Where a real release's tree sits in the checkout (`.realcomfy/0.33.0`,
+`.realcomfy/0.3.64`, never committed), README's table is held against it too.
 """
 from __future__ import annotations
 
@@ -206,14 +206,31 @@ def test_readme_s_model_table_is_what_overlay_check_prints(release_trees, releas
         assert {key for key in table if key[0] == release} == set(got), release
 
 
-REAL_0_33 = REPO / ".realcomfy" / "0.33.0"
+def real_tree(release: str) -> Path:
+    return REPO / ".realcomfy" / release
 
 
-@pytest.mark.skipif(not (REAL_0_33 / "comfy" / "ops.py").is_file(),
-                    reason="no real ComfyUI 0.33.0 tree at .realcomfy/0.33.0 (a local checkout, never committed)")
-def test_readme_s_model_table_is_what_overlay_check_prints_on_the_real_0_33_0_tree():
-    lines = printed(REAL_0_33, "0.33.0")
-    assert ids_in(lines) == []
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_readme_s_model_table_is_what_overlay_check_prints_on_a_real_tree(release):
+    """A real release's tree at .realcomfy/<release> (a local checkout, never committed), where one sits."""
+    if not (real_tree(release) / "comfy" / "ops.py").is_file():
+        pytest.skip(f"no real ComfyUI {release} tree at .realcomfy/{release}")
+    lines = printed(real_tree(release), release)
+    assert ids_in(lines) == [] and all(len(line) <= 160 for line in lines)
     table = readme_table()
-    got = printed_table(lines, "0.33.0")
+    got = printed_table(lines, release)
     assert {key: table.get(key) for key in got} == got
+    assert {key for key in table if key[0] == release} == set(got)
+
+
+def test_fp8_on_another_model_than_qwen_image_says_it_was_timed_on_qwen_image_only(release_trees, release_variants):
+    lines = printed(release_trees["0.33.0"], "0.33.0", release_variants)
+    fp8, model = {}, None
+    for line in lines[1:]:
+        if not line.startswith(" "):
+            model = line.split(" on ComfyUI")[0]
+        elif line.strip().startswith("FP8 Linears"):
+            fp8[model] = line
+    assert fp8["Qwen-Image"].endswith("; on Qwen-Image for memory, not speed")
+    assert fp8["Lumina 2"].endswith("; timed on Qwen-Image only: memory, not speed")
+    assert fp8["Z-Image"].endswith("; timed on Qwen-Image only: memory, not speed")

@@ -77,6 +77,7 @@ BLOCKS_OF = {"DoubleStreamBlock": "Flux", "WanAttentionBlock": "Wan"}     # whos
 RUNS, STOCK = "runs", "stays ComfyUI's own"
 NO_BLOCKS_SAYS = "the pack's fused blocks are Flux's and Wan's only"
 GENERIC_FP8_SAYS = "on Qwen-Image for memory, not speed"   # the node's line, registry._on_unknown_model
+GENERIC_FP8_UNTIMED = "timed on Qwen-Image only: memory, not speed"      # on another model's line
 LABEL_WIDTH = 28
 LEGEND = ("What the node Fused DiT Ops runs with each toggle on (FP8 Linears is off by default), or why a part "
           "stays ComfyUI's own:")
@@ -399,7 +400,8 @@ def _generic_fp8(tree: SourceTree, model: ModelFamily, seams: dict) -> dict:
                 "short": "no variant for this model's blocks, and no stack of blocks",
                 "says": f"{STOCK}: {model.model_file} builds no stack of blocks for FP8 to reach"}
     says = _fp8_says(seam, " in its blocks")
-    return _verdict_of(seam, f"{says}; {GENERIC_FP8_SAYS}" if seam["matched"] else says)
+    measured = GENERIC_FP8_SAYS if model.shown == "Qwen-Image" else GENERIC_FP8_UNTIMED
+    return _verdict_of(seam, f"{says}; {measured}" if seam["matched"] else says)
 
 
 def builds_block_stack(tree: SourceTree, model_file: str) -> bool:
