@@ -126,7 +126,7 @@ def test_a_longer_call_is_priced_at_its_own_lengths_efficiency():
 
 
 def test_a_curve_without_the_length_of_its_value_is_refused(tmp_path):
-    for name in ("gpus.toml", "models.toml", "efficiency.toml"):
+    for name in ("gpus.toml", "efficiency.toml"):
         (tmp_path / name).write_bytes((DATA_DIR / name).read_bytes())
     text = (tmp_path / "efficiency.toml").read_text()
     if "tokens = 4352\n" not in text:
@@ -201,7 +201,7 @@ def test_the_tiled_route_is_the_tiled_sampling_node_as_its_planner_plans_it(comf
     layout = plan.plan(18432 // 8, 32768 // 8, 1024 // 8, route["overlap_px"] // 8, align=2)
     assert route["tiles"] == layout.count
     assert route["settings"] == {"tile_px": 1024, "overlap_px": route["overlap_px"], "tile_batch": route["batch"]}
-    assert route["tile_activation_bytes"] == models.MODELS["Flux"].tile_bytes(1024)
+    assert route["tile_activation_bytes"] == models.MODELS["flux-dev"].tile_bytes(1024)
     assert route["peak_bytes"] <= small["gpu"]["memory_bytes"]
     assert any("Tiled Sampling, tile_px" in reason for reason in small["verdict"]["reasons"])
     sdxl = report(comfy, "--model", "sdxl", "--size", "16384x16384", "--gpu", KNOWN_GPU, "--within", "1000h")
@@ -583,7 +583,7 @@ def test_every_gpu_and_model_and_efficiency_names_its_source():
 
 
 def test_a_malformed_table_is_a_refusal_naming_file_and_key(tmp_path):
-    for name in ("gpus.toml", "models.toml", "efficiency.toml"):
+    for name in ("gpus.toml", "efficiency.toml"):
         (tmp_path / name).write_bytes((DATA_DIR / name).read_bytes())
     text = (tmp_path / "gpus.toml").read_text().replace("bandwidth_gbs = 4800", 'bandwidth_gbs = "fast"')
     (tmp_path / "gpus.toml").write_text(text)

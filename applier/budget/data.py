@@ -1,16 +1,20 @@
-"""The budget's tables: applier/data/{gpus,models,efficiency}.toml read into the records of applier/budget/records.py.
+"""The budget's tables read into the records of applier/budget/records.py: applier/data/{gpus,efficiency}.toml, and
+the models from the overlay pack's model table (overlays/fused_dit/models.json), the one table the Tiled Sampling
+node and Fused DiT Ops read too.
 
-The files ship inside the package (setup.cfg package_data); a key missing or of the wrong type is a RefusedError
-naming the file and the key (a broken install, never a traceback).
+The files ship inside the package (setup.cfg package_data, the pack with applier's resources); a key missing or of
+the wrong type is a RefusedError naming the file and the key (a broken install, never a traceback).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from applier.budget.records import (GIB, BlockGroup, BudgetData, Efficiency, Era, Gpu, Linear, Measured, Model,
                                     Vae)
 from applier.errors import RefusedError
+from applier.resources import OVERLAYS_DIR, PACK_PACKAGE
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -18,7 +22,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"   # applier/data/
-FILES = ("gpus.toml", "models.toml", "efficiency.toml")
+FILES = ("gpus.toml", "efficiency.toml")
+MODELS_TABLE = OVERLAYS_DIR / PACK_PACKAGE / "models.json"     # the pack's one model table
 TOKEN_SETS = ("all", "image", "text")
 
 
@@ -59,6 +64,19 @@ def _read(path: Path) -> dict:
                               hint="reinstall applier (the budget's tables ship with it)") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise BudgetDataError(f"{path}: not valid TOML ({exc})") from None
+
+
+def _read_models(path: Path) -> dict:
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BudgetDataError(f"the model table {path} is missing",
+                              hint="reinstall applier (the overlay pack ships it)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BudgetDataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(table, dict) or not all(isinstance(row, dict) for row in table.values()):
+        raise BudgetDataError(f"{path}: expected an object of model entries")
+    return table
 
 
 def _gpu(key: str, row: _Reader) -> Gpu:
@@ -166,10 +184,11 @@ def _measured(table: dict, where: str, gpus: dict) -> Measured:
                     vae_tiled.get("source", str), pillow.get("max_image_pixels", int), pillow.get("source", str))
 
 
-def load_budget_data(folder: Path = DATA_DIR) -> BudgetData:
-    """The three tables of `folder` (default: the package's own) as BudgetData."""
-    gpus_path, models_path, measured_path = (folder / name for name in FILES)
+def load_budget_data(folder: Path = DATA_DIR, models_path: Path = MODELS_TABLE) -> BudgetData:
+    """The tables of `folder` (default: the package's own) and the model table (default: the pack's) as
+    BudgetData."""
+    gpus_path, measured_path = (folder / name for name in FILES)
     gpus = {key: _gpu(key, _Reader(row, f"{gpus_path.name}[{key}]")) for key, row in _read(gpus_path).items()}
     models = {key: _model(key, _Reader(row, f"{models_path.name}[{key}]"))
-              for key, row in _read(models_path).items()}
+              for key, row in _read_models(models_path).items()}
     return BudgetData(gpus, models, _measured(_read(measured_path), measured_path.name, gpus))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 import tomllib
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def test_settings_no_canvas_can_take_are_refused(tile, overlap, message):
 
 
 def test_batch_follows_the_free_memory_and_the_model():
-    flux = models.MODELS["Flux"]
+    flux = models.MODELS["flux-dev"]
     per_tile = flux.tile_bytes(1024)
     assert per_tile == int(15.1 * 3072 * (64 * 64 + 256) * 2)
     assert plan.choose_batch(3 * per_tile + 1, per_tile, 100, 8) == 3
@@ -248,6 +249,30 @@ def test_spatial_conditionings_are_cut_to_each_tile():
     assert torch.equal(previous.seen[0][0], 2 * first[0])    # the chain's earlier ControlNet is cut too
 
 
+def test_reference_latents_are_cut_where_canvas_shaped_and_kept_whole_elsewhere_said_once(caplog):
+    """Qwen-Image-Edit's and Flux.2's reference images reach the model as `ref_latents` (ComfyUI's CONDList of
+    latents, 5-D for Qwen-Image's Wan VAE): one of the canvas's size is cut with each tile, one of another size goes
+    whole to every tile; each said once for the run."""
+    state.forget_said()
+    x = torch.randn(1, 16, 24, 24)
+    canvas_ref, small_ref = torch.randn(1, 16, 1, 24, 24), torch.randn(1, 16, 1, 8, 8)
+    entry = {"model_conds": {"ref_latents": NoiseShaped([canvas_ref, small_ref])}}
+    layout = plan.plan(24, 24, 16, 8)
+    seen = []
+
+    def model_fn(t, conds_):
+        cut_ref, whole = conds_[0]["model_conds"]["ref_latents"].cond
+        seen.append((cut_ref.shape, whole is small_ref))
+        return t
+
+    with caplog.at_level(logging.INFO, logger="fused_dit"):
+        _run(x, [[entry]], model_fn, layout, 1)
+        _run(x, [[entry]], model_fn, layout, 1)
+    assert seen == [((1, 16, 1, 16, 16), True)] * (2 * layout.count)
+    lines = [r.getMessage() for r in caplog.records if "reference latents" in r.getMessage()]
+    assert len(lines) == 2 and "cut to each tile" in lines[0] and "go whole to every tile" in lines[1]
+
+
 def test_an_area_conditioning_stays_untiled_and_says_so(caplog):
     state.forget_said()
     x = torch.randn(1, 1, 40, 40)
@@ -279,14 +304,57 @@ def test_progress_counts_tiles_and_cancel_stops_between_batches():
 
 
 # ---------------------------------------------------------------------------------------------------- the node
-class Flux(torch.nn.Module):
-    """Named as ComfyUI's comfy.ldm.flux.model.Flux, which the table keys on."""
-    patch_size = 2
+def comfy_class(name: str, patch, bases: tuple = (torch.nn.Module,)) -> type:
+    """A diffusion model class named as ComfyUI 0.33.0's, with its `patch_size` attribute as that class sets it."""
+    return type(name, bases, {"patch_size": patch, "__doc__": f"Named as ComfyUI's {name}."})
 
 
-# what ComfyUI 0.33 builds (comfy/supported_models.py, comfy/latent_formats.py) for Flux.1 and Flux.2 on one class
-FLUX1 = {"image_model": "flux", "hidden_size": 3072, "guidance_embed": True}, (16, 8)
-FLUX2 = {"image_model": "flux2", "hidden_size": 6144}, (128, 16)
+Flux = comfy_class("Flux", 2)                               # comfy.ldm.flux.model.Flux
+MMDiT = comfy_class("MMDiT", 2)                             # comfy.ldm.modules.diffusionmodules.mmdit
+
+
+@dataclass(frozen=True)
+class Built:
+    """What ComfyUI 0.33.0 builds for one model (comfy/supported_models.py's unet_config as
+    comfy/model_detection.py detects it, comfy/latent_formats.py's channels and factor, the diffusion model's class
+    and patch_size), at no size: the fields the table recognises a model by."""
+    model_class: type
+    patch: object
+    unet_config: dict
+    channels: int
+    factor: int
+    frames: int = 0                                         # a video model's latent is 5-D: this many frames
+
+    def patcher(self, **changes):
+        """A ModelPatcher of this model, with any of the fields changed (a look-alike)."""
+        built = replace(self, **changes)
+        model = built.model_class()
+        model.patch_size = built.patch
+        return _patcher(model, (built.unet_config, (built.channels, built.factor)))
+
+
+# one per entry of the table the node tiles (fused_dit/models.json), as ComfyUI 0.33.0 builds it
+BUILT = {
+    "flux-dev": Built(Flux, 2, {"image_model": "flux", "hidden_size": 3072, "guidance_embed": True}, 16, 8),
+    "flux2-dev": Built(Flux, 1, {"image_model": "flux2", "hidden_size": 6144, "mlp_ratio": 3.0}, 128, 16),
+    "chroma": Built(comfy_class("Chroma", 2), 2, {"image_model": "chroma", "hidden_size": 3072}, 16, 8),
+    "qwen-image": Built(comfy_class("QwenImageTransformer2DModel", 2), 2,
+                        {"image_model": "qwen_image", "num_layers": 60, "in_channels": 64}, 16, 8),
+    "z-image": Built(comfy_class("NextDiT", 2), 2, {"image_model": "lumina2", "dim": 3840, "n_layers": 30}, 16, 8),
+    "lumina2": Built(comfy_class("NextDiT", 2), 2, {"image_model": "lumina2", "dim": 2304, "n_layers": 26}, 16, 8),
+    "sd3.5-large": Built(comfy_class("OpenAISignatureMMDITWrapper", 2, (MMDiT,)), 2,
+                         {"in_channels": 16, "patch_size": 2, "depth": 38}, 16, 8),
+    "hidream-i1": Built(comfy_class("HiDreamImageTransformer2DModel", 2), 2,
+                        {"image_model": "hidream", "num_attention_heads": 20, "num_layers": 16}, 16, 8),
+    "hunyuan-image-2.1": Built(comfy_class("HunyuanVideo", [1, 1]), [1, 1],
+                               {"image_model": "hunyuan_video", "hidden_size": 3584, "patch_size": [1, 1],
+                                "vec_in_dim": None}, 64, 32),
+    "wan-14b": Built(comfy_class("WanModel", (1, 2, 2)), (1, 2, 2),
+                     {"image_model": "wan2.1", "dim": 5120, "model_type": "t2v"}, 16, 8, frames=3),
+    "wan2.2-5b": Built(comfy_class("WanModel", (1, 2, 2)), (1, 2, 2),
+                       {"image_model": "wan2.1", "dim": 3072, "out_dim": 48, "model_type": "t2v"}, 48, 16, frames=3),
+}
+FLUX1 = BUILT["flux-dev"].unet_config, (16, 8)
 
 
 def _patcher(diffusion_model, config=FLUX1):
@@ -299,21 +367,50 @@ def _patcher(diffusion_model, config=FLUX1):
     return patcher
 
 
-def test_flux2_on_fluxs_class_is_never_tiled_with_flux1s_numbers(caplog):
+def test_every_model_the_node_tiles_has_a_comfyui_built_fixture():
+    assert set(BUILT) == set(models.MODELS)
+
+
+@pytest.mark.parametrize("key", list(BUILT))
+def test_each_model_is_recognised_from_its_config(key):
+    shape, reason = models.recognise(wrappers.model_facts(BUILT[key].patcher()))
+    assert (shape.key if shape else None, reason) == (key, "")
+
+
+def look_alikes():
+    """Each entry with one of the fields it is recognised by changed, and the words the refusal names it by."""
+    for key, built in BUILT.items():
+        width_key, width = next(iter(models.TABLE_ENTRIES[key]["comfyui"]["config"].items()))
+        yield key, {"unet_config": {**built.unet_config, width_key: width + 64}}, width_key
+        yield key, {"channels": built.channels * 2}, "latent channels"
+        yield key, {"factor": built.factor * 2}, "latent factor"
+        yield key, {"unet_config": {**built.unet_config, "image_model": "look_alike"}}, "image_model"
+
+
+@pytest.mark.parametrize("key, changes, named", list(look_alikes()))
+def test_a_look_alike_differing_in_one_field_runs_untiled_naming_it(key, changes, named, caplog):
     state.forget_said()
     node = node_pack.NODE_CLASS_MAPPINGS["TiledSampling"]()
-    flux2 = Flux()
-    flux2.patch_size = 1
-    model = _patcher(flux2, FLUX2)
+    model = BUILT[key].patcher(**changes)
     with caplog.at_level(logging.INFO, logger="fused_dit"):
         (same,) = node.patch(model)
         node.patch(model)
     assert same is model
     lines = [r.getMessage() for r in caplog.records if "Tiled Sampling" in r.getMessage()]
-    assert len(lines) == 1 and "is not Flux.1" in lines[0] and "image_model" in lines[0] and "runs untiled" in lines[0]
+    assert len(lines) == 1 and "runs untiled" in lines[0], lines
+    assert f"its {named} differ" in lines[0] and "is not " in lines[0], lines[0]
+
+
+def test_flux2_on_fluxs_class_is_tiled_with_its_own_numbers_and_klein_is_not():
+    shape, _ = models.recognise(wrappers.model_facts(BUILT["flux2-dev"].patcher()))
+    assert (shape.vae_factor, shape.patch, shape.latent_channels, shape.hidden) == (16, 1, 128, 6144)
+    assert shape.tokens(1024) == 64 * 64 + 512                   # 16 px a token: Flux.1's tokens at the same tile
+    klein = BUILT["flux2-dev"].patcher(unet_config={"image_model": "flux2", "hidden_size": 3072})
+    shape, reason = models.recognise(wrappers.model_facts(klein))
+    assert shape is None and "is not FLUX.2 [dev] (its hidden_size differs)" in reason
     no_config = FakeModelPatcher(Flux())
     no_config.load_device = "cpu"
-    assert node.patch(no_config)[0] is no_config                       # cannot tell which Flux: untiled
+    assert node_pack.NODE_CLASS_MAPPINGS["TiledSampling"]().patch(no_config)[0] is no_config   # which Flux? untiled
 
 
 def test_the_node_wraps_a_known_model_and_hands_back_an_unknown_one(caplog):
@@ -369,7 +466,7 @@ def test_bad_settings_are_refused_in_validation_with_one_message_naming_the_inpu
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(["Flux", "QwenImageTransformer2DModel", "WanModel"]),
+@given(st.sampled_from(sorted(models.MODELS)),
        st.sampled_from([0, *range(256, 4097, 16)]), st.integers(-1, 128), st.integers(1, 600), st.integers(1, 600))
 def test_every_setting_validation_lets_through_tiles_every_canvas(model, tile_px, overlap_px, height, width):
     """No setting that passes validation leaves a canvas untiled at run time (at 32K that was an out-of-memory
@@ -382,7 +479,7 @@ def test_every_setting_validation_lets_through_tiles_every_canvas(model, tile_px
 
 
 def test_a_sampling_run_plans_once_says_one_line_and_can_keep_the_canvas_on_the_host(caplog):
-    hooks = wrappers.TiledSampling(models.MODELS["Flux"], wrappers.Request(256, 64, 2, canvas="host"),
+    hooks = wrappers.TiledSampling(models.MODELS["flux-dev"], wrappers.Request(256, 64, 2, canvas="host"),
                                    torch.device("cpu"))
     noise = torch.randn(1, 16, 64, 80)          # 640 x 512 image pixels
     seen = {}
@@ -407,7 +504,7 @@ def test_a_sampling_run_plans_once_says_one_line_and_can_keep_the_canvas_on_the_
 def test_comfyui_sizes_its_memory_for_a_batch_of_tiles_not_the_canvas():
     """PREPARE_SAMPLING: ComfyUI's estimate (and so how much of the weights it keeps in VRAM) sees one batch of
     tiles; the run then uses the same plan."""
-    hooks = wrappers.TiledSampling(models.MODELS["Flux"], wrappers.Request(1024, 128, 3), torch.device("cpu"))
+    hooks = wrappers.TiledSampling(models.MODELS["flux-dev"], wrappers.Request(1024, 128, 3), torch.device("cpu"))
 
     class Model:
         def model_size(self):
@@ -426,18 +523,28 @@ def test_comfyui_sizes_its_memory_for_a_batch_of_tiles_not_the_canvas():
     assert small == [(1, 16, 64, 64)]                                  # one tile: ComfyUI's own estimate
 
 
-def test_the_table_is_applier_budgets():
-    """One memory model: the node's numbers for each model are applier budget's (applier/data/models.toml), its
-    tile one of that model's tile sizes, its overlap the budget's tiling overlap."""
-    budget = tomllib.loads((REPO / "applier" / "data" / "models.toml").read_text(encoding="utf-8"))
+def test_one_table_serves_the_node_and_applier_budget():
+    """One memory model and one list of models: applier budget reads the pack's table (fused_dit/models.json) for
+    its models, so the node's numbers for each model are the budget's; its tile is one of that model's tile sizes,
+    its overlap the budget's tiling overlap; every entry names the release's files its numbers come from."""
+    from applier.budget.data import MODELS_TABLE, load_budget_data
+    assert MODELS_TABLE.resolve() == models.TABLE.resolve()
+    assert not (REPO / "applier" / "data" / "models.toml").exists()
+    data = load_budget_data()
+    assert list(data.models) == list(models.TABLE_ENTRIES)
     efficiency = tomllib.loads((REPO / "applier" / "data" / "efficiency.toml").read_text(encoding="utf-8"))
-    for shape in models.MODELS.values():
-        row = budget[shape.key]
+    for key, shape in models.MODELS.items():
+        model = data.models[key]
         assert (shape.hidden, shape.activation_widths, shape.text_tokens, shape.patch, shape.vae_factor) == (
-            row["hidden"], row["activation_widths"], row["text_tokens"], row["patch"], row["vae"]["factor"])
-        assert shape.tile_px in row["tile_px"]
+            model.hidden, model.activation_widths, model.text_tokens, model.patch, model.vae.factor)
+        assert shape.tile_px in model.tile_px and shape.latent_channels == model.vae.channels
         assert shape.overlap_px == efficiency["tiling"]["overlap_px"]
-        assert shape.text_in_stream == (row["group"][0]["stream"] == "all")
+        assert shape.text_in_stream == (model.groups[0].stream == "all")
+        entry = models.TABLE_ENTRIES[key]
+        assert entry["comfyui"]["source"].startswith("ComfyUI 0.33.0 comfy/"), key
+        assert entry["tiling"]["max_batch_source"], key
+    untiled = {key: entry for key, entry in models.TABLE_ENTRIES.items() if key not in models.MODELS}
+    assert all(entry.get("untiled") for entry in untiled.values()), untiled.keys()
 
 
 def test_the_node_module_and_the_planner_import_no_torch():
@@ -465,11 +572,11 @@ def test_the_runs_bar_counts_tiles_times_steps():
 
 
 # ------------------------------------------------------------------------------ seamless with the node's defaults
-def _through_the_node(x: torch.Tensor, model_fn) -> torch.Tensor:
-    """`model_fn` on the canvas `x` as the Tiled Sampling node runs it with its defaults (a patch of the node as a
-    user drops it in: no input set), through its CALC_COND_BATCH wrapper."""
+def _through_the_node(x: torch.Tensor, model_fn, key: str = "flux-dev") -> torch.Tensor:
+    """`model_fn` on the canvas `x` as the Tiled Sampling node runs it with its defaults on the model `key` (a patch
+    of the node as a user drops it in: no input set), through its CALC_COND_BATCH wrapper."""
     node = node_pack.NODE_CLASS_MAPPINGS["TiledSampling"]()
-    (patched,) = node.patch(_patcher(Flux()))
+    (patched,) = node.patch(BUILT[key].patcher())
     (wrapper,) = patched.wrappers["calc_cond_batch"][wrappers.KEY]
     (out,) = wrapper(lambda m, conds, x_in, t, o: [model_fn(x_in) for _ in conds], None, [[{}]], x,
                      torch.full((x.shape[0],), 0.5), {})
@@ -480,6 +587,29 @@ def _ulps(got: torch.Tensor, want: torch.Tensor) -> float:
     """The largest difference in units of the last place of fp32 at the reference's magnitude."""
     ulp = torch.finfo(torch.float32).eps * want.abs().clamp_min(torch.finfo(torch.float32).tiny)
     return float(((got - want).abs() / ulp).max())
+
+
+def _canvas(key: str, tiles: float, seed: int = 0) -> torch.Tensor:
+    """A latent of model `key` (5-D with frames for a video model) about `tiles` of its planned tiles a side."""
+    built, shape = BUILT[key], models.MODELS[key]
+    side = shape.tile_px // shape.vae_factor
+    height, width = int(side * tiles), int(side * tiles) - 2 * shape.patch
+    frames = (built.frames,) if built.frames else ()
+    return torch.randn(1, built.channels, *frames, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+def _conv(key: str, kernel: int):
+    """A fixed kernel x kernel convolution over the model's latent channels (per frame for a video model)."""
+    channels = BUILT[key].channels
+    conv = torch.nn.Conv2d(channels, channels, kernel, padding=kernel // 2, bias=False)
+    if not BUILT[key].frames:
+        return conv
+
+    def per_frame(x: torch.Tensor) -> torch.Tensor:          # (b, c, f, h, w): the frames as a batch of images
+        b, c, f, h, w = x.shape
+        out = conv(x.permute(0, 2, 1, 3, 4).reshape(b * f, c, h, w))
+        return out.reshape(b, f, c, h, w).permute(0, 2, 1, 3, 4)
+    return per_frame
 
 
 @pytest.mark.parametrize("kernel", [3, 5])
@@ -495,8 +625,29 @@ def test_a_local_convolution_tiles_to_the_untiled_result_with_the_nodes_defaults
     assert _ulps(tiled, whole.double().float()) <= 8, _ulps(tiled, whole)
 
 
-def test_identity_and_one_tile_with_the_nodes_defaults():
-    x = torch.randn(1, 16, 300, 260)
-    assert _ulps(_through_the_node(x, lambda t: t.clone()), x) <= 2
-    one = torch.randn(1, 16, 128, 96)                  # one 1024 px tile: the model's call, bit for bit
-    assert torch.equal(_through_the_node(one, lambda t: t * 3), one * 3)
+@pytest.mark.parametrize("key", list(BUILT))
+def test_each_model_tiles_a_local_convolution_exactly_with_the_nodes_defaults(key):
+    """Every model the node tiles, at its own latent channels, factor, patch and tile (a video model with every
+    frame): a 3x3 convolution (a reach of one latent pixel, within the planned margin of each model's grid) gives
+    the untiled result to fp32 rounding."""
+    torch.manual_seed(3)
+    conv = _conv(key, 3)
+    x = _canvas(key, 2.5)
+    with torch.no_grad():
+        whole = conv(x)
+        tiled = _through_the_node(x, conv, key)
+    assert _ulps(tiled, whole.double().float()) <= 8, (key, _ulps(tiled, whole))
+
+
+@pytest.mark.parametrize("key", list(BUILT))
+def test_identity_and_one_tile_with_the_nodes_defaults(key):
+    """Identity within 2 ulp over several tiles; a canvas of one planned tile calls the model once, bit for bit."""
+    x = _canvas(key, 2.5)
+    assert _ulps(_through_the_node(x, lambda t: t.clone(), key), x) <= 2
+    one = _canvas(key, 1, seed=1)[..., :, :one_side(key)]
+    assert torch.equal(_through_the_node(one, lambda t: t * 3, key), one * 3)
+
+
+def one_side(key: str) -> int:
+    shape = models.MODELS[key]
+    return shape.tile_px // shape.vae_factor

@@ -265,7 +265,7 @@ def test_the_node_builds_its_devices_from_comfyuis_multigpu_clones():
 
 
 def test_a_sampling_call_with_clones_spreads_its_tiles_and_matches_one_device():
-    hooks = wrappers.TiledSampling(models.MODELS["Flux"], wrappers.Request(256, 64, 2), torch.device("cpu"))
+    hooks = wrappers.TiledSampling(models.MODELS["flux-dev"], wrappers.Request(256, 64, 2), torch.device("cpu"))
     noise = torch.randn(1, 16, 64, 80, generator=torch.Generator().manual_seed(5))
     used = []
 

@@ -1,37 +1,58 @@
-"""The models the Tiled Sampling node tiles, recognised by what they are, with what planning needs of each. Data
+"""The models the pack knows, recognised by what they are, with what the Tiled Sampling node plans of each. Data
 only, no torch.
 
-ComfyUI builds several models on one class (Flux.2 and Flux.1 on `comfy.ldm.flux.model.Flux`, every Wan 2.x on
-`WanModel`), so a model is recognised by its model config as ComfyUI 0.33 builds it (`comfy/supported_models.py`'s
-unet_config["image_model"], the latent format's channels and spatial factor, `comfy/model_detection.py`'s width),
-and by the diffusion model's patch, never by a class name alone. A model that differs in any of these (Flux.2:
-image_model "flux2", 128 latent channels at 1/16, patch 1) is not one of these entries and runs untiled, said once.
+One table serves the node, Fused DiT Ops and `applier budget`: fused_dit/models.json, one entry per model, keyed by
+the budget's name for it (`applier budget --model flux2-dev`). An entry holds the budget's architecture numbers
+(parameters, hidden width, patch, text tokens, the VAE, the blocks' Linears; applier/budget/data.py reads them), under
+"comfyui" what the model is as ComfyUI 0.33 builds it, under "tiling" the node's tile and batch (absent: the node
+does not tile it, "untiled" says why), and the release's files each number comes from ("source" keys). The pack
+ships the file; applier reads it from the pack (applier.resources), so there is one copy.
 
-The architecture numbers are applier budget's (applier/data/models.toml: hidden, activation_widths, text_tokens,
-patch, the VAE's factor; tests/overlays/test_tiling.py keeps them equal), so that the node and the budget plan
-the same tiles with the same memory model. The tile is a size the model was trained at, from that file's tile_px;
-the overlap is the budget's (applier/data/efficiency.toml [tiling]). `max_batch`: the most tiles in one forward;
-Flux's 8 is the batch the route was measured at (benchmarks/results/tiled-route-0.33.0.json, summary.routes),
-Qwen-Image takes Flux's (the same width), Wan's 2 is not measured (one 832 px tile of 81 frames is 33K tokens).
+ComfyUI builds several models on one class (Flux.2 and Chroma beside Flux.1's `comfy.ldm.flux.model.Flux`, every
+Wan 2.x on `WanModel`, Lumina 2 and Z-Image on `NextDiT`, HunyuanImage 2.1 on `HunyuanVideo`), so a model is
+recognised by its model config as ComfyUI builds it (`comfy/supported_models.py`'s unet_config["image_model"], the
+latent format's channels and spatial factor, a width key of `comfy/model_detection.py`'s config) and by the
+diffusion model's patch, never by a class name alone. A model built on a known class that differs in any of these
+(Flux.2 Klein: hidden_size 3072 on Flux.2's config) is not one of the entries and runs untiled, said once.
+
+The tile is a size the model was trained at; the overlap is the budget's (applier/data/efficiency.toml [tiling],
+OVERLAP_PX here, kept equal by a test). `max_batch`: the most tiles in one forward ("max_batch_source" says where
+it comes from; the free memory caps it in any case).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from .plan import ModelShape
 
-MODELS: dict[str, ModelShape] = {
-    "Flux": ModelShape("flux-dev", patch=2, vae_factor=8, hidden=3072, activation_widths=15.1, text_tokens=256,
-                       text_in_stream=True, tile_px=1024, overlap_px=128, max_batch=8, image_model="flux",
-                       latent_channels=16, config_width=("hidden_size", 3072), name="Flux.1"),
-    "QwenImageTransformer2DModel": ModelShape("qwen-image", patch=2, vae_factor=8, hidden=3072,
-                                              activation_widths=12.9, text_tokens=115, text_in_stream=True,
-                                              tile_px=1024, overlap_px=128, max_batch=8, image_model="qwen_image",
-                                              latent_channels=16, name="Qwen-Image"),
-    "WanModel": ModelShape("wan-14b", patch=2, vae_factor=8, hidden=5120, activation_widths=10.2, text_tokens=512,
-                           text_in_stream=False, tile_px=832, overlap_px=128, max_batch=2, image_model="wan2.1",
-                           latent_channels=16, config_width=("dim", 5120), name="Wan 2.1 / 2.2 14B"),
-}
+TABLE = Path(__file__).resolve().parent.parent / "models.json"
+OVERLAP_PX = 128
+FACT_FIELDS = ("image_model", "latent channels", "latent factor", "patch")
+
+
+def load_table(path: Path = TABLE) -> dict:
+    """The pack's model table: {budget key: entry} as fused_dit/models.json holds it."""
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def shape_of(key: str, entry: dict) -> ModelShape:
+    """The planner's ModelShape of a table entry the node tiles (one with "tiling" and "comfyui")."""
+    known, tiling = entry["comfyui"], entry["tiling"]
+    groups = entry["group"]
+    return ModelShape(key, patch=entry["patch"], vae_factor=entry["vae"]["factor"], hidden=entry["hidden"],
+                      activation_widths=float(entry["activation_widths"]), text_tokens=entry["text_tokens"],
+                      text_in_stream=groups[0]["stream"] == "all", tile_px=tiling["tile_px"], overlap_px=OVERLAP_PX,
+                      max_batch=tiling["max_batch"], image_model=known["image_model"],
+                      latent_channels=known["latent_channels"], config_width=tuple(known["config"].items()),
+                      name=entry["name"], classes=tuple(known["classes"]))
+
+
+TABLE_ENTRIES = load_table()
+# the models the node tiles, by the table's key
+MODELS: dict[str, ModelShape] = {key: shape_of(key, entry) for key, entry in TABLE_ENTRIES.items()
+                                 if "tiling" in entry and "comfyui" in entry}
 KNOWN = ", ".join(shape.name for shape in MODELS.values())
 
 
@@ -39,11 +60,11 @@ KNOWN = ", ".join(shape.name for shape in MODELS.values())
 class ModelFacts:
     """What a loaded model is, read from ComfyUI's objects (wrappers.model_facts)."""
     class_names: tuple[str, ...]          # the diffusion model's class and base classes, most derived first
-    image_model: str | None               # unet_config["image_model"]; None where the config could not be read
+    image_model: str | None               # unet_config["image_model"]; None where the config has none (SD3)
     latent_channels: int | None
     vae_factor: int | None                # the latent format's spacial_downscale_ratio
     patch: int | None                     # the diffusion model's spatial patch
-    config: dict                          # the unet_config as ComfyUI detected it
+    config: dict | None                   # the unet_config as ComfyUI detected it; None where it cannot be read
 
     def words(self) -> str:
         parts = [f"image_model {self.image_model!r}" if self.image_model else None,
@@ -53,23 +74,30 @@ class ModelFacts:
         return ", ".join(p for p in parts if p) or "no model config"
 
 
+def differences(shape: ModelShape, facts: ModelFacts) -> list[str]:
+    """What of `facts` differs from the entry `shape` (empty: the model is that entry)."""
+    config = facts.config or {}
+    pairs = [("image_model", shape.image_model, config.get("image_model")),
+             ("latent channels", shape.latent_channels, facts.latent_channels),
+             ("latent factor", shape.vae_factor, facts.vae_factor),
+             ("patch", shape.patch, facts.patch)]
+    pairs += [(key, value, config.get(key)) for key, value in shape.config_width]
+    return [what for what, mine, theirs in pairs if mine != theirs]
+
+
 def recognise(facts: ModelFacts) -> tuple[ModelShape | None, str]:
     """The table's entry for this model and an empty reason, or None and why the node does not tile it."""
-    by_class = next((MODELS[name] for name in facts.class_names if name in MODELS), None)
+    candidates = [shape for shape in MODELS.values() if set(shape.classes) & set(facts.class_names)]
     name = facts.class_names[0] if facts.class_names else "this model"
-    if by_class is None:
+    if not candidates:
         return None, f"{name} ({facts.words()}) is not a model the node tiles ({KNOWN})"
-    if facts.image_model is None:
-        return None, (f"{name}'s model config cannot be read, so the node cannot tell which {by_class.name}-like "
-                      "model it is")
-    width_key, width = by_class.config_width or (None, None)
-    differs = [what for what, mine, theirs in (
-        ("image_model", by_class.image_model, facts.image_model),
-        ("latent channels", by_class.latent_channels, facts.latent_channels),
-        ("latent factor", by_class.vae_factor, facts.vae_factor),
-        ("patch", by_class.patch, facts.patch),
-        (width_key, width, facts.config.get(width_key, width) if width_key else None)) if mine != theirs]
-    if differs:
-        return None, (f"{name} ({facts.words()}) is built on {by_class.name}'s class but is not {by_class.name} "
-                      f"(its {', '.join(differs)} differ): the node has no tiling numbers for it")
-    return by_class, ""
+    names = " / ".join(shape.name for shape in candidates)
+    if facts.config is None:
+        return None, f"{name}'s model config cannot be read, so the node cannot tell which {names}-like model it is"
+    ranked = sorted(((differences(shape, facts), shape) for shape in candidates), key=lambda pair: len(pair[0]))
+    differs, nearest = ranked[0]
+    if not differs:
+        return nearest, ""
+    return None, (f"{name} ({facts.words()}) is built on {nearest.name}'s class but is not {nearest.name} "
+                  f"(its {', '.join(differs)} differ{'s' if len(differs) == 1 else ''}): the node has no tiling "
+                  "numbers for it")

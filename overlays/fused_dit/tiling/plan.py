@@ -13,7 +13,7 @@ One code path predicts and plans: the Tiled Sampling node plans its tiles here a
   its two profiles. The blender divides the weighted sum by the summed weights, so the weights that reach a pixel sum
   to one there however many tiles meet (ramps that cross, a last tile pushed back to the edge).
 - `ModelShape` and `choose`: the memory model of `applier budget` (one forward's peak activations are
-  `activation_widths x hidden x tokens x 2` bytes, applier/data/models.toml) for one tile, and the batch of tiles
+  `activation_widths x hidden x tokens x 2` bytes, fused_dit/models.json) for one tile, and the batch of tiles
   that fits beside the model in the free memory.
 - `scaled(plan, factor)`: the same tiles at another scale (a latent plan in image pixels: the tiled VAE blends its
   pixels with the weights of the sampler's tiles, `factor` times finer).
@@ -197,7 +197,8 @@ def pixel_settings_problem(tile_px: int, overlap_px: int, multiple: int = TILE_M
 # --------------------------------------------------------------------------------------------- memory and batching
 @dataclass(frozen=True)
 class ModelShape:
-    """What planning needs of a model (the pack's tiling table, kept equal to applier/data/models.toml by a test)."""
+    """What planning needs of a model (an entry of the pack's model table, fused_dit/models.json, which applier
+    budget prices from too)."""
     key: str
     patch: int                    # latent pixels per token side
     vae_factor: int               # image pixels per latent pixel
@@ -211,8 +212,9 @@ class ModelShape:
     # what the model is, as ComfyUI builds it (its model config): the node tiles a model only where all match
     image_model: str = ""         # supported_models' unet_config["image_model"]
     latent_channels: int = 0      # the latent format's channels
-    config_width: tuple = ()      # (unet_config key, value) of the model's width where the config states it
+    config_width: tuple = ()      # (unet_config key, value) pairs the config must hold (its width, where stated)
     name: str = ""                # the model's name in the user's words
+    classes: tuple = ()           # the diffusion model classes ComfyUI builds it on (a class alone never decides)
 
     def tokens(self, tile_px: int, frames: int = 1) -> int:
         side = math.ceil(tile_px / self.vae_factor / self.patch)
@@ -252,6 +254,20 @@ def resolve(tile_px: int, overlap_px: int, margin_px: int, default_tile_px: int,
     return tile_px, overlap_px, margin_px
 
 
+def on_grid(model: ModelShape, tile_px: int, overlap_px: int, margin_px: int) -> tuple[int, int, int, tuple]:
+    """Settings the node's validation let through (16 px steps, 8 px overlaps) on a model whose token or latent
+    pixel is larger (Wan 2.2 5B's 32 px tokens, HunyuanImage 2.1's 32 px latent pixels), rounded down onto its grid,
+    and what was rounded, in words (the run's one line says it)."""
+    token, latent = model.vae_factor * model.patch, model.vae_factor
+    new_tile = max(token, tile_px // token * token)
+    new_overlap = overlap_px // latent * latent
+    new_margin = min(margin_px // latent * latent, new_overlap // 2 // latent * latent)
+    rounded = tuple(f"{what} {old} -> {new} px (the model's grid)" for what, old, new in (
+        ("tile", tile_px, new_tile), ("overlap", overlap_px, new_overlap), ("margin", margin_px, new_margin))
+        if old != new)
+    return new_tile, new_overlap, new_margin, rounded
+
+
 def choose(model: ModelShape, latent_height: int, latent_width: int, free_bytes: int, *, tile_px: int = 0,
            overlap_px: int = -1, batch: int = 0, frames: int = 1, margin_px: int = -1) -> Settings:
     """Tile, overlap, margin and batch for one canvas: each given one kept, the others planned (tile and overlap
@@ -261,6 +277,8 @@ def choose(model: ModelShape, latent_height: int, latent_width: int, free_bytes:
                                                    ("margin", margin_px, -1), ("batch", batch, 0)) if value == auto)
     tile_px, overlap_px, margin_px = resolve(tile_px, overlap_px, margin_px, model.tile_px, model.overlap_px,
                                              model.vae_factor)
+    tile_px, overlap_px, margin_px, rounded = on_grid(model, tile_px, overlap_px, margin_px)
+    planned += rounded
     problem = pixel_settings_problem(tile_px, overlap_px, model.vae_factor * model.patch, margin_px)
     if problem:
         raise PlanError(problem)

@@ -12,7 +12,8 @@ kernel families run in every tile that way).
 
 What is cut, in each conditioning (`conds[i][j]`): `model_conds` values holding a tensor (or a list of tensors, as
 reference latents are) whose last two dimensions are the latent's (inpaint concat latents, reference latents of the
-canvas's size); a `mask` (resized to the latent by the sampler already); each ControlNet's hint (and its extra
+canvas's size: Qwen-Image-Edit's and Flux.2's reference images; one of another size goes whole to every tile, said
+once); a `mask` (resized to the latent by the sampler already); each ControlNet's hint (and its extra
 concat images) for the length of the call, cut at its own scale. An `area` conditioning (ConditioningSetArea) names
 latent coordinates of the whole canvas: such a run stays untiled, said once.
 """
@@ -131,6 +132,8 @@ def _cut_latent(tensor: torch.Tensor, boxes: tuple[Box, ...], rows: int) -> torc
 def _cut_value(value, boxes: tuple[Box, ...], layout: Plan, rows: int):
     """A model_conds value with its canvas-shaped tensors cut to the boxes (a copy; the original is untouched)."""
     held = getattr(value, "cond", None)
+    if isinstance(held, list):
+        _say_references(held, layout)
     if _is_canvas(held, layout):
         new = _cut_latent(held, boxes, rows)
     elif isinstance(held, list) and any(_is_canvas(t, layout) for t in held):
@@ -142,6 +145,18 @@ def _cut_value(value, boxes: tuple[Box, ...], layout: Plan, rows: int):
     twin = copy.copy(value)
     twin.cond = new
     return twin
+
+
+def _say_references(held: list, layout: Plan) -> None:
+    """Once each: reference latents (Qwen-Image-Edit's and Flux.2's reference images, a list of latents in
+    model_conds) of the canvas's size are cut with the tile; others go whole to every tile."""
+    latents = [t for t in held if isinstance(t, torch.Tensor) and t.ndim >= 4]
+    if any(_is_canvas(t, layout) for t in latents):
+        state.say_once("Tiled Sampling: reference latents of the canvas's size are cut to each tile, so that a "
+                       "tile sees the part of the reference it covers")
+    if any(not _is_canvas(t, layout) for t in latents):
+        state.say_once("Tiled Sampling: reference latents of another size than the canvas go whole to every tile "
+                       "(each tile sees the whole reference)")
 
 
 def _cut_conds(conds: list, boxes: tuple[Box, ...], layout: Plan, rows: int) -> list:

@@ -105,7 +105,7 @@ def model_facts(patcher) -> ModelFacts:
                       getattr(latent_format, "latent_channels", None),
                       getattr(latent_format, "spacial_downscale_ratio", None),
                       patch if isinstance(patch, int) else None,
-                      dict(config) if isinstance(config, dict) else {})
+                      dict(config) if isinstance(config, dict) else None)
 
 
 def _progress_bar(total: int):
