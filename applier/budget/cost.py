@@ -10,6 +10,12 @@ Pure arithmetic over the tables' records (records.py); nothing here reads a file
                 + the release's per-forward host gap [+ weights that do not fit, streamed over the host link]
     one step = forwards per step (2 with classifier-free guidance) x one forward; a generation = steps x one step
 
+A tiled route is the pack's template, stage by stage: the generation at its base size and its VAEDecode (priced as
+above and as the VAE below), ImageScale to the canvas, TiledVAEEncode, the refinement (each tile a forward per step),
+TiledVAEDecode, SaveImagePNG. The VAE's stages are its convolution FLOPs over the tiles the pack's planner cuts /
+(bf16 peak x the measured fraction) + the tiles' traffic over the host link; the host's stages (ImageScale, the PNG)
+are core-seconds per megapixel on the measuring host's cores.
+
 Efficiencies are fractions of the measuring GPU's published peaks; on any other GPU the same fractions of its own
 published peaks are a projection, and every time figure says which it is.
 """
@@ -19,7 +25,8 @@ import math
 from dataclasses import dataclass
 
 from applier.budget.records import (BF16_BYTES, CONFIGS, FAMILY_MIN_CAPABILITY, FAMILY_WORDS, FP8_BYTES, BlockGroup,
-                                    BudgetData, Canvas, Efficiency, Era, Gpu, Measured, Model, Request)
+                                    BudgetData, Canvas, Efficiency, Era, Gpu, Measured, Model, Request, RouteStages,
+                                    VaeLayers)
 from applier.resources import load_pack_module
 
 
@@ -253,10 +260,151 @@ def runnable(priced: list[Priced]) -> list[Priced]:
 
 # ---------------------------------------------------------------- tiled routes
 
+# ---------------------------------------------------------------- the route's stages
+
+FLOAT32_BYTES = 4
+MEGAPIXEL = 1e6
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One node of the tiled route and its price."""
+    name: str                    # generate, decode_base, upscale, encode, refine, decode, save
+    node: str                    # the template's node that runs it
+    seconds: float
+    basis: str                   # what the figure rests on, in words
+
+    def as_json(self) -> dict:
+        return {"stage": self.name, "node": self.node, "seconds": self.seconds, "basis": self.basis}
+
+
+@dataclass(frozen=True)
+class RouteBase:
+    """The route's first stages as the template runs them: a generation at `canvas` for `steps`, decoded whole."""
+    canvas: Canvas
+    steps: int
+
+
+def _conv(cin: int, cout: int, kernel: int = 3) -> float:
+    return 2.0 * kernel * kernel * cin * cout
+
+
+def _resblock(cin: int, cout: int) -> float:
+    return _conv(cin, cout) + _conv(cout, cout) + (_conv(cin, cout, 1) if cin != cout else 0.0)
+
+
+def vae_flop_per_pixel(vae: VaeLayers, tile_pixels: float, decode: bool) -> float:
+    """FLOPs per image pixel of the VAE's encoder or decoder on a tile of `tile_pixels` image pixels: every 3x3 and 1x1
+    convolution (2 x k^2 x in x out per output pixel, at its level's resolution) and the attention block of the
+    lowest level (its four 1x1 projections and 4 x tokens x width per token, the tokens being the tile's)."""
+    levels = len(vae.ch_mult)
+    lowest = 4 ** (levels - 1)                      # image pixels per pixel of the lowest level
+    deepest = vae.ch * vae.ch_mult[-1]
+    middle = 2 * _resblock(deepest, deepest) + 4 * _conv(deepest, deepest, 1) + 4.0 * (tile_pixels / lowest) * deepest
+    if decode:
+        flop = (_conv(vae.z_channels, deepest) + middle) / lowest
+        width = deepest
+        for level in reversed(range(levels)):
+            out = vae.ch * vae.ch_mult[level]
+            for _ in range(vae.num_res_blocks + 1):
+                flop += _resblock(width, out) / 4 ** level
+                width = out
+            if level:
+                flop += _conv(width, width) / 4 ** (level - 1)      # upsample, then a convolution
+        return flop + _conv(width, vae.image_channels)
+    flop, width = _conv(vae.image_channels, vae.ch), vae.ch
+    for level in range(levels):
+        out = vae.ch * vae.ch_mult[level]
+        for _ in range(vae.num_res_blocks):
+            flop += _resblock(width, out) / 4 ** level
+            width = out
+        if level != levels - 1:
+            flop += _conv(width, width) / 4 ** (level + 1)          # a strided convolution
+    return flop + (middle + _conv(deepest, 2 * vae.z_channels)) / lowest
+
+
+@dataclass(frozen=True)
+class VaeWork:
+    """A VAE pass over a canvas: its tiles as the pack's planner cuts them (one tile: untiled), their FLOPs and the
+    bytes they move over the host link (float32 pixels and latents, the canvas held on the host)."""
+    tiles: int
+    tile_pixels: int
+    flop: float
+    host_bytes: float
+
+
+def vae_work(route: RouteStages, model: Model, canvas: Canvas, decode: bool, tiled: bool = True) -> VaeWork:
+    """The tiles TiledVAEEncode / TiledVAEDecode cut at the route's settings (fused_dit/tiling/vae.py latent_plan:
+    the overlap at most half a tile, the planned margin), or the whole canvas as one tile (VAEDecode)."""
+    factor = model.vae.factor
+    height, width = canvas.height // factor, canvas.width // factor
+    if tiled:
+        plan_module, _ = _tiling()
+        tile = max(1, route.vae_tile_px // factor)
+        overlap = min(route.vae_overlap_px // factor, tile // 2)
+        layout = plan_module.plan(height, width, tile, overlap, margin=plan_module.margin_for(overlap))
+        first = layout.boxes[0]
+        count, pixels = layout.count, (first.y1 - first.y0) * (first.x1 - first.x0) * factor * factor
+    else:
+        count, pixels = 1, height * width * factor * factor
+    per_pixel = vae_flop_per_pixel(route.vae, pixels, decode)
+    moved = route.vae.image_channels * FLOAT32_BYTES + route.vae.z_channels * FLOAT32_BYTES / factor ** 2
+    return VaeWork(count, pixels, count * pixels * per_pixel, count * pixels * moved)
+
+
+def vae_seconds(work: VaeWork, efficiency: Efficiency, gpu: Gpu) -> float:
+    return work.flop / (gpu.bf16_tflops * 1e12 * efficiency.value) + work.host_bytes / (gpu.host_link_gbs * 1e9)
+
+
+def host_seconds(efficiency: Efficiency, canvas: Canvas, cores: int) -> float:
+    """A host stage: core-seconds per megapixel x the canvas's megapixels, over `cores` cores."""
+    return efficiency.value * canvas.width * canvas.height * canvas.frames / MEGAPIXEL / cores
+
+
+def route_of(data: BudgetData, model: Model) -> RouteStages | None:
+    """The measured stages of the model's tiled route (its VAE's), or None where none were measured."""
+    route = data.measured.route
+    return route if route is not None and model.key in route.models else None
+
+
+def route_stages(data: BudgetData, request: Request, era: Era, config: str, base: RouteBase | None,
+                 cores: int | None = None) -> tuple[tuple[Stage, ...], tuple[Stage, ...]]:
+    """The stages before the refinement and after it, priced on the request's GPU: ((generate, decode_base, upscale,
+    encode), (decode, save)); the generation's three only where the template's `base` is known, none where the
+    model's VAE was not measured. The host's stages at `cores` (None: the measuring host's)."""
+    route, model, gpu, canvas = route_of(data, request.model), request.model, request.gpu, request.canvas
+    if route is None:
+        return (), ()
+    on = ("measured" if gpu.key == route.gpu
+          else f"projected by bf16 peak from the {data.gpus[route.gpu].name}'s measurement")
+    cores = cores or route.host_cores
+    host = f"host, {cores} cores" + (" as measured" if cores == route.host_cores
+                                     else f", projected from {route.host_cores} measured")
+    before = []
+    if base is not None:
+        work, priced = price_all(request, data, era, base.canvas)
+        chosen = next((p for p in runnable(priced) if p.config == config), None) or min(
+            runnable(priced) or priced[:1], key=lambda p: p.forward_s)
+        generate = chosen.forward_s * request.cfg_forwards * base.steps
+        before.append(Stage("generate", "KSampler", generate, f"{base.canvas.label}, {base.steps} steps, "
+                                                               f"{chosen.config}"))
+        decoded = vae_work(route, model, base.canvas, decode=True, tiled=False)
+        before.append(Stage("decode_base", "VAEDecode", vae_seconds(decoded, route.decode, gpu),
+                            f"VAE, {base.canvas.label} whole, {on}"))
+        before.append(Stage("upscale", "ImageScale", host_seconds(route.upscale, canvas, cores), host))
+    encoded, decoded = (vae_work(route, model, canvas, decode=False), vae_work(route, model, canvas, decode=True))
+    tiles = f"{encoded.tiles} tiles of {route.vae_tile_px} px"
+    before.append(Stage("encode", "TiledVAEEncode", vae_seconds(encoded, route.encode, gpu), f"VAE, {tiles}, {on}"))
+    after = (Stage("decode", "TiledVAEDecode", vae_seconds(decoded, route.decode, gpu), f"VAE, {tiles}, {on}"),
+             Stage("save", "SaveImagePNG", host_seconds(route.save, canvas, cores), host))
+    return tuple(before), after
+
+
 @dataclass(frozen=True)
 class TiledRoute:
     """One tile size as the Tiled Sampling node would run it: its tiles and batch, its peak, and where it fits the
-    fastest config's cost for every step of the route."""
+    fastest config's cost for every step of the refinement, and the route's other stages (`stages`, in the order
+    the template runs them, the refinement among them; `seconds` their sum)."""
     node: str | None                     # "Tiled Sampling", or None where no node of the pack tiles the model
     tile_px: int
     overlap_px: int
@@ -268,13 +416,20 @@ class TiledRoute:
     steps: int
     config: str | None = None
     seconds_per_tile: float | None = None     # all steps
-    seconds: float | None = None
-    stock_seconds: float | None = None
+    seconds: float | None = None              # the whole route: every stage
+    stock_seconds: float | None = None        # the whole route with a stock refinement
+    refine_seconds: float | None = None
+    stages: tuple[Stage, ...] = ()
 
     @property
     def settings(self) -> dict:
         """The node's inputs for this route."""
         return {"tile_px": self.tile_px, "overlap_px": self.overlap_px, "tile_batch": self.batch}
+
+    @property
+    def fixed_seconds(self) -> float:
+        """The stages whose time does not depend on the refinement's steps."""
+        return (self.seconds or 0.0) - (self.refine_seconds or 0.0)
 
     def as_json(self) -> dict:
         out = {"node": self.node, "tile_px": self.tile_px, "overlap_px": self.overlap_px, "tiles": self.tiles,
@@ -282,7 +437,8 @@ class TiledRoute:
                "peak_bytes": self.peak_bytes, "fits": self.fits, "settings": self.settings, "steps": self.steps}
         if self.fits:
             out.update({"config": self.config, "seconds_per_tile": self.seconds_per_tile, "seconds": self.seconds,
-                        "stock_seconds": self.stock_seconds})
+                        "stock_seconds": self.stock_seconds, "refine_seconds": self.refine_seconds,
+                        "stages": [stage.as_json() for stage in self.stages]})
         return out
 
 
@@ -302,10 +458,11 @@ def tile_shape(model: Model, tile_px: int, overlap_px: int, plan_module, known) 
                                   mine.max_batch if mine else 1)
 
 
-def tiled_routes(data: BudgetData, request: Request, era: Era) -> list[TiledRoute]:
+def tiled_routes(data: BudgetData, request: Request, era: Era, base: RouteBase | None = None,
+                 cores: int | None = None) -> list[TiledRoute]:
     """Each tile size of the model's list smaller than the canvas, as the Tiled Sampling node would run it: the tiles
-    and the batch its planner chooses in the memory beside the weights, and the fastest config's cost for the
-    request's route steps."""
+    and the batch its planner chooses in the memory beside the weights, the fastest config's cost for the request's
+    route steps, and the route's other stages (route_stages; `base`: the template's generation)."""
     plan_module, known = _tiling()
     canvas, overlap, reserve = request.canvas, data.measured.tile_overlap_px, data.measured.reserve_bytes
     tokens = token_counts(request.model, canvas)
@@ -330,9 +487,15 @@ def tiled_routes(data: BudgetData, request: Request, era: Era) -> list[TiledRout
         if fits:
             per_tile = best.forward_s * request.cfg_forwards * steps
             stock = priced[0]
-            cost = {"config": best.config, "seconds_per_tile": per_tile, "seconds": per_tile * count,
-                    "stock_seconds": (stock.forward_s * request.cfg_forwards * steps * count
-                                      if stock in can_run else None)}
+            before, after = route_stages(data, request, era, best.config, base, cores)
+            refine = Stage("refine", "KSampler", per_tile * count,
+                           f"Tiled Sampling, {count} tiles, {steps} steps, {best.config}")
+            stages = (*before, refine, *after)
+            other = sum(stage.seconds for stage in before + after)
+            cost = {"config": best.config, "seconds_per_tile": per_tile, "seconds": per_tile * count + other,
+                    "stock_seconds": (stock.forward_s * request.cfg_forwards * steps * count + other
+                                      if stock in can_run else None),
+                    "refine_seconds": per_tile * count, "stages": stages}
         routes.append(TiledRoute(node, tile, overlap, count, settings.batch, settings.tile_bytes,
                                  weights + settings.batch * settings.tile_bytes + reserve, fits, steps, **cost))
     return routes

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from applier.budget.records import (GIB, BlockGroup, BudgetData, Efficiency, Era, Gpu, Linear, Measured, Model,
-                                    Vae)
+                                    RouteStages, Vae, VaeLayers)
 from applier.errors import RefusedError
 from applier.resources import OVERLAYS_DIR, PACK_PACKAGE
 
@@ -153,6 +153,23 @@ def _attention_efficiency(row: _Reader) -> Efficiency:
     return Efficiency(row.get("value", float), row.get("from", str), tokens, tuple(points))
 
 
+def _route(row: _Reader, gpus: dict) -> RouteStages:
+    """efficiency.toml [route]: the tiled route's stages around the refinement, measured on their own GPU."""
+    gpu = row.get("measured_on", str)
+    if gpu not in gpus:
+        raise BudgetDataError(f"{row.where}: measured_on {gpu!r} is not a row of gpus.toml")
+    vae, tiles, host = row.sub("vae"), row.sub("vae_tiles"), row.sub("host")
+    mult = vae.get("ch_mult", list)
+    if not mult or not all(type(m) is int and m > 0 for m in mult):
+        raise BudgetDataError(f"{vae.where}: ch_mult must be positive integers, got {mult!r}")
+    layers = VaeLayers(vae.get("ch", int), tuple(mult), vae.get("num_res_blocks", int), vae.get("z_channels", int),
+                       vae.get("image_channels", int), vae.get("source", str))
+    return RouteStages(gpu, tuple(vae.get("models", list)), layers, tiles.get("tile_px", int),
+                       tiles.get("overlap_px", int), tiles.get("source", str), _efficiency(row.sub("encode")),
+                       _efficiency(row.sub("decode")), host.get("cores", int), host.get("source", str),
+                       _efficiency(row.sub("upscale")), _efficiency(row.sub("save")))
+
+
 def _measured(table: dict, where: str, gpus: dict) -> Measured:
     top = _Reader(table, where)
     gpu = top.get("measured_on", str)
@@ -181,7 +198,8 @@ def _measured(table: dict, where: str, gpus: dict) -> Measured:
                     quantize.get("bytes_per_element", float), backends, projection, tuple(eras),
                     int(reserve.get("gib", float) * GIB), reserve.get("from", str), tiling.get("overlap_px", int),
                     tiling.get("source", str), vae_tiled.get("tile_px", int), vae_tiled.get("overlap_px", int),
-                    vae_tiled.get("source", str), pillow.get("max_image_pixels", int), pillow.get("source", str))
+                    vae_tiled.get("source", str), pillow.get("max_image_pixels", int), pillow.get("source", str),
+                    _route(top.sub("route"), gpus) if "route" in table else None)
 
 
 def load_budget_data(folder: Path = DATA_DIR, models_path: Path = MODELS_TABLE) -> BudgetData:

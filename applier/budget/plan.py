@@ -1,16 +1,19 @@
 """The budget of one request, built in one step from the cost model and the verdict's rules: Budget, the report that
 `applier budget` prints (report.py) and writes as JSON (Budget.as_json; docs/budget.md describes every key).
 
-Pure: nothing here reads a file or prints.
+Nothing here prints; the one file it reads is the pack's tiled template (template.py), for the generation a tiled
+route starts from (its base size and steps).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from applier.budget.cost import (Priced, TiledRoute, Work, activation_bytes, hidden_state_bytes, output_image_bytes,
-                                 price_all, text_in_stream, tiled_routes, vae_decode_bytes, weight_bytes)
+from applier.budget.cost import (Priced, RouteBase, TiledRoute, Work, activation_bytes, hidden_state_bytes,
+                                 output_image_bytes, price_all, text_in_stream, tiled_routes, vae_decode_bytes,
+                                 weight_bytes)
 from applier.budget.inputs import era_for
-from applier.budget.records import FAMILY_WORDS, BudgetData, Era, Request, TargetCaps
+from applier.budget.records import FAMILY_WORDS, BudgetData, Canvas, Era, Model, Request, TargetCaps
+from applier.budget.template import template_for
 from applier.budget.verdict import CapsVerdict, NativeOption, Verdict, VerdictKind, caps_verdict, decide
 
 
@@ -84,6 +87,7 @@ class Budget:
     caps: CapsVerdict
     routes: tuple[TiledRoute, ...]
     verdict: Verdict
+    route_models: tuple[str, ...] = ()  # the models whose route's other stages (VAE, host) are measured
 
     @property
     def measured(self) -> bool:
@@ -154,12 +158,21 @@ def _native(configs: tuple[ConfigCost, ...]) -> list[NativeOption]:
             for c in configs if c.seconds_per_generation is not None]
 
 
+def route_base(data: BudgetData, model: Model) -> RouteBase | None:
+    """The generation the pack's tiled template for the model starts from (its size and steps), None without one."""
+    template = template_for(data, model)
+    if template is None or template.base is None:
+        return None
+    width, height, steps = template.base
+    return RouteBase(Canvas(width, height), steps)
+
+
 def _priced(data: BudgetData, request: Request):
     """(era, why, work, configs, routes) of a request: the cost model's part of a budget."""
     era, era_why = era_for(data.measured, request.comfyui_version)
     work, priced = price_all(request, data, era, request.canvas)
     configs = _configs(priced, request, _basis(data, request))
-    return era, era_why, work, configs, tiled_routes(data, request, era)
+    return era, era_why, work, configs, tiled_routes(data, request, era, route_base(data, request.model))
 
 
 def in_reach_seconds(data: BudgetData, request: Request) -> float | None:
@@ -188,4 +201,4 @@ def plan_budget(data: BudgetData, request: Request, caps: TargetCaps | None = No
                     measured.vae_tile_overlap_px, output_image_bytes(canvas),
                     f"{model.vae.source}; {measured.vae_tiled_source}")
     return Budget(request, _basis(data, request), era, era_why, work, configs, memory, vae, caps_found,
-                  tuple(routes), verdict)
+                  tuple(routes), verdict, measured.route.models if measured.route else ())

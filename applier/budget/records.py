@@ -145,6 +145,38 @@ class Era:
 
 
 @dataclass(frozen=True)
+class VaeLayers:
+    """A 2-D AutoencoderKL as its widths (comfy/ldm/modules/diffusionmodules/model.py Encoder and Decoder): `ch`
+    channels at full resolution times `ch_mult` per level, `num_res_blocks` ResnetBlocks per level (the decoder one
+    more), one attention block at the lowest level, `z_channels` latent channels."""
+    ch: int
+    ch_mult: tuple[int, ...]
+    num_res_blocks: int
+    z_channels: int
+    image_channels: int
+    source: str
+
+
+@dataclass(frozen=True)
+class RouteStages:
+    """The tiled route's stages around the refinement (efficiency.toml [route]), measured on `gpu`: the tiled VAE's
+    encode and decode as fractions of that GPU's bf16 peak over the VAE's convolution FLOPs, the host's stages
+    (ImageScale, the PNG save) as core-seconds per megapixel on `host_cores` cores."""
+    gpu: str
+    models: tuple[str, ...]              # the models whose route runs this VAE
+    vae: VaeLayers
+    vae_tile_px: int
+    vae_overlap_px: int
+    vae_settings_source: str
+    encode: Efficiency
+    decode: Efficiency
+    host_cores: int
+    host_cores_source: str
+    upscale: Efficiency
+    save: Efficiency
+
+
+@dataclass(frozen=True)
 class Measured:
     gpu: str                     # the key of the GPU the efficiencies were measured on
     gemm_bf16: Efficiency
@@ -163,6 +195,7 @@ class Measured:
     vae_tiled_source: str
     pillow_max_image_pixels: int
     pillow_source: str
+    route: RouteStages | None = None     # the route's other stages; None: the refinement only
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ line when none of them fits; with verbose every config, every node cap and every
 from __future__ import annotations
 
 from applier.budget.plan import Budget
-from applier.budget.verdict import duration_words, human_bytes, human_seconds, node_caps_words, route_words
+from applier.budget.verdict import (duration_words, human_bytes, human_seconds, node_caps_words, route_cost_words,
+                                    route_words)
 
 FP8_ASSUMES = ("FP8 times are device time, as measured with --disable-dynamic-vram; under DynamicVRAM small canvases "
                "are host-bound and slower (benchmarks/results/budget-validation.json)")
@@ -31,18 +32,40 @@ def report_lines(budget: Budget, verbose: bool = False) -> list[str]:
     lines += _work_lines(budget)
     lines += _config_lines(budget, verbose)
     for route in budget.routes:
-        cost = (f"{human_seconds(route.seconds)} with {route.config} for {route.steps} steps, peak "
-                f"{human_bytes(route.peak_bytes)}" if route.fits else "does not fit in memory")
+        cost = (f"{route_cost_words(route)}, peak {human_bytes(route.peak_bytes)}" if route.fits
+                else "does not fit in memory")
         lines.append(_line("tiled route", f"{route_words(route)}: {cost}"))
+    lines += _stage_lines(budget)
     lines += _caps_lines(budget, verbose)
     return lines
+
+
+STAGE_WORDS = {"decode_base": "base decode", "refine": "refinement"}
+
+
+def _stage_lines(budget: Budget) -> list[str]:
+    """The stages of the verdict's route (else of the fastest that fits) in one line, and what they rest on."""
+    fitting = [r for r in budget.routes if r.fits]
+    if not fitting:
+        return []
+    route = budget.verdict.tile or min(fitting, key=lambda r: r.seconds)
+    if route.fixed_seconds <= 0:
+        return [_line("route stages", f"the refinement only: the route's other stages are measured for "
+                                      f"{', '.join(budget.route_models) or 'no model'}'s VAE")]
+    stages = ", ".join(f"{STAGE_WORDS.get(s.name, s.name)} {human_seconds(s.seconds)}" for s in route.stages)
+    rests = {s.name: s.basis for s in route.stages}
+    return [_line("route stages", f"{route.tile_px} px tiles, {human_seconds(route.seconds)}: {stages} "
+                                  f"(VAE {rests['encode'].split(', ')[-1]}; {rests['save']})")]
 
 
 def _verdict_lines(budget: Budget) -> list[str]:
     verdict = budget.verdict
     within = duration_words(budget.request.within_s)
     head = verdict.kind.upper()
-    if verdict.config:
+    if verdict.tile is not None and verdict.tile.fixed_seconds > 0:
+        head += (f" with {verdict.config}, {human_seconds(verdict.seconds)} end to end ({verdict.steps} refinement "
+                 "steps)")
+    elif verdict.config:
         head += f" with {verdict.config}, {human_seconds(verdict.seconds)} for {verdict.steps} steps"
     lines = [_line("verdict", f"{head} (within {within})")]
     lines += [f"  {reason}" for reason in verdict.reasons]

@@ -23,6 +23,7 @@ MAX_TEMPLATE_BYTES = 1024 * 1024        # a workflow of a few dozen nodes is ten
 TILED_NODE = "TiledSampling"
 SAMPLER = "KSampler"                   # widgets: seed, control, steps, cfg, sampler, scheduler, denoise
 LOADERS = {"UNETLoader": 0, "CheckpointLoaderSimple": 0}      # the widget that names the model file
+LATENTS = ("EmptySD3LatentImage", "EmptyLatentImage")          # widgets: width, height, batch size
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class TemplateSteps:
     model_file: str              # what its loader loads, "flux1-dev.safetensors"
     steps: int
     denoise: float
+    base: tuple[int, int, int] | None = None     # the generation the route starts from: width, height, steps
 
     def words(self) -> str:
         return f"the {self.name} template's refinement at denoise {self.denoise:g}"
@@ -51,7 +53,7 @@ def tiled_templates(pack_dir: Path = OVERLAYS_DIR) -> list[TemplateSteps]:
             continue
         steps = _tiled_sampler(workflow) if isinstance(workflow, dict) else None
         if steps is not None:
-            found.append(TemplateSteps(path.stem, _model_file(workflow), *steps))
+            found.append(TemplateSteps(path.stem, _model_file(workflow), *steps, base=_base(workflow)))
     return found
 
 
@@ -98,4 +100,19 @@ def _tiled_sampler(workflow: dict) -> tuple[int, float] | None:
                 if type(steps) is int and steps >= 1 and isinstance(denoise, (int, float)):
                     return steps, float(denoise)
             reached.append(target)
+    return None
+
+
+def _base(workflow: dict) -> tuple[int, int, int] | None:
+    """(width, height, steps) of the generation the route starts from: the KSampler an empty latent feeds."""
+    nodes = _nodes(workflow)
+    links = [link for link in workflow.get("links") or [] if isinstance(link, list) and len(link) >= 6]
+    for _, source, _, target, _, kind in (link[:6] for link in links):
+        latent, sampler = nodes.get(source, {}), nodes.get(target, {})
+        if kind != "LATENT" or latent.get("type") not in LATENTS or sampler.get("type") != SAMPLER:
+            continue
+        size, widgets = latent.get("widgets_values"), sampler.get("widgets_values")
+        if (isinstance(size, list) and len(size) >= 2 and isinstance(widgets, list) and len(widgets) >= 3
+                and all(type(v) is int and v >= 1 for v in (size[0], size[1], widgets[2]))):
+            return size[0], size[1], widgets[2]
     return None

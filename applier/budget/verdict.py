@@ -77,6 +77,15 @@ def route_words(route: TiledRoute) -> str:
             f"{route.tiles} tiles")
 
 
+def route_cost_words(route: TiledRoute) -> str:
+    """A fitting route's time: the whole route's, and its refinement's where other stages are priced."""
+    refine = f"{route.config}, {route.steps} steps"
+    if route.fixed_seconds <= 0:
+        return f"{human_seconds(route.seconds)} ({refine})"
+    return (f"{human_seconds(route.seconds)} end to end ({len(route.stages)} stages; the refinement "
+            f"{human_seconds(route.refine_seconds)} with {refine})")
+
+
 # ---------------------------------------------------------------- caps
 
 # An input that sets a side of the canvas: width, height, a MAX_RESOLUTION of the node's own (not resolution_steps,
@@ -256,8 +265,7 @@ def decide(request: Request, native: list[NativeOption], routes: list[TiledRoute
         reasons.append("native: no config's time is predicted for this model on this GPU")
     if in_time:
         route = in_time[0]          # the largest tile that finishes in time: fewest seams
-        reasons.append(f"tiled: {route_words(route)} finish in {human_seconds(route.seconds)} with {route.config} "
-                       f"({route.steps} steps)")
+        reasons.append(f"tiled: {route_words(route)}: {route_cost_words(route)}")
         fastest = min(fitting, key=lambda r: r.seconds)
         if fastest is not route:
             reasons.append(f"{route.tile_px} px tiles over the faster {fastest.tile_px} px "
@@ -267,13 +275,13 @@ def decide(request: Request, native: list[NativeOption], routes: list[TiledRoute
                        tuple(reasons + cap_words))
     if fitting:
         cheapest = min(fitting, key=lambda r: r.seconds)
-        reasons.append(f"tiled: the fastest route ({route_words(cheapest)}, {cheapest.config}) takes "
-                       f"{human_seconds(cheapest.seconds)} for {cheapest.steps} steps")
+        reasons.append(f"tiled: the fastest route ({route_words(cheapest)}) takes {route_cost_words(cheapest)}")
     elif routes:
         reasons.append("tiled: no tile size of the model's fits in memory")
     else:
         reasons.append("tiled: the canvas is no larger than the model's tiles")
-    options = [(n.seconds, request.steps) for n in runnable] + [(r.seconds, r.steps) for r in fitting]
+    options = [(n.seconds, request.steps, 0.0) for n in runnable] + [(r.seconds, r.steps, r.fixed_seconds)
+                                                                       for r in fitting]
     advice = _advice(request, min(options) if options else None, alternative, other_gpus)
     return Verdict(VerdictKind.OUT_OF_REACH, None, None, None, None, tuple(reasons + cap_words), advice)
 
@@ -286,16 +294,16 @@ def _cap_reasons(caps: CapsVerdict) -> list[str]:
             "(the commands below)"]
 
 
-def _advice(request: Request, fastest: tuple[float, int] | None, alternative: Alternative | None,
+def _advice(request: Request, fastest: tuple[float, int, float] | None, alternative: Alternative | None,
             other_gpus: tuple) -> tuple[str, ...]:
-    """What reaches the canvas within the time given, each change priced: more time, fewer steps, a smaller canvas,
-    another GPU."""
+    """What reaches the canvas within the time given, each change priced: more time, fewer steps (the route's stages
+    other than the steps, `fastest`'s third, stay), a smaller canvas, another GPU."""
     within = request.within_s
     advice = []
     if fastest is not None:
-        seconds, steps = fastest
+        seconds, steps, fixed = fastest
         advice.append(f"--within {duration_option(seconds)}")
-        fewer = math.floor(within / (seconds / steps))
+        fewer = math.floor((within - fixed) / ((seconds - fixed) / steps))
         if 1 <= fewer < steps:
             advice.append(f"--steps {fewer} (of {steps})")
     if alternative is None:
