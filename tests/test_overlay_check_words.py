@@ -2,7 +2,8 @@
 
 The ComfyUI-shaped trees of tests/test_overlay_check.py are dressed as the two real releases README's model table
 describes: 0.3.64 (the block code the pack's block forwards copy, cuDNN first in the SDPA order, Chroma with blocks
-of its own) and 0.33.0 (comfy-kitchen's RoPE, FLASH first, Flux.2 and Z-Image). A variants.json of the test's own
+of its own) and 0.33.0 (comfy-kitchen's RoPE, FLASH first, Flux.2, Z-Image, HunyuanImage 2.1, SD3.5, HiDream-I1 and
+Kandinsky 5). A variants.json of the test's own
 records their fingerprints under those releases, as a maintainer records a real one, so that each fixture tree gets
 the verdicts the real tree gets. Where a real release's tree sits in the checkout (`.realcomfy/0.33.0`,
 `.realcomfy/0.3.64`, never committed), README's table is held against it too.
@@ -25,8 +26,10 @@ RELEASES = {"0.3.64": "0.3", "0.33.0": "2026"}        # release -> the fixture e
 SDPA = {"0.3.64": "SDPA_BACKEND_PRIORITY = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]\n"
                   "SDPA_BACKEND_PRIORITY.insert(0, SDPBackend.CUDNN_ATTENTION)\n",
         "0.33.0": "SDPA_BACKEND_PRIORITY = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]\n"}
-MODEL_CLASSES = {"0.3.64": ("Flux", "Chroma", "HunyuanVideo", "WAN22_T2V", "QwenImage", "Lumina2"),
-                 "0.33.0": ("Flux", "Flux2", "Chroma", "HunyuanVideo", "WAN22_T2V", "QwenImage", "Lumina2", "ZImage")}
+MODEL_CLASSES = {"0.3.64": ("Flux", "Chroma", "HunyuanVideo", "WAN22_T2V", "QwenImage", "Lumina2", "HunyuanImage21",
+                            "SD3", "HiDream"),
+                 "0.33.0": ("Flux", "Flux2", "Chroma", "HunyuanVideo", "WAN22_T2V", "QwenImage", "Lumina2", "ZImage",
+                            "HunyuanImage21", "SD3", "HiDream", "Kandinsky5")}
 STACK = '''
 import torch.nn as nn
 
@@ -54,6 +57,9 @@ def write_release_tree(root: Path, release: str) -> Path:
         "comfy/supported_models.py": "".join(f"class {name}:\n    pass\n\n\n" for name in MODEL_CLASSES[release]),
         "comfy/ldm/qwen_image/model.py": STACK.format(name="QwenImageTransformer2DModel"),
         "comfy/ldm/lumina/model.py": STACK.format(name="NextDiT"),
+        "comfy/ldm/modules/diffusionmodules/mmdit.py": STACK.format(name="MMDiT"),
+        "comfy/ldm/hidream/model.py": STACK.format(name="HiDreamImageTransformer2DModel"),
+        "comfy/ldm/kandinsky5/model.py": STACK.format(name="Kandinsky5"),
         "comfy/ldm/chroma/model.py": ("from .layers import DoubleStreamBlock\n" if release == "0.3.64" else
                                       "from comfy.ldm.flux.layers import DoubleStreamBlock\n"),
         "comfy/ldm/chroma/layers.py": CHROMA_LAYERS,

@@ -9,7 +9,7 @@ loaded by path), then compared with the releases the pack records in `fused_dit/
 so both say the same thing about the same code.
 
 Per model family present in the tree (Flux.1, Flux.2, Chroma, HunyuanVideo, Wan 2.1/2.2, Qwen-Image, Lumina 2 /
-Z-Image) and per op family (norm_rope, adaln, gate, fp8_linear, attention): whether it runs (the variant and the
+Z-Image, HunyuanImage 2.1, SD3.5, HiDream-I1, Kandinsky 5) and per op family (norm_rope, adaln, gate, fp8_linear, attention): whether it runs (the variant and the
 release it was verified on; for attention, the release's SDPA order read from comfy/ops.py), in the user's words
 ("label" and "says": the model, the ComfyUI release, the kernel; what `overlay check` prints), with the internal
 ids kept for --json and --verbose ("variant", "short", and the long "reason" with the differing code). FP8 reaches
@@ -65,6 +65,14 @@ MODEL_FAMILIES = (
     ModelFamily("Qwen-Image", "comfy/ldm/qwen_image/model.py", None, None, "QwenImage", _NO_BLOCKS),
     ModelFamily("Lumina 2", "comfy/ldm/lumina/model.py", None, None, "Lumina2", _NO_BLOCKS),
     ModelFamily("Z-Image", "comfy/ldm/lumina/model.py", None, None, "ZImage", _NO_BLOCKS),
+    ModelFamily("HunyuanImage 2.1", "comfy/ldm/hunyuan_video/model.py", "DoubleStreamBlock", "flux_block_forward_0.3",
+                "HunyuanImage21"),
+    ModelFamily("SD3", "comfy/ldm/modules/diffusionmodules/mmdit.py", None, None, "SD3", _NO_BLOCKS,
+                title="SD3.5", no_variant_says="its MMDiT joint blocks are neither Flux's nor Wan's"),
+    ModelFamily("HiDream", "comfy/ldm/hidream/model.py", None, None, "HiDream", _NO_BLOCKS, title="HiDream-I1",
+                no_variant_says="its mixture-of-experts blocks are neither Flux's nor Wan's"),
+    ModelFamily("Kandinsky 5", "comfy/ldm/kandinsky5/model.py", None, None, "Kandinsky5", _NO_BLOCKS,
+                no_variant_says="its blocks are neither Flux's nor Wan's"),
     ModelFamily("Qwen-Image 2.1", "comfy/ldm/qwen_image21/model.py", None, None, None,
                 "its blocks call comfy-kitchen's rms_rope and adaln directly and add the gate inline: the block "
                 "families have no seam there and stay stock (fp8_linear and attention reach it through ComfyUI's "
