@@ -208,6 +208,45 @@ def test_the_tiled_route_is_the_tiled_sampling_node_as_its_planner_plans_it(comf
     assert all(r["node"] is None for r in sdxl["tiled_routes"])
 
 
+def _tiled_models() -> list[str]:
+    from applier.resources import load_pack_module
+    return list(load_pack_module("tiling.models").MODELS)
+
+
+@pytest.mark.parametrize("key", _tiled_models())
+def test_every_model_the_node_tiles_is_priced_natively_and_tiled_at_8192(comfy, key):
+    """The budget's models are the pack's table (overlays/fused_dit/models.json): each model the Tiled Sampling node
+    tiles is priced at 8192x8192 natively and by the node's tiles, at its own latent factor, channels and patch, with
+    the tile count the node's planner cuts."""
+    from applier.resources import load_pack_module
+    plan, models = load_pack_module("tiling.plan"), load_pack_module("tiling.models")
+    shape = models.MODELS[key]
+    out = report(comfy, "--model", key, "--size", "8192x8192", "--gpu", "h200", "--within", "1000h")
+    latent = out["tokens"]["latent"]
+    assert (latent["width"], latent["channels"]) == (8192 // shape.vae_factor, shape.latent_channels)
+    side = 8192 // shape.vae_factor // shape.patch
+    assert out["tokens"]["image"] == side * side * latent["frames"]
+    assert out["verdict"]["kind"] in VERDICTS and out["configs"]
+    routes = {r["tile_px"]: r for r in out["tiled_routes"]}
+    assert routes and all(r["node"] == "Tiled Sampling" for r in routes.values())
+    for tile_px, route in routes.items():
+        layout = plan.plan(latent["height"], latent["width"], tile_px // shape.vae_factor,
+                           route["overlap_px"] // shape.vae_factor, align=shape.patch)
+        assert route["tiles"] == layout.count, (key, tile_px)
+
+
+def test_flux2_is_priced_at_its_own_latent_and_tokens(comfy):
+    """FLUX.2 [dev]: 1/16 latent of 128 channels, patch 1, so 8192 px is 512 x 512 tokens, as many as FLUX.1 at
+    8192 px gets from its 1/8 latent and patch 2; its 32B weights (6144 wide) make each token dearer."""
+    flux2 = report(comfy, "--model", "flux2-dev", "--size", "8192x8192", "--gpu", "h200", "--within", "1000h")
+    flux1 = report(comfy, "--model", "flux-dev", "--size", "8192x8192", "--gpu", "h200", "--within", "1000h")
+    assert flux2["tokens"]["image"] == flux1["tokens"]["image"] == 512 * 512
+    assert flux2["tokens"]["latent"]["channels"] == 128 and flux2["tokens"]["text"] == 512
+    assert flux2["memory"]["weights_bf16_bytes"] > 2.5 * flux1["memory"]["weights_bf16_bytes"]
+    tiled = {r["tile_px"]: r for r in flux2["tiled_routes"]}
+    assert tiled[1024]["tiles"] == 81 and tiled[1024]["node"] == "Tiled Sampling"
+
+
 def test_fp8_is_not_offered_where_the_gpu_has_no_fp8_tensor_cores(comfy):
     configs = {c["config"]: c for c in report(comfy, "--model", "flux-dev", "--size", "1024x1024",
                                               "--gpu", "rtx-3090")["configs"]}
