@@ -34,6 +34,8 @@ COMMANDS = {
         "comfyui-sweep": ("sweep", "apply / status / revert over a ComfyUI mirror's history, byte-identical"),
         "node-pack": ("node_pack", "the node pack cloned as ComfyUI-Manager does into a real release, on the CPU"),
         "budget": ("budget", "applier budget's predictions against the committed H200 runs (--check: efficiencies)"),
+        "model-table": ("model_table", "the pack's model table against a real ComfyUI tree's own classes and "
+                        "detection, on the CPU"),
     },
     "upstream": {
         "torch": ("fetch_torch", "fill the torch upstream cache (torch/cuda files per release)"),

@@ -445,6 +445,9 @@ def run(args, parser=None) -> int:
                   "gpu": "none (CPU)", "eras": eras}
         if args.with_gpu:
             result["rope_seam_on_gpu"] = json.loads(args.with_gpu.read_text())
+        previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        if "model_table" in previous:          # `validate model-table`'s section of the file, kept
+            result["model_table"] = previous["model_table"]
         write_json(result, args.out, expanded_depth=ERAS_EXPANDED_DEPTH)
     return 0
 

@@ -171,7 +171,10 @@ KINDS: dict[str, Kind] = {
         "the overlay's variants on real ComfyUI trees (0.3.64, 0.8.0, 0.24.1, 0.33.0) and the assembled 0.38.1: "
         "`applier overlay check` per "
         "model and op family, the node's run-time recognition, exactness and attn1_patch on each tree's own blocks "
-        "(CPU, fp32), and the RoPE seam against comfy-kitchen 0.2.31 on the H200 (bits, ulp, ms)",
+        "(CPU, fp32), and the RoPE seam against comfy-kitchen 0.2.31 on the H200 (bits, ulp, ms); `model_table`: "
+        "the pack's model table (overlays/fused_dit/models.json) against the 0.33.0 tree, each model the node tiles "
+        "built at full size on the meta device by the release's own class and put through its model detection "
+        "(python -m benchmarks validate model-table --comfyui TREE --deps DIR --into THIS FILE)",
         "", "", CPU),
     "assembled-tree-0.38.1.json": Kind(
         "the provenance of the assembled newest tree: every file of the real 0.33.0 tree plus the files a code index "

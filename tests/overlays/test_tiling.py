@@ -547,6 +547,24 @@ def test_one_table_serves_the_node_and_applier_budget():
     assert all(entry.get("untiled") for entry in untiled.values()), untiled.keys()
 
 
+def test_the_table_agrees_with_the_real_0_33_0_classes_and_detection():
+    """benchmarks/results/overlay-eras.json `model_table` (python -m benchmarks validate model-table on the real
+    0.33.0 tree): every model the node tiles, built at full size by the release's own class and put through its model
+    detection, is what the table says (supported_models class, image_model, width, latent, patch), and a parameter
+    count the table cites from there is the counted one."""
+    import json
+    import re
+    report = json.loads((REPO / "benchmarks" / "results" / "overlay-eras.json").read_text())["model_table"]
+    rows = report["models"]
+    assert report["comfyui"] == "0.33.0"
+    assert {row["model"] for row in rows if row["agrees"]} == set(models.MODELS)
+    for key, entry in models.TABLE_ENTRIES.items():
+        cited = re.match(r"counted: overlay-eras.json model_table.models\[(\d+)\]", entry["parameters_source"])
+        if cited:
+            row = rows[int(cited.group(1))]
+            assert (row["model"], row["found"]["parameters"]) == (key, entry["parameters"])
+
+
 def test_the_node_module_and_the_planner_import_no_torch():
     import subprocess
     code = ("import sys; sys.path.insert(0, 'overlays'); import comfyui_fused_dit.tiled_sampling, "
