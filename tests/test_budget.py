@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from applier import budget
 from applier.budget.data import DATA_DIR, BudgetDataError, load_budget_data
+from applier.budget.records import config_words
 from applier.cli import cli
 from applier.errors import EXIT_REFUSED, EXIT_USAGE
 from tests.fixtures.comfy_tree import build_comfy_tree
@@ -414,7 +415,8 @@ def test_malformed_values_are_usage_errors(comfy, args):
     ("--size", "65537", "from 16 to 65536"), ("--steps", "0", "from 1 to 10000"),
     ("--steps", "10001", "from 1 to 10000"), ("--frames", "0", "from 1 to 16384"),
     ("--frames", "16385", "from 1 to 16384"), ("--cfg", "101", "from 0 to 100"),
-    ("--within", "0.5s", "from 1 s to 1000 h"), ("--within", "1001h", "from 1 s to 1000 h")])
+    ("--within", "0.5s", "from 1 s to 1000 h"), ("--within", "1001h", "from 1 s to 1000 h"),
+    ("--cpu-cores", "0", "from 1 to 1024"), ("--cpu-cores", "1025", "from 1 to 1024")])
 def test_every_numeric_option_outside_its_range_is_a_usage_error_stating_the_range(comfy, option, value, stated):
     """Refused before any work (a 10000000 px side used to be priced, growing past 3.7 GB of memory)."""
     result = invoke("--target", str(comfy), "--model", "wan", "--size", "832x480", "--gpu", KNOWN_GPU,
@@ -497,7 +499,7 @@ def test_the_32k_report_fits_one_screen_with_the_verdict_first_and_its_caps_in_o
     verbose = text_lines(comfy, *args, "--verbose")
     assert sum("octree_resolution = 512" in line for line in verbose) == 1
     assert sum(" width = " in line for line in verbose) == 61
-    assert sum(line.lstrip().startswith("overlay_all_fp8") for line in verbose) == 1
+    assert sum(line.lstrip().startswith(config_words("overlay_all_fp8") + ":") for line in verbose) == 1
 
 
 def test_the_verdict_says_why_it_picks_the_largest_tile_over_a_faster_one(comfy):
@@ -575,7 +577,29 @@ def test_the_text_report_says_the_basis_the_verdict_and_each_config(comfy):
     result = invoke("--target", str(comfy), "--model", "flux-dev", "--size", "4096x4096", "--gpu", "l40s")
     assert result.exit_code == 0, result.output
     assert "projected from NVIDIA L40S's published peaks" in result.output
-    assert "verdict" in result.output and "overlay_all_fp8" in result.output and "tokens" in result.output
+    assert "verdict" in result.output and config_words("overlay_all_fp8") in result.output and "tokens" in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ("--model", "flux-dev", "--size", "1024", "--gpu", "rtx-4090"),                           # native, every config
+    ("--model", "flux-dev", "--size", "4096", "--gpu", "rtx-3090"),                           # FP8 not on this GPU
+    ("--model", "qwen-image", "--size", "2048", "--gpu", KNOWN_GPU),                          # FP8 not timed
+    ("--model", "flux-dev", "--size", "32768x18432", "--gpu", "h100-sxm", "--within", "1000h"),   # tiled
+    ("--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090")])                   # out of reach
+def test_the_text_report_names_what_runs_in_words_never_a_config_id(comfy, args):
+    """The configs are the benchmarks' ids (overlay_fp8...): the text says what runs, the JSON keeps the ids and
+    gives the words beside them."""
+    import re
+    text = "\n".join(text_lines(comfy, *args))
+    ids = [c for c in budget.CONFIGS if c != "stock"]          # "stock" is the user's word too: "stock ComfyUI"
+    assert re.findall(r"\b(?:" + "|".join(ids) + r")\b", text) == [], text
+    assert not re.search(r"\bstock[ :]+[0-9.]+ (?:s|min|h|d)\b", text), text     # a time after the bare id
+    assert "stock ComfyUI" in text or config_words("overlay_fp8") in text
+    result = report(comfy, *args)
+    for config in result["configs"]:
+        assert config["words"] == config_words(config["config"])
+    for route in (r for r in result["tiled_routes"] if r["fits"]):
+        assert route["config"] in budget.CONFIGS and route["words"] == config_words(route["config"])
 
 
 def test_the_budget_imports_no_torch(comfy):
@@ -660,16 +684,28 @@ def test_readmes_32k_figure_for_an_rtx_4090_is_what_the_command_prints(tmp_path)
     for figure, seconds in zip(quoted.groups(), (fastest["seconds"], fastest["refine_seconds"])):
         assert abs(float(figure) * 60 - seconds) <= 0.05 * seconds, (figure, seconds)
     assert (f"takes {fastest['seconds'] / 60:.1f} min end to end ({len(fastest['stages'])} stages; the refinement "
-            f"{fastest['refine_seconds'] / 60:.1f} min with {fastest['config']}, {fastest['steps']} steps)") in readme
+            f"{fastest['refine_seconds'] / 60:.1f} min with {fastest['words']}, {fastest['steps']} steps)") in readme
 
 
 def test_the_help_states_each_range_the_readers_hold():
     result = CliRunner().invoke(cli, ["budget", "--help"], terminal_width=200)
     text = " ".join(result.output.split())
-    for low, high in (budget.SIZE_RANGE, budget.FRAMES_RANGE, budget.STEPS_RANGE, budget.CFG_RANGE):
+    for low, high in (budget.SIZE_RANGE, budget.FRAMES_RANGE, budget.STEPS_RANGE, budget.CFG_RANGE,
+                      budget.CPU_CORES_RANGE):
         assert f"{low:g}-{high:g}" in text, (low, high)
     low, high = budget.WITHIN_RANGE_S
     assert f"{low:g} s to {high / 3600:g} h" in text
+    assert f"[default: {DATA.measured.route.host_cores}, those of the host the route was measured on" in text
+
+
+def test_the_help_lists_the_models_of_the_packs_model_table():
+    """--model's help names every key of overlays/fused_dit/models.json, read from it, as the refusal of an
+    unknown model does (test_an_unknown_model_is_exit_3_listing_the_known_ones)."""
+    from applier.budget.data import MODELS_TABLE
+    result = CliRunner().invoke(cli, ["budget", "--help"], terminal_width=400)
+    (model_help,) = [line for line in result.output.splitlines() if line.lstrip().startswith("--model")]
+    keys = list(json.loads(MODELS_TABLE.read_text()))
+    assert len(keys) > 5 and ", ".join(keys) in model_help, model_help
 
 
 # ---------------------------------------------------------------- the whole route
@@ -753,6 +789,28 @@ def test_host_stages_are_core_seconds_per_megapixel_on_the_measuring_hosts_cores
     _, doubled = cost.route_stages(DATA, request, era, "overlay_fp8", None, cores=2 * route.host_cores)
     assert [s.seconds for s in doubled if s.name == "save"] == [pytest.approx(save.seconds / 2)]
     assert f"{route.host_cores} cores" in save.basis
+
+
+def test_fewer_cpu_cores_make_the_host_stages_slower_and_the_default_is_the_measuring_hosts(comfy):
+    """The budget usually runs on another machine than ComfyUI's: --cpu-cores prices the host stages (ImageScale, the
+    PNG save) on that machine's cores; without it, on the measuring host's, which the report says."""
+    args = ("--model", "flux-dev", "--size", "32768x18432", "--gpu", "rtx-4090")
+    measured = DATA.measured.route.host_cores
+
+    def host_stages(result):
+        route = result["verdict"].get("tile") or min((r for r in result["tiled_routes"] if r["fits"]),
+                                                      key=lambda r: r["seconds"])
+        return {s["stage"]: s["seconds"] for s in route["stages"] if s["stage"] in ("upscale", "save")}, route
+    default, fewer = report(comfy, *args), report(comfy, *args, "--cpu-cores", "4")
+    assert default["cpu_cores"] is None and fewer["cpu_cores"] == 4
+    (base, base_route), (slower, slower_route) = host_stages(default), host_stages(fewer)
+    for stage in ("upscale", "save"):
+        assert slower[stage] == pytest.approx(base[stage] * measured / 4)
+    assert slower_route["seconds"] > base_route["seconds"]
+    (line,) = [x for x in text_lines(comfy, *args) if x.startswith("route stages")]
+    assert f"{measured} cores as measured" in line and "--cpu-cores N" in line
+    (line,) = [x for x in text_lines(comfy, *args, "--cpu-cores", "4") if x.startswith("route stages")]
+    assert f"4 cores, projected from {measured} measured" in line and "--cpu-cores N" not in line
 
 
 def test_a_model_without_a_measured_vae_route_is_priced_for_its_refinement_only(comfy):

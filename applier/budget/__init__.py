@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from applier.budget.cost import (Priced, TiledRoute, Tokens, Work, attention_seconds, forward_work, price,
                                  tiled_routes, token_counts)
-from applier.budget.inputs import (CFG_RANGE, FRAMES_RANGE, SIZE_RANGE, STEPS_RANGE, WITHIN_RANGE_S, choose_gpu,
-                                   era_for, find_gpu, find_model, parse_duration, parse_size)
+from applier.budget.inputs import (CFG_RANGE, CPU_CORES_RANGE, FRAMES_RANGE, SIZE_RANGE, STEPS_RANGE, WITHIN_RANGE_S,
+                                   choose_gpu, era_for, find_gpu, find_model, parse_duration, parse_size)
 from applier.budget.plan import Budget, plan_budget
 from applier.budget.records import (CONFIGS, DEFAULT_WITHIN_S, GIB, BudgetData, Canvas, Cap, Efficiency, Gpu, Model,
                                     Request, TargetCaps, UnknownGpuError, UnknownModelError)
@@ -27,7 +27,8 @@ from applier.budget.report import report_lines
 from applier.budget.verdict import Verdict, VerdictKind, human_bytes, human_seconds
 
 __all__ = [
-    "CFG_RANGE", "CONFIGS", "DEFAULT_WITHIN_S", "FRAMES_RANGE", "GIB", "SIZE_RANGE", "STEPS_RANGE", "WITHIN_RANGE_S",
+    "CFG_RANGE", "CONFIGS", "CPU_CORES_RANGE", "DEFAULT_WITHIN_S", "FRAMES_RANGE", "GIB", "SIZE_RANGE", "STEPS_RANGE",
+    "WITHIN_RANGE_S",
     "Budget", "BudgetData", "Canvas", "Cap", "Efficiency", "Gpu", "Model", "Priced", "Request", "TargetCaps",
     "TiledRoute", "Tokens", "UnknownGpuError", "UnknownModelError", "Verdict", "VerdictKind", "Work",
     "attention_seconds", "choose_gpu", "era_for", "find_gpu", "find_model", "forward_work", "human_bytes",

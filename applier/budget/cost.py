@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from applier.budget.records import (BF16_BYTES, CONFIGS, FAMILY_MIN_CAPABILITY, FAMILY_WORDS, FP8_BYTES, BlockGroup,
                                     BudgetData, Canvas, Efficiency, Era, Gpu, Measured, Model, Request, RouteStages,
-                                    VaeLayers)
+                                    VaeLayers, config_words)
 from applier.resources import load_pack_module
 
 
@@ -155,7 +155,7 @@ def config_available(config: str, model: Model, gpu: Gpu) -> tuple[bool, str]:
     for family in families:
         need = FAMILY_MIN_CAPABILITY[family]
         if gpu.compute_capability < need:
-            return False, f"{FAMILY_WORDS[family]} needs sm_{need[0]}{need[1]}+ ({gpu.name} is sm_" \
+            return False, f"the pack's {FAMILY_WORDS[family]} need sm_{need[0]}{need[1]}+ ({gpu.name} is sm_" \
                           f"{gpu.compute_capability[0]}{gpu.compute_capability[1]})"
         if family == "fp8" and not gpu.fp8_tflops:
             return False, f"{gpu.name} has no FP8 tensor cores"
@@ -210,17 +210,19 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
         if model.overlay_blocks:
             elementwise_s *= era.elementwise_factor.value
         else:
-            notes.append("the elementwise families do not know this model's blocks: they stay stock")
+            notes.append(f"the pack's {FAMILY_WORDS['elementwise']} are Flux's and Wan's: this model's blocks stay "
+                         "ComfyUI's own")
     if "attention" in families and gpu.key != measured.gpu:
-        notes.append(f"the attention family's gain is measured on {measured.gpu} only: none predicted here")
+        notes.append(f"{FAMILY_WORDS['attention']}'s gain is measured on {measured.gpu} only: none predicted here")
     weights = weight_bytes(model, work, fp8)
     room = memory_bytes - activation_bytes(model, work.tokens) - measured.reserve_bytes
     streamed = max(0, weights - room) if room > 0 else 0
     stream_s = streamed / (gpu.host_link_gbs * 1e9)
     predicted = not (fp8 and model.fp8_path != "blocks")
     if not predicted:
-        notes.append("FP8 through the seam for models the block families do not know is host-bound (measured "
-                     "slower than stock on Qwen-Image, generation-0.33.0.json): memory only, no time predicted")
+        notes.append(f"{FAMILY_WORDS['fp8']} outside Flux's and Wan's blocks (through ComfyUI's Linear ops) were "
+                     "measured host-bound, slower than stock on Qwen-Image (generation-0.33.0.json): memory only, "
+                     "no time predicted")
     return Priced(config, families, True, "; ".join(notes), predicted, attention_s, gemm_s, quantize_s,
                   elementwise_s, era.host_gap_s.value, stream_s, weights, streamed, room > 0, backend)
 
@@ -387,7 +389,7 @@ def route_stages(data: BudgetData, request: Request, era: Era, config: str, base
             runnable(priced) or priced[:1], key=lambda p: p.forward_s)
         generate = chosen.forward_s * request.cfg_forwards * base.steps
         before.append(Stage("generate", "KSampler", generate, f"{base.canvas.label}, {base.steps} steps, "
-                                                               f"{chosen.config}"))
+                                                               f"{config_words(chosen.config)}"))
         decoded = vae_work(route, model, base.canvas, decode=True, tiled=False)
         before.append(Stage("decode_base", "VAEDecode", vae_seconds(decoded, route.decode, gpu),
                             f"VAE, {base.canvas.label} whole, {on}"))
@@ -436,7 +438,8 @@ class TiledRoute:
                "batch": self.batch, "tile_activation_bytes": self.tile_activation_bytes,
                "peak_bytes": self.peak_bytes, "fits": self.fits, "settings": self.settings, "steps": self.steps}
         if self.fits:
-            out.update({"config": self.config, "seconds_per_tile": self.seconds_per_tile, "seconds": self.seconds,
+            out.update({"config": self.config, "words": config_words(self.config),
+                        "seconds_per_tile": self.seconds_per_tile, "seconds": self.seconds,
                         "stock_seconds": self.stock_seconds, "refine_seconds": self.refine_seconds,
                         "stages": [stage.as_json() for stage in self.stages]})
         return out
@@ -489,7 +492,7 @@ def tiled_routes(data: BudgetData, request: Request, era: Era, base: RouteBase |
             stock = priced[0]
             before, after = route_stages(data, request, era, best.config, base, cores)
             refine = Stage("refine", "KSampler", per_tile * count,
-                           f"Tiled Sampling, {count} tiles, {steps} steps, {best.config}")
+                           f"Tiled Sampling, {count} tiles, {steps} steps, {config_words(best.config)}")
             stages = (*before, refine, *after)
             other = sum(stage.seconds for stage in before + after)
             cost = {"config": best.config, "seconds_per_tile": per_tile, "seconds": per_tile * count + other,

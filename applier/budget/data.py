@@ -71,7 +71,7 @@ def _read_models(path: Path) -> dict:
         table = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BudgetDataError(f"the model table {path} is missing",
-                              hint="reinstall applier (the overlay pack ships it)") from None
+                              hint="reinstall applier (its node pack ships it)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BudgetDataError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(table, dict) or not all(isinstance(row, dict) for row in table.values()):

@@ -1,6 +1,7 @@
 """What the user typed, read: a canvas size, a duration, a model and a GPU named or detected, the release's range.
 
-Every numeric input has a range covering real use (SIZE_RANGE, FRAMES_RANGE, STEPS_RANGE, CFG_RANGE, WITHIN_RANGE_S);
+Every numeric input has a range covering real use (SIZE_RANGE, FRAMES_RANGE, STEPS_RANGE, CFG_RANGE, WITHIN_RANGE_S,
+CPU_CORES_RANGE);
 a value outside it is a ValueError that states the range, which the CLI turns into a usage error (exit 2) before
 anything is priced.
 """
@@ -20,6 +21,7 @@ FRAMES_RANGE = (1, 16384)
 STEPS_RANGE = (1, 10000)            # KSampler's steps input: min 1, max 10000
 CFG_RANGE = (0.0, 100.0)            # KSampler's cfg input: min 0.0, max 100.0
 WITHIN_RANGE_S = (1.0, 1000 * 3600.0)
+CPU_CORES_RANGE = (1, 1024)         # the host's cores for ImageScale and the PNG save
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(?:[xX*]\s*(\d+)\s*)?$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([dhms])", re.IGNORECASE)

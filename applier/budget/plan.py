@@ -12,7 +12,7 @@ from applier.budget.cost import (Priced, RouteBase, TiledRoute, Work, activation
                                  output_image_bytes, price_all, text_in_stream, tiled_routes, vae_decode_bytes,
                                  weight_bytes)
 from applier.budget.inputs import era_for
-from applier.budget.records import FAMILY_WORDS, BudgetData, Canvas, Era, Model, Request, TargetCaps
+from applier.budget.records import FAMILY_WORDS, BudgetData, Canvas, Era, Model, Request, TargetCaps, config_words
 from applier.budget.template import template_for
 from applier.budget.verdict import CapsVerdict, NativeOption, Verdict, VerdictKind, caps_verdict, decide
 
@@ -32,8 +32,8 @@ class ConfigCost:
 
     def as_json(self) -> dict:
         p = self.priced
-        out = {"config": p.config, "families": [FAMILY_WORDS[f] for f in p.families], "available": p.available,
-               "note": p.reason}
+        out = {"config": p.config, "words": config_words(p.config), "families": [FAMILY_WORDS[f] for f in p.families],
+               "available": p.available, "note": p.reason}
         if p.available:
             out.update({"predicted": p.predicted, "fits": p.fits, "weights_bytes": p.weights_bytes,
                         "streamed_weights_bytes": p.streamed_bytes})
@@ -87,7 +87,7 @@ class Budget:
     caps: CapsVerdict
     routes: tuple[TiledRoute, ...]
     verdict: Verdict
-    route_models: tuple[str, ...] = ()  # the models whose route's other stages (VAE, host) are measured
+    route_models: tuple[str, ...] = ()  # the names of the models whose route's other stages (VAE, host) are measured
 
     @property
     def measured(self) -> bool:
@@ -114,6 +114,7 @@ class Budget:
             "steps": request.steps, "tiled_steps": request.route_steps,
             "steps_source": {"native": request.steps_how, "tiled": request.tiled_steps_how or request.steps_how},
             "forwards_per_step": request.cfg_forwards, "within_seconds": request.within_s,
+            "cpu_cores": request.cpu_cores,
             "tokens": {"latent": {"width": tokens.latent_width, "height": tokens.latent_height,
                                   "frames": tokens.latent_frames, "channels": model.vae.channels},
                        "image": tokens.image, "text": tokens.text, "stream": self.stream_tokens},
@@ -172,7 +173,8 @@ def _priced(data: BudgetData, request: Request):
     era, era_why = era_for(data.measured, request.comfyui_version)
     work, priced = price_all(request, data, era, request.canvas)
     configs = _configs(priced, request, _basis(data, request))
-    return era, era_why, work, configs, tiled_routes(data, request, era, route_base(data, request.model))
+    return era, era_why, work, configs, tiled_routes(data, request, era, route_base(data, request.model),
+                                                     request.cpu_cores)
 
 
 def in_reach_seconds(data: BudgetData, request: Request) -> float | None:
@@ -201,4 +203,6 @@ def plan_budget(data: BudgetData, request: Request, caps: TargetCaps | None = No
                     measured.vae_tile_overlap_px, output_image_bytes(canvas),
                     f"{model.vae.source}; {measured.vae_tiled_source}")
     return Budget(request, _basis(data, request), era, era_why, work, configs, memory, vae, caps_found,
-                  tuple(routes), verdict, measured.route.models if measured.route else ())
+                  tuple(routes), verdict,
+                  tuple(data.models[k].name if k in data.models else k for k in measured.route.models)
+                  if measured.route else ())

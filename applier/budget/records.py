@@ -14,7 +14,8 @@ GIB = 1024 ** 3
 BF16_BYTES = 2
 FP8_BYTES = 1
 DEFAULT_WITHIN_S = 3600.0
-# The configs a budget prices, by the names benchmarks/generation.py gives them; each is a set of overlay families.
+# The configs a budget prices, by the names benchmarks/generation.py gives them (the JSON's ids); each is a set of
+# overlay families. A user reads them in FAMILY_WORDS' words (config_words), never by these ids.
 CONFIGS = {
     "stock": (),
     "overlay": ("elementwise",),
@@ -23,8 +24,20 @@ CONFIGS = {
     "overlay_all": ("elementwise", "attention"),
     "overlay_all_fp8": ("elementwise", "attention", "fp8"),
 }
-FAMILY_WORDS = {"elementwise": "norm_rope + adaln + gate", "attention": "attention (fastest exact SDPA backend)",
-                "fp8": "fp8_linear"}
+# What each family runs, in the words of the Fused DiT Ops node's toggles (docs/budget.md, "Configs"): the fused
+# QK RMSNorm + RoPE, LayerNorm + modulation and gated residual add of Flux's and Wan's blocks; the attention toggle
+# (the fastest exact SDPA backend for each shape); the FP8 Linears toggle.
+FAMILY_WORDS = {"elementwise": "fused block kernels", "attention": "per-shape attention", "fp8": "FP8 Linears"}
+STOCK_WORDS = "stock ComfyUI"
+
+
+def config_words(config: str) -> str:
+    """What a config runs, as a user reads it: "stock ComfyUI", "the pack's fused block kernels and FP8 Linears"."""
+    words = [FAMILY_WORDS[family] for family in CONFIGS[config]]
+    if not words:
+        return STOCK_WORDS
+    return "the pack's " + (f"{', '.join(words[:-1])} and {words[-1]}" if len(words) > 1 else words[0])
+
 # The lowest compute capability each family runs on: Triton bf16 kernels and cuDNN/flash attention need Ampere,
 # FP8 tensor cores Ada (sm_89) or later.
 FAMILY_MIN_CAPABILITY = {"elementwise": (8, 0), "attention": (8, 0), "fp8": (8, 9)}
@@ -252,6 +265,7 @@ class Request:
     tiled_steps: int | None = None       # the steps a tiled route is priced at; None: `steps`
     steps_how: str = ""                  # where the steps come from, in words ("--steps", the model's sampler)
     tiled_steps_how: str = ""            # likewise for the tiled route (the pack's template)
+    cpu_cores: int | None = None         # the host's cores for a route's host stages; None: the measuring host's
 
     @property
     def route_steps(self) -> int:

@@ -6,6 +6,7 @@ line when none of them fits; with verbose every config, every node cap and every
 from __future__ import annotations
 
 from applier.budget.plan import Budget
+from applier.budget.records import config_words
 from applier.budget.verdict import (duration_words, human_bytes, human_seconds, node_caps_words, route_cost_words,
                                     route_words)
 
@@ -54,8 +55,9 @@ def _stage_lines(budget: Budget) -> list[str]:
                                       f"{', '.join(budget.route_models) or 'no model'}'s VAE")]
     stages = ", ".join(f"{STAGE_WORDS.get(s.name, s.name)} {human_seconds(s.seconds)}" for s in route.stages)
     rests = {s.name: s.basis for s in route.stages}
+    cores = "" if budget.request.cpu_cores else "; --cpu-cores N for the cores of ComfyUI's machine"
     return [_line("route stages", f"{route.tile_px} px tiles, {human_seconds(route.seconds)}: {stages} "
-                                  f"(VAE {rests['encode'].split(', ')[-1]}; {rests['save']})")]
+                                  f"(VAE {rests['encode'].split(', ')[-1]}; {rests['save']}{cores})")]
 
 
 def _verdict_lines(budget: Budget) -> list[str]:
@@ -63,10 +65,10 @@ def _verdict_lines(budget: Budget) -> list[str]:
     within = duration_words(budget.request.within_s)
     head = verdict.kind.upper()
     if verdict.tile is not None and verdict.tile.fixed_seconds > 0:
-        head += (f" with {verdict.config}, {human_seconds(verdict.seconds)} end to end ({verdict.steps} refinement "
-                 "steps)")
+        head += (f" with {config_words(verdict.config)}, {human_seconds(verdict.seconds)} end to end "
+                 f"({verdict.steps} refinement steps)")
     elif verdict.config:
-        head += f" with {verdict.config}, {human_seconds(verdict.seconds)} for {verdict.steps} steps"
+        head += f" with {config_words(verdict.config)}, {human_seconds(verdict.seconds)} for {verdict.steps} steps"
     lines = [_line("verdict", f"{head} (within {within})")]
     lines += [f"  {reason}" for reason in verdict.reasons]
     if verdict.advice:
@@ -112,12 +114,12 @@ def _config_lines(budget: Budget, verbose: bool) -> list[str]:
     if not verbose and timed and not any(c.priced.fits for c in timed):
         stock = timed[0]
         return [_line("native", f"no config fits (activations {human_bytes(budget.memory.activation_peak_bytes)}); "
-                                f"{stock.config} {human_seconds(stock.seconds_per_step)}/step, "
+                                f"{config_words(stock.config)} {human_seconds(stock.seconds_per_step)}/step, "
                                 f"{human_seconds(stock.seconds_per_generation)} for {steps} steps "
                                 "(--verbose: every config)")]
     lines = []
     for config in budget.configs:
-        priced, name = config.priced, f"{config.config:18}"
+        priced, name = config.priced, config_words(config.config) + ":"
         if not priced.available:
             lines.append(f"  {name} not on this GPU: {priced.reason}")
         elif config.seconds_per_step is None:

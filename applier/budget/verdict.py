@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from applier.budget.cost import TiledRoute
-from applier.budget.records import GIB, Canvas, Request, TargetCaps
+from applier.budget.records import GIB, STOCK_WORDS, Canvas, Request, TargetCaps, config_words
 from applier.strenum import StrEnum
 
 
@@ -79,7 +79,7 @@ def route_words(route: TiledRoute) -> str:
 
 def route_cost_words(route: TiledRoute) -> str:
     """A fitting route's time: the whole route's, and its refinement's where other stages are priced."""
-    refine = f"{route.config}, {route.steps} steps"
+    refine = f"{config_words(route.config)}, {route.steps} steps"
     if route.fixed_seconds <= 0:
         return f"{human_seconds(route.seconds)} ({refine})"
     return (f"{human_seconds(route.seconds)} end to end ({len(route.stages)} stages; the refinement "
@@ -215,7 +215,8 @@ class Verdict:
     advice: tuple[str, ...] = ()         # out of reach: each change that reaches it, priced
 
     def as_json(self) -> dict:
-        out = {"kind": self.kind, "config": self.config, "seconds": self.seconds, "steps": self.steps,
+        out = {"kind": self.kind, "config": self.config, "words": config_words(self.config) if self.config else None,
+               "seconds": self.seconds, "steps": self.steps,
                "reasons": list(self.reasons), "advice": list(self.advice)}
         if self.tile is not None:
             out["tile"] = self.tile.as_json()
@@ -243,10 +244,10 @@ def decide(request: Request, native: list[NativeOption], routes: list[TiledRoute
         chosen = stock if stock and stock.seconds <= within else best
         if chosen.seconds <= within:
             reasons.append(f"native: fits in memory and finishes in {human_seconds(chosen.seconds)} with "
-                           f"{chosen.config} ({request.steps} steps), within {given}")
+                           f"{config_words(chosen.config)} ({request.steps} steps), within {given}")
             if chosen is not best:
-                reasons.append(f"stock named, not the faster {best.config} ({human_seconds(best.seconds)}): it "
-                               "finishes in time without the overlay pack")
+                reasons.append(f"{STOCK_WORDS} named over {config_words(best.config)}, faster at "
+                               f"{human_seconds(best.seconds)}: it finishes in time without the node pack")
             faster = [r for r in fitting if r.seconds < chosen.seconds]
             if faster:
                 route = min(faster, key=lambda r: r.seconds)
@@ -256,8 +257,8 @@ def decide(request: Request, native: list[NativeOption], routes: list[TiledRoute
                                "refinement at low denoise, as in the template)")
             return Verdict(VerdictKind.NATIVE, chosen.config, chosen.seconds, request.steps, None,
                            tuple(reasons + cap_words))
-        reasons.append(f"native: {human_seconds(best.seconds)} with {best.config} ({request.steps} steps), over the "
-                       f"{given} given")
+        reasons.append(f"native: {human_seconds(best.seconds)} with {config_words(best.config)} ({request.steps} "
+                       f"steps), over the {given} given")
     elif native:
         reasons.append(f"native: one forward's activations ({activation_bytes / GIB:.1f} GiB) do not fit in "
                        f"{request.memory_bytes / GIB:.1f} GiB")

@@ -22,10 +22,41 @@ def _budget_option(read):
     return callback
 
 
+class _TableOption(click.Option):
+    """An option whose help names what the budget's tables hold (the pack's model table, the measuring host), read
+    when the help is shown, not when the CLI is imported."""
+
+    def __init__(self, *args, table_help, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.table_help = table_help
+
+    def get_help_record(self, ctx):
+        from applier.budget.data import load_budget_data
+        from applier.errors import RefusedError
+        try:
+            self.help = self.table_help(load_budget_data())
+        except RefusedError as exc:         # a broken install: the help still shows, the command will refuse
+            self.help = f"(the budget's tables cannot be read: {exc})"
+        return super().get_help_record(ctx)
+
+
+def _model_help(data) -> str:
+    return (f"A model of the pack's model table (overlays/fused_dit/models.json): {', '.join(data.models)}; "
+            "or one of its aliases.")
+
+
+def _cores_help(data) -> str:
+    from applier.budget.inputs import CPU_CORES_RANGE
+    route = data.measured.route
+    measured = f"{route.host_cores}, those of the host the route was measured on" if route else "the measuring host's"
+    low, high = CPU_CORES_RANGE
+    return (f"CPU cores of the machine ComfyUI runs on, for the tiled route's ImageScale and PNG save, {low}-{high} "
+            f"[default: {measured}; not this machine's, as the budget often runs on another one].")
+
+
 @cli.command("budget")
 @target_options
-@click.option("--model", "model_name", required=True, metavar="MODEL",
-              help="Model family: flux-dev, flux2-dev, wan-14b, qwen-image, sdxl.")
+@click.option("--model", "model_name", required=True, metavar="MODEL", cls=_TableOption, table_help=_model_help)
 @click.option("--size", required=True, metavar="WxH", callback=_budget_option(lambda i, v: i.parse_size(v)),
               help="Canvas width x height in pixels, e.g. 32768x18432; one number is a square. Each side 16-65536.")
 @click.option("--frames", type=int,
@@ -42,8 +73,10 @@ def _budget_option(read):
               callback=_budget_option(lambda i, v: i.parse_duration(v)),
               help="The time a generation may take (1h, 90m, 2h30m, seconds; 1 s to 1000 h): native only if it "
                    "finishes within it.")
+@click.option("--cpu-cores", "cpu_cores", type=int, metavar="N", cls=_TableOption, table_help=_cores_help,
+              callback=_budget_option(lambda i, v: i.in_range(v, i.CPU_CORES_RANGE, "a core count")))
 @click.option("--verbose", "-v", is_flag=True, help="Every config, every node cap and every note.")
-def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, within, verbose):
+def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, within, cpu_cores, verbose):
     """What a canvas costs: the verdict and why, then time per step and generation, memory, the target's caps.
 
     Reads files and nvidia-smi only, never torch. Exit 2 for a value outside its range, 3 for a model or GPU the
@@ -66,7 +99,7 @@ def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, withi
         model, gpu, budget.Canvas(width, height, frames or model.frames), steps or model.steps,
         model.cfg_forwards if cfg is None else (1 if cfg == 1.0 else 2), within, found.comfyui_version,
         sys.platform.startswith("win"), memory_mib, how, template.steps if template else None,
-        "--steps" if steps else "the model's reference sampler", template.words() if template else "")
+        "--steps" if steps else "the model's reference sampler", template.words() if template else "", cpu_cores)
     caps = read_target_caps(found, max(width, height), data.measured.pillow_max_image_pixels)
     report = budget.plan_budget(data, request, caps)
     if invocation.as_json:
