@@ -9,8 +9,7 @@ import stat
 import pytest
 
 from applier.store.fileops import LeadsOutside, NotRegularFile, WalkLimit, is_temp_name, temp_name
-from applier.store.heldroot import HeldRoot
-from applier.store.pathroot import PathRoot
+from applier.store.heldroot import HeldRoot, PathRoot
 
 KINDS = [HeldRoot, PathRoot]
 

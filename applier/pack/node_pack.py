@@ -22,7 +22,7 @@ from applier.catalog.packmeta import pack_files, read_pack
 from applier.errors import ApplierError, RefusedError
 from applier.resources import OVERLAYS_DIR
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, read_inside_or_none
-from applier.store.pathroot import hold
+from applier.store.heldroot import hold
 from applier.store.staged import write_folder
 from applier.strenum import StrEnum
 

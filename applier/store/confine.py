@@ -26,13 +26,23 @@ from pathlib import Path, PurePosixPath
 
 from applier.errors import IOFailure, StateCorruptError
 from applier.store.fsutil import MAX_READ_BYTES, hold, io_failure, sha256_bytes
-from applier.store.heldroot import HeldRoot, Sweep
+from applier.store.heldroot import HeldRoot
 from applier.store.paths import STATE_DIR_NAME, real_inside
 
 ROOTS = ("comfyui", "purelib", "site-packages")      # relative() tries them in this order: roots may be one folder
 LEGACY_ROOTS = ("comfyui", "site-packages")          # format 1's absolute paths map onto these
 COMPONENT_ROOT = {"comfyui": "comfyui", "torch": "site-packages"}
 PACKAGE_ROOT = "purelib"
+
+
+@dataclass
+class Sweep:
+    """Where a killed write can have left a temp file: folders listed (their own entries) and trees walked, each a
+    (handle, relative path) pair, within the walk's limits."""
+    listed: list
+    walked: list
+    max_depth: int
+    max_entries: int
 
 
 @dataclass(frozen=True)

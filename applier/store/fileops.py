@@ -8,7 +8,7 @@ import json
 import os
 import secrets
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from applier.errors import IOFailure
 
@@ -82,13 +82,6 @@ OUTSIDE_HINT = ("applier never reads or writes outside the install through a lin
                 "folder or file itself in place of the link (or move the link aside) and run again")
 
 
-def parts_of(relpath) -> tuple[str, ...]:
-    """The components of a relative path ('' and '.' dropped); ValueError for an absolute path or a NUL."""
-    text = relpath.as_posix() if isinstance(relpath, PurePosixPath) else str(relpath)
-    if "\x00" in text or text.startswith("/"):
-        raise ValueError(f"not a relative path: {text!r}")
-    return tuple(p for p in text.split("/") if p not in ("", "."))
-
 
 def temp_name(name: str) -> str:
     return f".{name}.{TEMP_MARKER}{secrets.token_hex(16)}{TEMP_SUFFIX}"
@@ -136,6 +129,52 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def replace_at(fd: int, name: str, data: bytes, mode: int | None, shown) -> None:
+    """Give fd/name new bytes atomically: a temp file beside it (O_EXCL, never a link), written and fsynced, the
+    replaced file's metadata copied onto it (copy_metadata; `mode` when given), renamed onto the name, then the
+    folder fsynced. A special file at name is a refusal (NotRegularFile; `shown` names it), never opened."""
+    old = open_existing(fd, name, shown)
+    tmp = temp_name(name)
+    tmp_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600, dir_fd=fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(tmp_fd, view):]
+            os.fsync(tmp_fd)
+            copy_metadata(old, tmp_fd, mode)
+        finally:
+            os.close(tmp_fd)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        raise
+    finally:
+        if old is not None:
+            os.close(old)
+    fsync_fd(fd)
+
+
+def open_existing(fd: int, name: str, shown) -> int | None:
+    """An fd of the regular file fd/name being replaced (for its metadata), None when there is none; a special file
+    there is a refusal (NotRegularFile), never opened."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):    # swapped in after the walk: the rename replaces the link itself
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(f"refusing to replace {shown}: it is {kind_of(st.st_mode)}", hint=SPECIAL_HINT)
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
 
 
 def fsync_fd(fd: int) -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 from applier.errors import IOFailure
 from applier.store.fileops import (MAX_READ_BYTES, SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, LeadsOutside,
                                    NotRegularFile, dump_json, io_failure, kind_of, read_fd)
-from applier.store.heldroot import HeldRoot
-from applier.store.pathroot import hold
+from applier.store.heldroot import HeldRoot, hold
 from applier.store.paths import real_inside
 
 # Walks of applier's own folder and of the pack's install folders stop here (exit 7 / a refusal): applier writes

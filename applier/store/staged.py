@@ -21,9 +21,8 @@ from pathlib import Path
 
 from applier.errors import IOFailure, LockedError, RefusedError
 from applier.store.failpoints import failpoint
-from applier.store.fileops import io_failure, parts_of
-from applier.store.heldroot import HeldRoot
-from applier.store.pathroot import hold
+from applier.store.fileops import io_failure
+from applier.store.heldroot import HeldRoot, hold, parts_of
 
 try:
     import fcntl

@@ -33,8 +33,7 @@ from applier.store.applied import (AppliedFile, AppliedPatch, Pending, State, ba
 from applier.store.confine import Confinement, Place
 from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, dump_json,
                                   io_failure)
-from applier.store.heldroot import HeldRoot
-from applier.store.pathroot import hold
+from applier.store.heldroot import HeldRoot, hold
 from applier.store.statefolder import (StoreLayout, check_roots, check_store, hold_install, identity, open_store,
                                        read_document)
 from applier.store.writer import KEEP, RunEnds

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
 from applier.store.fileops import NotRegularFile, io_failure, kind_of
-from applier.store.heldroot import HeldRoot
-from applier.store.pathroot import hold
+from applier.store.heldroot import HeldRoot, hold
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 
 from applier.errors import IOFailure, StateCorruptError
 from applier.store.failpoints import HOOK_NAMES, HOOKS, failpoint
-from applier.store.fileops import MAX_READ_BYTES, NotRegularFile, dump_json, io_failure, is_temp_name, parts_of
-from applier.store.heldroot import HeldRoot, Sweep
+from applier.store.confine import Sweep
+from applier.store.fileops import MAX_READ_BYTES, NotRegularFile, dump_json, io_failure, is_temp_name
+from applier.store.heldroot import HeldRoot, parts_of
 from applier.store.statefolder import StoreLayout, check_roots, state_folder_refusals
 
 
