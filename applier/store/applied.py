@@ -13,8 +13,7 @@ from applier import __version__
 from applier.errors import StateCorruptError
 from applier.store.confine import COMPONENT_ROOT, Confinement, check_relpath
 from applier.store.heldroot import HeldRoot
-from applier.store.statefolder import Opened, StoreLayout
-from applier.store.writer import KEEP, RunEnds
+from applier.store.statefolder import KEEP, Opened, RunEnds, StoreLayout
 
 STATE_FORMAT = 2
 JOURNAL_FORMAT = 2
@@ -178,7 +177,7 @@ class State:
 class Pending:
     """The state folder as a command that changes the install found it, read once under the lock (StateStore.open_run):
     the state it has (while an interrupted run's journal is there, that run's state_after: what finishing it records),
-    and that run: its journal and what it records (writer.RunEnds)."""
+    and that run: its journal and what it records (statefolder.RunEnds)."""
     state: State
     folder: HeldRoot
     journal: dict | None = None

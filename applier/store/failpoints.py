@@ -3,8 +3,8 @@
 Used by the tests to kill apply and revert at every step and prove the next command recovers. Hooks are the
 in-process counterpart for race tests: a test registers a function for a hook point (`HOOKS["before-write"]`,
 called with the Place about to be written, after every check of the run; `HOOKS["before-state"]`, called with the
-run's RunEnds before the state and manifest are recorded; writer.carry_out calls them) and swaps a link in there,
-deterministically, where a real attacker would need to win a race. Failpoint names:
+run's RunEnds before the state and manifest are recorded; writer.carry_out calls them through call_hook) and swaps
+a link in there, deterministically, where a real attacker would need to win a race. Failpoint names:
     after-backups      originals backed up, journal not yet written (no target file changed)
     after-journal      journal committed, no target file changed yet
     after-first-file   the first target file replaced
@@ -27,6 +27,13 @@ EXIT_CODE = 77
 HOOK_NAMES = ("before-write", "before-state")
 HOOKS: dict = {}       # {hook name: callable}; empty outside tests
 
+
+def call_hook(name: str, arg) -> None:
+    """The race tests' hook at this point of the run (HOOKS; none outside tests)."""
+    assert name in HOOK_NAMES, name
+    function = HOOKS.get(name)
+    if function is not None:
+        function(arg)
 
 
 def failpoint(name: str) -> None:

@@ -13,9 +13,9 @@ from contextlib import ExitStack, contextmanager
 from applier.store import journal, writer
 from applier.store.applied import State
 from applier.store.confine import Confinement
-from applier.store.writer import KEEP
 from applier.store.journal import Backup, FileOp
 from applier.store.state import StateStore
+from applier.store.statefolder import KEEP
 from applier.target import Target
 
 

@@ -23,8 +23,9 @@ from applier.errors import StateCorruptError
 from applier.store.applied import JOURNAL_FORMAT, SHA256, Pending
 from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
-from applier.store.writer import KEEP, Run, RunEnds, Write, carry_out, temp_files
 from applier.store.state import StateStore, private_mode
+from applier.store.statefolder import KEEP, RunEnds
+from applier.store.writer import Run, Write, carry_out, temp_files
 
 
 @dataclass

@@ -34,9 +34,8 @@ from applier.store.confine import Confinement, Place
 from applier.store.fsutil import (MAX_READ_BYTES, MAX_WALK_DEPTH, MAX_WALK_ENTRIES, NotRegularFile, dump_json,
                                   io_failure)
 from applier.store.heldroot import HeldRoot, hold
-from applier.store.statefolder import (StoreLayout, check_roots, check_store, hold_install, identity, open_store,
-                                       read_document)
-from applier.store.writer import KEEP, RunEnds
+from applier.store.statefolder import (KEEP, RunEnds, StoreLayout, check_roots, check_store, hold_install, identity,
+                                       open_store, read_document)
 
 
 class StateStore:
@@ -270,7 +269,7 @@ class StateStore:
         return self.open_run(None)
 
     def run_ends(self, state: State, manifest=KEEP) -> RunEnds:
-        """What a run needs of this folder, read once before it is planned (writer.RunEnds): its held handle, as
+        """What a run needs of this folder, read once before it is planned (statefolder.RunEnds): its held handle, as
         the command's opening checked it (open_run; ensured here when it was not open: created inside the install,
         0700, its .gitignore, no link or special file in it, exit 7), the install's roots as opened, and the state
         (and overlay manifest: KEEP, None to remove it) to record."""

@@ -1,7 +1,13 @@
 """The state folder (`.applier/`) opened for a command, in one pass: the install's root held and its roots'
 identities taken, the folder checked (a real folder, no link or special file anywhere in it) and created 0700 with
 its .gitignore, the lock taken, the documents read; a document the user may not read is exit 8, one that is damaged
-exit 7. check_roots stops a run whose install was moved or replaced meanwhile (exit 9)."""
+exit 7. check_roots stops a run whose install was moved or replaced meanwhile (exit 9).
+
+Then a run's own files in it, each step one operation through the folder's held handle (RunEnds: what a run needs of
+the folder): the backups and journal-data/ (stage) and journal.json (the commit point) written, or nothing left on
+a failure; a blob read back; the overlay manifest and state recorded, then the finished run's journal dropped; what
+a rolled-back run wrote removed. A link or special file met there is a refusal (exit 7), never followed;
+writer.carry_out decides when each runs, and fires the failpoints between them."""
 from __future__ import annotations
 
 import errno
@@ -12,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from applier.errors import BadTargetError, IOFailure, StateCorruptError
-from applier.store.fileops import NotRegularFile, io_failure, kind_of
-from applier.store.heldroot import HeldRoot, hold
+from applier.store.fileops import MAX_READ_BYTES, NotRegularFile, dump_json, io_failure, kind_of
+from applier.store.heldroot import HeldRoot, hold, parts_of
 
 
 @dataclass(frozen=True)
@@ -111,27 +117,22 @@ def check_store(install: HeldRoot, layout: StoreLayout, *, create: bool = False)
         return None
     except OSError as exc:
         raise io_failure(exc, shown, "create the state folder") from exc
-    try:
-        refuse_specials(folder, layout)
-    except BaseException:
-        folder.close()
-        raise
-    return folder
-
-
-def refuse_specials(folder: HeldRoot, layout: StoreLayout) -> None:
-    """StateCorruptError (exit 7) for a link, FIFO, device or socket anywhere inside the state folder."""
-    try:
+    try:        # a link, FIFO, device or socket anywhere inside: refused (exit 7)
         for where, entries in folder.walk("", max_depth=layout.max_depth, max_entries=layout.max_entries):
             for name, entry in entries:
                 if not (stat.S_ISDIR(entry.st_mode) or stat.S_ISREG(entry.st_mode)):
                     raise StateCorruptError(
-                        f"{layout.shown / where / name} is {kind_of(entry.st_mode)}: applier refuses to follow links "
-                        f"or use special files inside {layout.shown}",
+                        f"{shown / where / name} is {kind_of(entry.st_mode)}: applier refuses to follow links or "
+                        f"use special files inside {shown}",
                         hint="nothing was changed; move it aside by hand (a link there could lead a write outside the "
                              "install)")
     except NotRegularFile as exc:
+        folder.close()
         raise StateCorruptError(exc.message, hint=exc.hint) from exc
+    except BaseException:
+        folder.close()
+        raise
+    return folder
 
 
 def open_lock_file(folder: HeldRoot, layout: StoreLayout) -> int:
@@ -206,3 +207,129 @@ def check_roots(roots: dict) -> None:
                                  hint="nothing more is written; if files were already replaced, the next applier "
                                       "command on the install (wherever it now is) finishes the run from its "
                                       "journal")
+
+
+# ------------------------------------------------------------------ a run's own files in it
+
+NOT_RECORDED = ("the run's files are in place, but not yet recorded: its journal in .applier/ is kept, and the next "
+                "applier command on this install records them (fix the cause first: free space, permissions); nothing "
+                "needs undoing by hand")
+
+
+KEEP = object()              # a run's manifest: leave the overlay manifest as it is
+
+
+@dataclass(frozen=True)
+class RunEnds:
+    """What a run needs of the state folder (StateStore.run_ends): its held handle (created, 0700, with its
+    .gitignore), its layout (the names of the run's files in it, its path for messages), the install's roots as the
+    command opened them ({path: (device, inode)}), and the documents recorded at the end: the state, and the overlay
+    manifest (KEEP: left as it is; None: removed)."""
+    folder: HeldRoot
+    layout: StoreLayout
+    roots: dict
+    state_after: dict
+    manifest_after: object
+
+
+def stage(ends: RunEnds, backups: list, blobs: list, made: list) -> list[str]:
+    """The backups (each name that was not there yet added to made), then journal-data/ with the run's blobs; the
+    backup names written are returned for write_journal. On a failure (disk full) what was written is removed and
+    IOFailure raised."""
+    folder, layout = ends.folder, ends.layout
+    written = []
+    try:
+        with state_folder_refusals():
+            for name, data, mode in backups:
+                if folder.lstat(name) is None:
+                    made.append(name)
+                folder.write(name, data, mode=mode)
+                written.append(name)
+    except OSError as exc:
+        remove_all(ends, written)
+        raise io_failure(exc, layout.shown / "backups", "write backups into") from exc
+    try:
+        with state_folder_refusals():
+            folder.remove_tree(layout.data_name)
+            folder.make_folders(layout.data_name, mode=0o700)
+            for name, data in blobs:
+                folder.write(f"{layout.data_name}/{name}", data, mode=0o600)
+    except OSError as exc:
+        raise unstaged(ends, written, exc) from exc
+    return written
+
+
+def write_journal(ends: RunEnds, journal: bytes, written: list[str]) -> None:
+    """journal.json, the run's commit point; on a failure what stage wrote is removed and IOFailure raised."""
+    folder, layout = ends.folder, ends.layout
+    try:
+        with state_folder_refusals():
+            folder.write(layout.journal_name, journal, mode=0o600)
+    except OSError as exc:
+        raise unstaged(ends, written, exc) from exc
+
+
+def unstaged(ends: RunEnds, written: list[str], exc: OSError) -> IOFailure:
+    """Remove what stage wrote (journal-data/, the backups written); the IOFailure to raise for exc."""
+    folder, layout = ends.folder, ends.layout
+    with state_folder_refusals():
+        folder.remove_tree(layout.data_name)
+    remove_all(ends, written)
+    return io_failure(exc, layout.shown, "write the journal in")
+
+
+def read_blob(ends: RunEnds, name: str) -> bytes | None:
+    """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
+    try:
+        return ends.folder.read(f"{ends.layout.data_name}/{name}", limit=MAX_READ_BYTES)
+    except (OSError, IOFailure, ValueError):   # gone, special, far too large, a name no file can have: damaged
+        return None
+
+
+def record(ends: RunEnds) -> None:
+    """Record what the run leaves: the overlay manifest, then the state (the journal stays until drop_finished)."""
+    folder, layout = ends.folder, ends.layout
+    try:
+        with state_folder_refusals():
+            if ends.manifest_after is None:
+                folder.remove(layout.manifest_name, follow_last=False)
+            elif ends.manifest_after is not KEEP:
+                folder.write(layout.manifest_name, dump_json(ends.manifest_after), mode=0o600)
+            folder.write(layout.state_name, dump_json(ends.state_after), mode=0o600)
+    except OSError as exc:
+        raise io_failure(exc, layout.shown, "record the state in", hint=NOT_RECORDED) from exc
+
+
+def drop_finished(ends: RunEnds) -> None:
+    """Remove a finished, recorded run's journal (drop); a failure there is IOFailure saying the run is done."""
+    try:
+        drop(ends)
+    except OSError as exc:
+        raise io_failure(exc, ends.layout.shown / ends.layout.journal_name, "remove the finished run's journal",
+                         hint="the run is done and recorded; the next applier command on this install removes its "
+                              "journal (fix the permissions first)") from exc
+
+
+def discard(ends: RunEnds, made: list) -> None:
+    """A rolled-back run's files: the journal dropped, the backups it created removed (no record names them now),
+    then their folders where that left them empty."""
+    drop(ends)
+    remove_all(ends, made)
+    with state_folder_refusals():
+        for name in made:
+            parts = parts_of(name)
+            for n in range(len(parts) - 1, 0, -1):
+                ends.folder.rmdir("/".join(parts[:n]))
+
+
+def drop(ends: RunEnds) -> None:
+    """Remove the journal and its blobs (a finished run, or one rolled back)."""
+    with state_folder_refusals():
+        ends.folder.remove(ends.layout.journal_name, follow_last=False)
+        ends.folder.remove_tree(ends.layout.data_name)
+
+
+def remove_all(ends: RunEnds, names: list[str]) -> None:
+    with state_folder_refusals():
+        for name in names:
+            ends.folder.remove(name, follow_last=False)

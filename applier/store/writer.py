@@ -17,32 +17,12 @@ import stat
 from dataclasses import dataclass, field, replace
 
 from applier.errors import IOFailure, StateCorruptError
-from applier.store.failpoints import HOOK_NAMES, HOOKS, failpoint
+from applier.store import statefolder
 from applier.store.confine import Sweep
-from applier.store.fileops import MAX_READ_BYTES, NotRegularFile, dump_json, io_failure, is_temp_name
-from applier.store.heldroot import HeldRoot, parts_of
-from applier.store.statefolder import StoreLayout, check_roots, state_folder_refusals
-
-
-NOT_RECORDED = ("the run's files are in place, but not yet recorded: its journal in .applier/ is kept, and the next "
-                "applier command on this install records them (fix the cause first: free space, permissions); nothing "
-                "needs undoing by hand")
-
-
-KEEP = object()              # a run's manifest: leave the overlay manifest as it is
-
-
-@dataclass(frozen=True)
-class RunEnds:
-    """What a run needs of the state folder (StateStore.run_ends): its held handle (created, 0700, with its
-    .gitignore), its layout (the names of the run's files in it, its path for messages), the install's roots as the
-    command opened them ({path: (device, inode)}), and the documents recorded at the end: the state, and the overlay
-    manifest (KEEP: left as it is; None: removed)."""
-    folder: HeldRoot
-    layout: StoreLayout
-    roots: dict
-    state_after: dict
-    manifest_after: object
+from applier.store.failpoints import call_hook, failpoint
+from applier.store.fileops import NotRegularFile, io_failure, is_temp_name
+from applier.store.heldroot import HeldRoot
+from applier.store.statefolder import RunEnds, check_roots
 
 
 @dataclass
@@ -129,20 +109,12 @@ def still_to_write(run: Run) -> list[Write]:
                 f"interrupted run: {write.place} holds neither its old nor its new bytes (sha256 {current})",
                 hint=f"someone changed it meanwhile; compare with {data} and fix by hand, "
                      f"then remove {run.ends.layout.shown / run.ends.layout.journal_name}")
-        new = write.new if write.blob is None else read_blob(run.ends, write.blob)
+        new = write.new if write.blob is None else statefolder.read_blob(run.ends, write.blob)
         if (None if new is None else hashlib.sha256(new).hexdigest()) != new_sha:
             raise StateCorruptError(f"journal data for {write.place} is missing or damaged",
                                     hint=f"see {run.ends.layout.shown / run.ends.layout.journal_name}")
         files.append(replace(write, new=new))
     return files
-
-
-def read_blob(ends: RunEnds, name: str) -> bytes | None:
-    """A blob of journal-data/, read only when it is a regular file reached without a link (None otherwise)."""
-    try:
-        return ends.folder.read(f"{ends.layout.data_name}/{name}", limit=MAX_READ_BYTES)
-    except (OSError, IOFailure, ValueError):   # gone, special, far too large, a name no file can have: damaged
-        return None
 
 
 def temp_files(sweep: Sweep | None) -> list[tuple[HeldRoot, str]]:
@@ -181,38 +153,6 @@ def sweep_temp_files(sweep: Sweep | None) -> int:
     return removed
 
 
-def commit(run: Run) -> None:
-    """The backups, journal-data/ and then journal.json, the run's commit point; or, on a failure (disk full),
-    remove what was written and raise IOFailure."""
-    ends, folder = run.ends, run.ends.folder
-    check_roots(ends.roots)
-    written = []
-    try:
-        with state_folder_refusals():
-            for name, data, mode in run.backups:
-                if folder.lstat(name) is None:
-                    run.made.append(name)
-                folder.write(name, data, mode=mode)
-                written.append(name)
-    except OSError as exc:
-        remove_all(ends, written)
-        raise io_failure(exc, ends.layout.shown / "backups", "write backups into") from exc
-    try:
-        with state_folder_refusals():
-            folder.remove_tree(ends.layout.data_name)
-            folder.make_folders(ends.layout.data_name, mode=0o700)
-            for name, data in run.blobs:
-                folder.write(f"{ends.layout.data_name}/{name}", data, mode=0o600)
-            failpoint("after-backups")
-            check_roots(ends.roots)
-            folder.write(ends.layout.journal_name, run.journal, mode=0o600)
-    except OSError as exc:
-        with state_folder_refusals():
-            folder.remove_tree(ends.layout.data_name)
-        remove_all(ends, written)
-        raise io_failure(exc, ends.layout.shown, "write the journal in") from exc
-
-
 def roll_back(run: Run, done: list[Write], exc: BaseException, place) -> None:
     """A write failed (disk full, permission, a link leading out swapped in): give the files already written their
     old bytes back, remove the folders the run created, drop the journal, then raise what failed. Should the
@@ -226,13 +166,7 @@ def roll_back(run: Run, done: list[Write], exc: BaseException, place) -> None:
         raise IOFailure(f"cannot replace {place}: {exc}; rolling back failed too ({second})",
                         hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
                              "install, which finishes the run") from exc
-    drop(run.ends)
-    remove_all(run.ends, run.made)      # the originals it backed up: no record names them now
-    with state_folder_refusals():
-        for name in run.made:
-            parts = parts_of(name)
-            for n in range(len(parts) - 1, 0, -1):      # their folders, where that left them empty
-                run.ends.folder.rmdir("/".join(parts[:n]))
+    statefolder.discard(run.ends, run.made)     # the journal, and the originals it backed up
     if isinstance(exc, NotRegularFile):
         raise IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
                         hint="the files this run had replaced got their old bytes back; nothing outside the install "
@@ -244,44 +178,19 @@ def roll_back(run: Run, done: list[Write], exc: BaseException, place) -> None:
 
 def finish(run: Run) -> None:
     """Remove the folders the run emptied, then record what it leaves (manifest, state) and remove the journal."""
-    ends, folder = run.ends, run.ends.folder
     for place in sorted(run.prune, key=lambda p: p.relpath.count("/"), reverse=True):
         place.held.remove_if_empty(place.relpath)
-    call_hook("before-state", ends)
-    try:
-        with state_folder_refusals():
-            if ends.manifest_after is None:
-                folder.remove(ends.layout.manifest_name, follow_last=False)
-            elif ends.manifest_after is not KEEP:
-                folder.write(ends.layout.manifest_name, dump_json(ends.manifest_after), mode=0o600)
-            folder.write(ends.layout.state_name, dump_json(ends.state_after), mode=0o600)
-    except OSError as exc:
-        raise io_failure(exc, ends.layout.shown, "record the state in", hint=NOT_RECORDED) from exc
+    call_hook("before-state", run.ends)
+    statefolder.record(run.ends)
     failpoint("after-state")
-    try:
-        drop(ends)
-    except OSError as exc:
-        raise io_failure(exc, ends.layout.shown / ends.layout.journal_name, "remove the finished run's journal",
-                         hint="the run is done and recorded; the next applier command on this install removes its "
-                              "journal (fix the permissions first)") from exc
+    statefolder.drop_finished(run.ends)
 
 
-def drop(ends: RunEnds) -> None:
-    """Remove the journal and its blobs (a finished run, or one rolled back)."""
-    with state_folder_refusals():
-        ends.folder.remove(ends.layout.journal_name, follow_last=False)
-        ends.folder.remove_tree(ends.layout.data_name)
-
-
-def remove_all(ends: RunEnds, names: list[str]) -> None:
-    with state_folder_refusals():
-        for name in names:
-            ends.folder.remove(name, follow_last=False)
-
-
-def call_hook(name: str, arg) -> None:
-    """The race tests' hook at this point of the run (failpoints.HOOKS; none outside tests)."""
-    assert name in HOOK_NAMES, name
-    function = HOOKS.get(name)
-    if function is not None:
-        function(arg)
+def commit(run: Run) -> None:
+    """The backups and journal-data/ (statefolder.stage), then journal.json, the run's commit point; on a failure
+    (disk full) what was written is removed and IOFailure raised. The install's roots are checked before each."""
+    check_roots(run.ends.roots)
+    written = statefolder.stage(run.ends, run.backups, run.blobs, run.made)
+    failpoint("after-backups")
+    check_roots(run.ends.roots)
+    statefolder.write_journal(run.ends, run.journal, written)
