@@ -66,8 +66,12 @@ def carry_out(run: Run) -> Carried:
     ends writes nothing. Then the temp files of run.sweep are removed. Caller holds the target lock."""
     fresh_run = run.journal is not None
     files = run.files if fresh_run else still_to_write(run)
-    if fresh_run:
-        commit(run)
+    if fresh_run:       # the backups and journal-data/, then journal.json: the commit point; roots checked before each
+        check_roots(run.ends.roots)
+        written = statefolder.stage(run.ends, run.backups, run.blobs, run.made)
+        failpoint("after-backups")
+        check_roots(run.ends.roots)
+        statefolder.write_journal(run.ends, run.journal, written)
         failpoint("after-journal")
     done: list[Write] = []
     for write in files:
@@ -185,12 +189,3 @@ def finish(run: Run) -> None:
     failpoint("after-state")
     statefolder.drop_finished(run.ends)
 
-
-def commit(run: Run) -> None:
-    """The backups and journal-data/ (statefolder.stage), then journal.json, the run's commit point; on a failure
-    (disk full) what was written is removed and IOFailure raised. The install's roots are checked before each."""
-    check_roots(run.ends.roots)
-    written = statefolder.stage(run.ends, run.backups, run.blobs, run.made)
-    failpoint("after-backups")
-    check_roots(run.ends.roots)
-    statefolder.write_journal(run.ends, run.journal, written)
