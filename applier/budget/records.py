@@ -20,10 +20,15 @@ CONFIGS = {
     "stock": (),
     "overlay": ("elementwise",),
     "overlay_attention": ("attention",),
+    "fp8": ("fp8",),
     "overlay_fp8": ("elementwise", "fp8"),
     "overlay_all": ("elementwise", "attention"),
+    "attention_fp8": ("attention", "fp8"),
     "overlay_all_fp8": ("elementwise", "attention", "fp8"),
 }
+# FP8 Linears without the fused block kernels (and with attention) come before the configs that add them: where the
+# block kernels gain nothing (a release whose blocks the pack's forwards were not written for, a model without Flux's
+# or Wan's blocks) the tie goes to the config that says what runs.
 # What each family runs, in the words of the Fused DiT Ops node's toggles (docs/budget.md, "Configs"): the fused
 # QK RMSNorm + RoPE, LayerNorm + modulation and gated residual add of Flux's and Wan's blocks; the attention toggle
 # (the fastest exact SDPA backend for each shape); the FP8 Linears toggle.
