@@ -104,7 +104,7 @@ def checkpoint_key(name: str, family: str) -> str:
     """A state-dict key as the released checkpoint files spell it (Flux QK norms: `.scale`; Qwen-Image: under
     `model.diffusion_model.`; Qwen-Image 2.1's too, as ComfyUI saves a model: its own module names, gate and up
     fused, which its detection reads as fused_mlp); Wan's keys are the module's own."""
-    if family == "flux":
+    if family in ("flux", "flux2"):
         return _FLUX_QK_NORM.sub(lambda m: f".norm.{m.group(1)}.scale", name)
     if family in ("qwen_image", "qwen_image21"):
         return name if name.startswith(QWEN_IMAGE_PREFIX) else QWEN_IMAGE_PREFIX + name

@@ -37,6 +37,13 @@ Configs (the MODEL a workflow hands to KSampler):
                      registry's choice for this release: its overlay_log says which families ran)
     comfy_sage       what `--use-sage-attention` selects: ComfyUI's attention_sage bound as optimized_attention in
                      every loaded comfy module for the run (the flag binds it so at import); needs sageattention
+    tiled            issue 50's refinement: the pack's TiledSampling node at the model's tile in the pack's table
+                     (overlays/fused_dit/models.json tiling.tile_px; overlap, batch and canvas as the node plans
+                     them); tiled_CONFIG puts it on the MODEL CONFIG builds (e.g. tiled_overlay_all_fp8), any
+                     config but the compile ones. Tiled configs run at the model's tiled canvases only (4096x4096 and
+                     8192x8192; Wan: stills, one frame), after a stock run at the tile's size; each records the
+                     node's tiles and batch (from its log line) and s_per_tile_step, and the report's
+                     tiled_summary holds each against that stock step and the 4096 canvas's memory
 A family the node does not offer is recorded in the run (families_absent); a config none of whose families
 exists is recorded as skipped, not run.
 A run spec is CONFIG[@WEIGHTS][:eval], e.g. `overlay_fp8@fp8_e4m3fn` (the node's FP8 on ComfyUI's fp8 weights) or
@@ -46,6 +53,10 @@ Models (--models): flux-dev (1024x1024, 2048x2048, and 4096x4096 when --resoluti
 pooled, guidance 3.5), wan2.1-t2v-14b (480x832, 33 frames, and 81 frames when --resolutions names 480x832x81; umT5
 512 tokens) and qwen-image (1024x1024, and 2048x2048 when --resolutions names it; 115 Qwen2.5-VL tokens, no
 pooled vector, no guidance; the 16-channel EmptySD3LatentImage latent with the frame axis ComfyUI adds for its Wan21 latent format).
+Issue 50's models, run only when --models names them: flux2-dev (FLUX.2 [dev], 32B, its checkpoint's matrices stored
+in float8_e4m3fn; 1024x1024, 2048x2048; 128 latent channels at 1/16, 512 Mistral 3 tokens 15360 wide, guidance
+3.5), z-image (Z-Image-Turbo on NextDiT; 1024x1024, 2048x2048; 512 Qwen3 4B tokens 2560 wide) and wan2.2-t2v-14b
+(one Wan 2.2 A14B expert: Wan 2.1 T2V 14B's shape, loaded as WAN21; 480x832, 81 frames).
 Qwen-Image's ComfyUI detection reads only in_channels and the depth from the weights (hidden 3072 = 24 x 128 and the
 text width 3584 are the class's defaults), so its --tiny model only loses depth, as Flux's does. A release without
 a model's code (comfy/ldm/qwen_image) records that model's runs as skipped, with the reason.
@@ -87,14 +98,15 @@ from pathlib import Path
 
 from . import generation_configs, results
 from .comfy_release import STARTED, import_comfyui, main_backend, sdpa_backend_name
-from .generation_configs import (COMPILE_CONFIGS, CONFIGS, FP8_WEIGHT_CONFIGS, build_config, release_config,
-                                 set_ops_under_compile)
-from .models import (MODELS, SAMPLER, WEIGHTS_LOADED, Loader, ModelSpec, ModelUnavailable, add_model_arguments,
-                     check_device, check_model_arguments, diffusion_model_class, free_memory, inputs_for,
-                     resolution_name, resolutions_of, sample, synchronize)
+from .generation_configs import (COMPILE_CONFIGS, CONFIGS, FP8_WEIGHT_CONFIGS, TINY_TILE_PX, build_config, is_tiled,
+                                 known_config, release_config, set_ops_under_compile, tiles_of, untiled)
+from .models import (DEFAULT_MODELS, MODELS, SAMPLER, WEIGHTS_LOADED, Loader, ModelSpec, ModelUnavailable,
+                     add_model_arguments, check_device, check_model_arguments, diffusion_model_class, free_memory,
+                     inputs_for, resolution_name, resolutions_of, sample, synchronize)
 from .models import import_paths  # noqa: F401  (the checkout and overlays/: the entry point asks this module)
 
 REPO = Path(__file__).resolve().parent.parent
+MODEL_TABLE = REPO / "overlays" / "fused_dit" / "models.json"
 WEIGHTS = ("bf16", "fp8_e4m3fn")
 NOTE = ("Weights are seeded random numbers, not trained ones: the figures are for speed, memory and which code "
         "ran (FP8 GEMM counts), never for image quality. rel_err_vs_stock compares output latents with the stock "
@@ -112,13 +124,13 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        default = "fp8_e4m3fn" if self.config in FP8_WEIGHT_CONFIGS else "bf16"
+        default = "fp8_e4m3fn" if untiled(self.config) in FP8_WEIGHT_CONFIGS else "bf16"
         return self.config + ("" if self.weights == default else f"@{self.weights}") + (":eval" if self.eval_mode else "")
 
     @property
     def load_key(self) -> tuple:
         """What the ModelPatcher is loaded as: (weights, --fast fp8_matrix_mult)."""
-        return self.weights, self.config == "comfy_fp8_fast"
+        return self.weights, untiled(self.config) == "comfy_fp8_fast"
 
 
 def parse_run_spec(text: str) -> RunSpec:
@@ -127,12 +139,13 @@ def parse_run_spec(text: str) -> RunSpec:
     if mode not in ("", "eval"):
         raise ValueError(f"run spec {text!r}: the only mode suffix is ':eval'")
     config, _, weights = body.partition("@")
-    if config not in CONFIGS:
-        raise ValueError(f"run spec {text!r}: unknown config {config!r}; known: {', '.join(CONFIGS)}")
-    weights = weights or ("fp8_e4m3fn" if config in FP8_WEIGHT_CONFIGS else "bf16")
+    if not known_config(config):
+        raise ValueError(f"run spec {text!r}: unknown config {config!r}; known: {', '.join(CONFIGS)}, and tiled or "
+                         "tiled_CONFIG for any of them but the compile configs")
+    weights = weights or ("fp8_e4m3fn" if untiled(config) in FP8_WEIGHT_CONFIGS else "bf16")
     if weights not in WEIGHTS:
         raise ValueError(f"run spec {text!r}: unknown weights {weights!r}; known: {', '.join(WEIGHTS)}")
-    if config in FP8_WEIGHT_CONFIGS and weights != "fp8_e4m3fn":
+    if untiled(config) in FP8_WEIGHT_CONFIGS and weights != "fp8_e4m3fn":
         raise ValueError(f"run spec {text!r}: {config} is ComfyUI's fp8 weight path; it has no {weights} form")
     return RunSpec(config, weights, mode == "eval")
 
@@ -161,7 +174,8 @@ class Session(Loader):
             diffusion_model_class(spec)   # ModelUnavailable where the release has no code for this model
             base = self.load(spec, run)
             record["model_patcher"] = type(base).__name__
-            patched, details = build_config(run.config, base)
+            patched, details = build_config(run.config, base, tiling_for(spec, self.options.tiny)
+                                            if is_tiled(run.config) else None)
             record.update(details)
             diffusion_model = base.model.diffusion_model
             was_training = diffusion_model.training
@@ -249,6 +263,8 @@ class Session(Loader):
             print(f"  {run.name}: {record['error']}", flush=True)
         finally:
             record["overlay_log"] = captured.close()
+            if is_tiled(run.config):
+                record.update(tiled_record(spec, record, self.options.tiny))
             release_config(patched, self.patcher)
             if run.eval_mode and was_training and self.patcher is not None:
                 self.patcher.model.train()
@@ -501,6 +517,7 @@ def combine(reports: list[dict]) -> dict:
         run["speedup_vs_stock"] = (round(reference / run["s_per_step"], 3)
                                    if reference and run.get("s_per_step") else None)
     combined["runs"] = [run for run, _, _ in runs.values()]
+    combined["tiled_summary"] = tiled_summary(combined["runs"])
     # a report that is itself combined brings its own calls along
     combined["calls"] = [call for r in reports for call in (r.get("calls") or [
         {"environment": r.get("environment"), "settings": r.get("settings"), "setup": r.get("setup")}])]
@@ -509,23 +526,99 @@ def combine(reports: list[dict]) -> dict:
 
 def plan(options) -> list[tuple[ModelSpec, tuple, RunSpec]]:
     """(model, resolution, run) in an order that loads each model's weights once: by model, by what is loaded
-    (bf16, fp8, fp8 with --fast), stock first within each."""
+    (bf16, fp8, fp8 with --fast), stock first within each. Tiled configs run at the model's tiled canvases only
+    (the others never there), after a stock run at the model's tile size (added where the configs lack it)."""
     runs = [parse_run_spec(text) for text in options.configs]
     order = {key: index for index, key in enumerate(
         (("bf16", False), ("fp8_e4m3fn", False), ("fp8_e4m3fn", True)))}
+    stock = parse_run_spec("stock")
     planned = []
     for model_key in options.models:
         spec = MODELS[model_key]
-        resolutions = resolutions_of(spec, options)
-        for load_key in sorted({r.load_key for r in runs}, key=order.get):
+        canvases = tiled_resolutions_of(spec, options) if any(is_tiled(r.config) for r in runs) else []
+        tile_stock = [(tile_resolution(spec, options.tiny, canvases[0]), stock)] if canvases else []
+        for load_key in sorted({r.load_key for r in runs} | {r.load_key for _, r in tile_stock}, key=order.get):
             group = sorted((r for r in runs if r.load_key == load_key),
-                           key=lambda r: (r.config != "stock", r.eval_mode, CONFIGS.index(r.config)))
-            for resolution in resolutions:
-                for run in group:
-                    if options.skip and f"{model_key}/{resolution_name(resolution)}/{run.name}" in options.skip:
-                        continue
-                    planned.append((spec, resolution, run))
+                           key=lambda r: (r.config != "stock", r.eval_mode, CONFIGS.index(untiled(r.config))))
+            cases = [(resolution, run) for resolution in resolutions_of(spec, options) for run in group
+                     if not is_tiled(run.config)]
+            cases += [case for case in tile_stock if case[1].load_key == load_key and case not in cases]
+            tiled = [(canvas, run) for canvas in canvases for run in group if is_tiled(run.config)]
+            for resolution, run in cases + tiled:
+                if options.skip and f"{model_key}/{resolution_name(resolution)}/{run.name}" in options.skip:
+                    continue
+                planned.append((spec, resolution, run))
     return planned
+
+
+# ------------------------------------------------------------------------------- issue 50's tiled refinement
+def table_tile_px(spec: ModelSpec) -> int:
+    """The tile the pack's model table gives this model (read as JSON: nothing imports torch before ComfyUI)."""
+    if not spec.table_key:
+        raise ValueError(f"{spec.key} has no entry in the pack's model table: no tiled configs for it")
+    return json.loads(MODEL_TABLE.read_text(encoding="utf-8"))[spec.table_key]["tiling"]["tile_px"]
+
+
+def tiling_for(spec: ModelSpec, tiny: bool) -> dict:
+    """generation_configs.tiled_sampling's arguments: the table's entry and tile (--tiny: the node's smallest)."""
+    return {"table_key": spec.table_key, "tile_px": TINY_TILE_PX if tiny else table_tile_px(spec), "tiny": tiny}
+
+
+def tiled_resolutions_of(spec: ModelSpec, options) -> list[tuple]:
+    """The canvases the model's tiled configs run at (--tiny: its tiny ones), those named where --resolutions
+    names any."""
+    if not spec.table_key:
+        raise ValueError(f"{spec.key} has no entry in the pack's model table: no tiled configs for it")
+    canvases = spec.tiny_tiled_resolutions if options.tiny else spec.tiled_resolutions
+    return [r for r in canvases if not options.resolutions or resolution_name(r) in options.resolutions]
+
+
+def tile_resolution(spec: ModelSpec, tiny: bool, canvas: tuple) -> tuple:
+    """The native run one tile of `canvas` stands for: the tile's square with the canvas's frames."""
+    tile = tiling_for(spec, tiny)["tile_px"]
+    return (tile, tile, *canvas[2:])
+
+
+def tiled_record(spec: ModelSpec, record: dict, tiny: bool) -> dict:
+    """A tiled run's plan (from the node's log line), its seconds per tile-step, and the runs it is held
+    against: the tile-sized stock step and the same config at the model's first (smallest) tiled canvas."""
+    found = tiles_of(record.get("overlay_log") or [])
+    canvas = tuple(int(v) for v in record["resolution"].split("x"))
+    canvases = spec.tiny_tiled_resolutions if tiny else spec.tiled_resolutions
+    found.update({"tile_stock_resolution": resolution_name(tile_resolution(spec, tiny, canvas)),
+                  "memory_reference_resolution": resolution_name(canvases[0])})
+    if found.get("tiles") and record.get("s_per_step"):
+        found["s_per_tile_step"] = round(record["s_per_step"] / found["tiles"], 4)
+    return found
+
+
+def ratio(numerator, denominator):
+    return round(numerator / denominator, 3) if numerator and denominator else None
+
+
+def tiled_summary(runs: list[dict]) -> list[dict]:
+    """Issue 50's two tiled targets per tiled run: its seconds per tile-step over the stock step at the tile's size
+    (of its own release, GPU and VRAM mode; at most 0.75), and its memory over the same run at the model's first
+    tiled canvas (4096; within 10%), both torch's peak and the device's."""
+    stock = {reference_group(r): r for r in runs if is_reference(r) and r.get("s_per_step")}
+    done = {(reference_group(r), r.get("run")): r for r in runs if r.get("s_per_step")}
+    rows = []
+    for run in runs:
+        if "tile_stock_resolution" not in run or not run.get("s_per_step"):
+            continue
+        native = stock.get(reference_group({**run, "resolution": run["tile_stock_resolution"]}))
+        base = done.get((reference_group({**run, "resolution": run["memory_reference_resolution"]}), run["run"]))
+        rows.append({"model": run["model"], "run": run["run"], "resolution": run["resolution"],
+                     "gpu": run.get("gpu"), "tiles": run.get("tiles"), "tile_batch": run.get("tile_batch"),
+                     "s_per_step": run["s_per_step"], "s_per_tile_step": run.get("s_per_tile_step"),
+                     "tile_stock": native and {"resolution": native["resolution"], "s_per_step": native["s_per_step"]},
+                     "tile_step_vs_tile_stock": ratio(run.get("s_per_tile_step"), native and native["s_per_step"]),
+                     "memory_reference": base and base["resolution"],
+                     "peak_vs_reference": ratio(run.get("peak_gib"), base and base.get("peak_gib")),
+                     "device_used_vs_reference": ratio(run.get("device_used_peak_gib"),
+                                                       base and base.get("device_used_peak_gib")),
+                     "rel_err_vs_stock": run.get("rel_err_vs_stock")})
+    return rows
 
 
 def environment(device: str, comfyui: dict) -> dict:
@@ -539,7 +632,7 @@ def environment(device: str, comfyui: dict) -> dict:
 
 
 def add_arguments(parser) -> None:
-    add_model_arguments(parser, models=",".join(MODELS), steps=4, warmup_steps=2, comfyui_required=False)
+    add_model_arguments(parser, models=",".join(DEFAULT_MODELS), steps=4, warmup_steps=2, comfyui_required=False)
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help="comma list of run specs CONFIG[@WEIGHTS][:eval]; configs: " + ", ".join(CONFIGS))
     parser.add_argument("--skip", default="", help="comma list of MODEL/RESOLUTION/RUN to leave out")
@@ -609,6 +702,7 @@ def run(options, parser) -> int:
             record = session.run(spec, resolution, run)
         report["runs"].append(record)
         report["setup"] = session.setup
+        report["tiled_summary"] = tiled_summary(report["runs"])
         results.write_json(report, options.out)
         if "error" not in record and "skipped" not in record:
             print(f"  {record['s_per_step']} s/step, peak {record['peak_gib']} GiB, "

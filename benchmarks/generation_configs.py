@@ -8,6 +8,8 @@ installed, raises ConfigSkipped: recorded as skipped, never run as something els
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 import sys
 import time
 
@@ -43,6 +45,30 @@ OVERLAY_FAMILIES = {
 FP8_ATTENTION_CONFIGS = ("overlay_attention_fp8", "overlay_all_fp8_attn", "overlay_all_fp8_attn_compile")
 # what comfy_sage rebinds, and how to put it back (module, attribute, previous value)
 _UNDO: list = []
+# issue 50's tiled refinement: "tiled" is the pack's TiledSampling node on UNETLoader's model, "tiled_CONFIG" the
+# node on the MODEL that CONFIG builds (e.g. tiled_overlay_all_fp8: Fused DiT Ops, then TiledSampling), never a
+# compile config
+TILED = "tiled"
+# a --tiny run's tile: the node's smallest (comfyui_fused_dit.tiled_sampling.MIN_TILE_PX)
+TINY_TILE_PX = 256
+# the pack's table entries a --tiny run widened, and what they were (table, key, entry)
+_TABLE_UNDO: list = []
+
+
+def is_tiled(config: str) -> bool:
+    return config == TILED or (config.startswith(TILED + "_") and untiled(config) in CONFIGS
+                               and untiled(config) not in COMPILE_CONFIGS)
+
+
+def untiled(config: str) -> str:
+    """The config a tiled config puts TiledSampling on (tiled: stock); any other config itself."""
+    if config == TILED:
+        return "stock"
+    return config[len(TILED) + 1:] if config.startswith(TILED + "_") else config
+
+
+def known_config(config: str) -> bool:
+    return config in CONFIGS or is_tiled(config)
 
 
 class ConfigSkipped(Exception):
@@ -91,8 +117,12 @@ def default_inputs(input_types: dict) -> dict:
     return inputs
 
 
-def build_config(config: str, base):
-    """The MODEL this config hands to KSampler, built with the nodes' own calls; and what was set."""
+def build_config(config: str, base, tiling: dict | None = None):
+    """The MODEL this config hands to KSampler, built with the nodes' own calls; and what was set. A tiled config
+    needs `tiling` (tiled_sampling's arguments)."""
+    if is_tiled(config):
+        patched, details = build_config(untiled(config), base)
+        return tiled_sampling(patched, details, **tiling)
     if config in ("stock", "comfy_fp8", "comfy_fp8_fast"):
         return base, {}
     if config == "comfy_sage":
@@ -120,6 +150,39 @@ def build_config(config: str, base):
         set_torch_compile_wrapper(model=patched, backend="inductor")
         details["compile"] = {"backend": "inductor", "keys": ["diffusion_model"]}
     return patched, details
+
+
+def tiled_sampling(patched, details: dict, table_key: str, tile_px: int, tiny: bool):
+    """The pack's TiledSampling node on `patched` at `tile_px` (the table's tile; overlap, batch and canvas as the
+    node plans them). A --tiny model is narrower than the table's entry, which the node would refuse: for the run,
+    the entry's width keys take the tiny model's values (said in the record; restored by release_config)."""
+    from comfyui_fused_dit.tiled_sampling import TiledSampling
+    from fused_dit.tiling import models as table
+    details["tiled_sampling"] = {"table_entry": table_key, "tile_px": tile_px, "overlap_px": "planned",
+                                 "tile_batch": "planned", "canvas": "auto"}
+    if tiny:
+        shape = table.MODELS[table_key]
+        config = patched.model.model_config.unet_config
+        _TABLE_UNDO.append((table.MODELS, table_key, shape))
+        widths = tuple((key, config.get(key)) for key, _ in shape.config_width)
+        table.MODELS[table_key] = dataclasses.replace(shape, config_width=widths)
+        details["tiled_sampling"]["tiny"] = f"the table's {dict(shape.config_width)} read as {dict(widths)}"
+    (tiled,) = TiledSampling().patch(patched, tile_px=tile_px)
+    details["tiled_sampling"]["tiled"] = tiled is not patched
+    return tiled, details
+
+
+TILES_LINE = re.compile(r"Tiled Sampling: (\d+) tiles of (\d+) px, overlap (\d+) px .*?\), (\d+) per batch")
+
+
+def tiles_of(overlay_log: list[str]) -> dict:
+    """The node's plan from its one INFO line (wrappers.describe): tiles, tile and overlap px, tiles per batch."""
+    for line in overlay_log:
+        found = TILES_LINE.search(line)
+        if found:
+            tiles, tile_px, overlap_px, batch = (int(v) for v in found.groups())
+            return {"tiles": tiles, "tile_px": tile_px, "overlap_px": overlap_px, "tile_batch": batch}
+    return {}
 
 
 def bind_sage_attention() -> dict:
@@ -162,6 +225,9 @@ def release_config(patched, base) -> None:
     while _UNDO:
         module, attribute, old = _UNDO.pop()
         setattr(module, attribute, old)
+    while _TABLE_UNDO:
+        table, key, entry = _TABLE_UNDO.pop()
+        table[key] = entry
     if patched is None or base is None:
         return
     try:

@@ -25,7 +25,7 @@ import sys
 import types
 from pathlib import Path
 
-from . import results
+from . import models, results
 from .eras import ERAS_EXPANDED_DEPTH as INTO_DEPTH
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,10 +46,7 @@ WAN = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, freq_dim=256, t
 ARGUMENTS = {
     "flux-dev": ("comfy.ldm.flux.model", "Flux", FLUX_DEV, "Flux",
                  "black-forest-labs/FLUX.1-dev transformer/config.json"),
-    "flux2-dev": ("comfy.ldm.flux.model", "Flux", dict(
-        FLUX_DEV, in_channels=128, out_channels=128, vec_in_dim=None, context_in_dim=15360, hidden_size=6144,
-        mlp_ratio=3.0, num_heads=48, depth=8, depth_single_blocks=48, axes_dim=[32, 32, 32, 32], theta=2000,
-        patch_size=1, qkv_bias=False, txt_ids_dims=[3], global_modulation=True, mlp_silu_act=True, ops_bias=False),
+    "flux2-dev": ("comfy.ldm.flux.model", "Flux", models.FLUX2_DEV,
         "Flux2", "black-forest-labs/FLUX.2-dev transformer/config.json (8 double, 48 single, 48 heads, Mistral 3 "
                  "24B's three 5120-wide layers as context)"),
     "chroma": ("comfy.ldm.chroma.model", "Chroma", dict(
@@ -61,11 +58,7 @@ ARGUMENTS = {
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=3584, pooled_projection_dim=768, axes_dims_rope=(16, 56, 56)),
         "QwenImage", "Qwen/Qwen-Image transformer/config.json"),
-    "z-image": ("comfy.ldm.lumina.model", "NextDiT", dict(
-        patch_size=2, in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2, n_heads=30, n_kv_heads=30,
-        ffn_dim_multiplier=8.0 / 3.0, qk_norm=True, cap_feat_dim=2560, axes_dims=[32, 48, 48],
-        axes_lens=[1536, 512, 512], rope_theta=256.0, z_image_modulation=True, time_scale=1000.0,
-        pad_tokens_multiple=32), "ZImage", "Tongyi-MAI/Z-Image-Turbo transformer/config.json"),
+    "z-image": ("comfy.ldm.lumina.model", "NextDiT", models.Z_IMAGE, "ZImage", "Tongyi-MAI/Z-Image-Turbo transformer/config.json"),
     "lumina2": ("comfy.ldm.lumina.model", "NextDiT", dict(
         patch_size=2, in_channels=16, dim=2304, n_layers=26, n_refiner_layers=2, n_heads=24, n_kv_heads=8,
         ffn_dim_multiplier=4.0, qk_norm=True, cap_feat_dim=2304, axes_dims=[32, 32, 32], axes_lens=[300, 512, 512],

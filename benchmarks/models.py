@@ -46,6 +46,14 @@ class ModelSpec:
     # run only when --resolutions names them (applier budget's validation points, issue 30: a Flux-dev 4096 step
     # takes ~10 s on an H200, Wan's 81 frames ~4 s; a run of the defaults stays as long as it was)
     on_request: tuple = ()
+    # issue 50's tiled refinement: the model's key in the pack's table (overlays/fused_dit/models.json), whose
+    # tiling.tile_px TiledSampling is given, and the canvases the tiled configs run at (they run there only)
+    table_key: str = ""
+    tiled_resolutions: tuple = ()
+    tiny_tiled_resolutions: tuple = ()
+    # how the checkpoint stores its matrices (the other tensors are bf16): FLUX.2 [dev]'s 32B in bf16 (64 GB) fits
+    # neither the card's route nor the machine's disk beside another model, so its file is fp8 as Comfy-Org's is
+    storage: str = "bfloat16"
 
 
 FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=3072,
@@ -81,6 +89,24 @@ QWEN_IMAGE_TEXT_TOKENS = 115
 QWEN_IMAGE21 = dict(in_channels=64, out_channels=64, num_layers=32, attention_head_dim=128, num_attention_heads=32,
                     context_in_dim=4096, mlp_ratio=3, fused_mlp=True)
 QWEN_IMAGE21_TINY = {**QWEN_IMAGE21, "num_layers": 2, "num_attention_heads": 2, "context_in_dim": 256}
+# FLUX.2 [dev] (black-forest-labs/FLUX.2-dev transformer/config.json: 8 double and 48 single blocks of 48 heads x
+# 128, mlp_ratio 3 with a gated SiLU MLP, 128 latent channels at 1/16, patch 1, Mistral 3 24B's three 5120-wide
+# layers as context); ComfyUI's flux2 detection branch sets the rest from the presence of
+# double_stream_modulation_img (global modulation, no biases) and reads hidden_size from img_in and context width
+# from txt_in, heads = hidden / 128. 32.2B parameters (counted in overlay-eras.json model_table).
+FLUX2_DEV = dict(FLUX_DEV, in_channels=128, out_channels=128, vec_in_dim=None, context_in_dim=15360, hidden_size=6144,
+                 mlp_ratio=3.0, num_heads=48, depth=8, depth_single_blocks=48, axes_dim=[32, 32, 32, 32], theta=2000,
+                 patch_size=1, qkv_bias=False, txt_ids_dims=[3], global_modulation=True, mlp_silu_act=True,
+                 ops_bias=False)
+# Z-Image-Turbo (Tongyi-MAI/Z-Image-Turbo transformer/config.json) on comfy.ldm.lumina.model.NextDiT: ComfyUI's
+# lumina2 branch names it Z-Image only at dim 3840 (and sets heads, rope and modulation from that), reads the depth
+# and Qwen3 4B's 2560-wide context from the weights; the refiners' depth (2) is the class default
+Z_IMAGE = dict(patch_size=2, in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2, n_heads=30, n_kv_heads=30,
+               ffn_dim_multiplier=8.0 / 3.0, qk_norm=True, cap_feat_dim=2560, axes_dims=[32, 48, 48],
+               axes_lens=[1536, 512, 512], rope_theta=256.0, z_image_modulation=True, time_scale=1000.0,
+               pad_tokens_multiple=32)
+TILED_CANVASES = ((4096, 4096), (8192, 8192))
+TINY_TILED_CANVASES = ((512, 512),)
 MODELS = {
     # ComfyUI's Flux detection fixes hidden 3072 / 24 heads, so the tiny Flux only loses depth
     "flux-dev": ModelSpec("flux-dev", "flux", FLUX_DEV, {**FLUX_DEV, "depth": 1, "depth_single_blocks": 1},
@@ -91,12 +117,33 @@ MODELS = {
                                 ((480, 832, 33),), ((64, 64, 5),), 512, 8, "WAN21", ((480, 832, 81),)),
     # Qwen-Image's detection reads in_channels and the depth only: the tiny Qwen-Image only loses depth
     "qwen-image": ModelSpec("qwen-image", "qwen_image", QWEN_IMAGE, {**QWEN_IMAGE, "num_layers": 1},
-                            ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage", ((2048, 2048),)),
+                            ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage", ((2048, 2048),),
+                            "qwen-image", TILED_CANVASES, TINY_TILED_CANVASES),
     # the text context: Qwen-Image's token count for the same prompt (Qwen-Image 2.1's Qwen3-VL template was not
     # run here); 1024x1024 is 64x64 latent tokens
     "qwen-image-2.1": ModelSpec("qwen-image-2.1", "qwen_image21", QWEN_IMAGE21, QWEN_IMAGE21_TINY,
                                 ((1024, 1024),), ((64, 64),), QWEN_IMAGE_TEXT_TOKENS, 8, "QwenImage21"),
+    # issue 50's models. FLUX.2's detection takes heads from the width (hidden / 128): the tiny one is 2 heads wide,
+    # one block of each kind, a 256-wide context; its text is padded to 512 tokens by model_base.Flux2 in any case
+    "flux2-dev": ModelSpec("flux2-dev", "flux2", FLUX2_DEV,
+                           {**FLUX2_DEV, "hidden_size": 256, "num_heads": 2, "depth": 1, "depth_single_blocks": 1,
+                            "context_in_dim": 256},
+                           ((1024, 1024), (2048, 2048)), ((64, 64),), 512, 8, "Flux2", (), "flux2-dev",
+                           TILED_CANVASES, TINY_TILED_CANVASES, storage="float8_e4m3fn"),
+    # Z-Image is named only at its full width (see Z_IMAGE): the tiny one keeps it and loses depth (one block
+    # beside the two noise and two context refiners)
+    "z-image": ModelSpec("z-image", "lumina2", Z_IMAGE, {**Z_IMAGE, "n_layers": 1}, ((1024, 1024), (2048, 2048)),
+                         ((64, 64),), 512, 8, "Lumina2", (), "z-image", TILED_CANVASES, TINY_TILED_CANVASES),
+    # Wan 2.2 A14B: two experts (high and low noise), each of Wan 2.1 T2V 14B's shape, which ComfyUI loads as
+    # WAN21_T2V; one expert is measured (a step runs one of them). Its tiled canvases are stills (one frame): a tile
+    # carries every frame, so a video canvas multiplies each tile's tokens by its latent frames
+    "wan2.2-t2v-14b": ModelSpec("wan2.2-t2v-14b", "wan", WAN21_T2V_14B,
+                                {**WAN21_T2V_14B, "dim": 256, "ffn_dim": 512, "num_heads": 2, "num_layers": 1},
+                                ((480, 832, 81),), ((64, 64, 5),), 512, 8, "WAN21", (), "wan-14b",
+                                ((4096, 4096, 1), (8192, 8192, 1)), ((512, 512, 1),)),
 }
+# the models a command runs when --models names none (issue 50's are named: each is tens of GB)
+DEFAULT_MODELS = ("flux-dev", "wan2.1-t2v-14b", "qwen-image", "qwen-image-2.1")
 
 
 def resolution_name(resolution: tuple) -> str:
@@ -114,9 +161,12 @@ OPTIONAL_MODELS = {"qwen_image": ("qwen_image", "QwenImageTransformer2DModel", "
 
 
 def diffusion_model_class(spec: ModelSpec):
-    if spec.family == "flux":
+    if spec.family in ("flux", "flux2"):
         from comfy.ldm.flux.model import Flux
         return Flux
+    if spec.family == "lumina2":
+        from comfy.ldm.lumina.model import NextDiT
+        return NextDiT
     if spec.family in OPTIONAL_MODELS:
         package, name, label = OPTIONAL_MODELS[spec.family]
         module = f"comfy.ldm.{package}.model"
@@ -133,7 +183,7 @@ def diffusion_model_class(spec: ModelSpec):
 def constructor_arguments(spec: ModelSpec, tiny: bool) -> dict:
     """The arguments of this release's diffusion model class (Flux: txt_ids_dims where FluxParams has it)."""
     arguments = spec.tiny if tiny else spec.full
-    if spec.family == "flux":
+    if spec.family in ("flux", "flux2"):
         from comfy.ldm.flux.model import FluxParams
         arguments = comfy_release.flux_arguments(arguments, {f.name for f in dataclasses.fields(FluxParams)})
     return arguments
@@ -249,12 +299,14 @@ def checkpoint_shapes(spec: ModelSpec, tiny: bool) -> dict:
 
 
 def random_state_dict(spec: ModelSpec, tiny: bool, seed: int, device: str) -> dict:
-    """Seeded random bf16 weights with the names and shapes of the release's checkpoint (checkpoint_shapes)."""
-    return random_tensors(checkpoint_shapes(spec, tiny), seed, device)
+    """Seeded random weights with the names and shapes of the release's checkpoint (checkpoint_shapes): bf16, the
+    matrices in the spec's storage dtype (FLUX.2: float8_e4m3fn, which ComfyUI's loader keeps as the weights'
+    storage on a card with FP8 compute and casts per layer, as it does Comfy-Org's fp8 file)."""
+    return random_tensors(checkpoint_shapes(spec, tiny), seed, device, matrices=spec.storage)
 
 
-def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16") -> dict:
-    """Seeded random weights of these names and shapes.
+def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16", matrices: str = "") -> dict:
+    """Seeded random weights of these names and shapes (2-D ones in `matrices` where given).
 
     Scales keep activations finite through the whole depth: matrices and convolutions ~ N(0, 1/fan_in), norm
     scales near 1, biases and Wan's modulation tables small. Tensors are drawn on `device` and returned on the CPU."""
@@ -273,7 +325,8 @@ def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16"
             noise = 1.0 + 0.1 * noise
         else:
             noise *= 0.05
-        state[name] = noise.to(getattr(torch, dtype)).cpu().contiguous()
+        stored = matrices if matrices and len(shape) == 2 else dtype
+        state[name] = noise.to(getattr(torch, stored)).cpu().contiguous()
         del noise
     return state
 
@@ -281,7 +334,8 @@ def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16"
 def checkpoint_path(directory: Path, spec: ModelSpec, tiny: bool, seed: int) -> Path:
     """The file's name carries a tag of its key format, so releases that spell keys alike share one file."""
     tag = comfy_release.key_format_tag(checkpoint_shapes(spec, tiny))
-    return directory / f"{spec.key}{'-tiny' if tiny else ''}-random-seed{seed}-keys{tag}.safetensors"
+    stored = "" if spec.storage == "bfloat16" else f"-{spec.storage}"
+    return directory / f"{spec.key}{'-tiny' if tiny else ''}{stored}-random-seed{seed}-keys{tag}.safetensors"
 
 
 def ensure_checkpoint(directory: Path, spec: ModelSpec, tiny: bool, seed: int, device: str) -> tuple[Path, float]:
@@ -367,6 +421,20 @@ def inputs_for(spec: ModelSpec, resolution: tuple, tiny: bool, seed: int):
         context = torch.randn(1, tokens, 4096, generator=generator)
         pooled = torch.randn(1, 768, generator=generator)
         positive = [[context, {"pooled_output": pooled, "guidance": 3.5}]]
+    elif spec.family == "flux2":
+        # EmptyFlux2LatentImage's 128 channels at 1/16; Mistral 3's three stacked layers (15360 wide) as the context,
+        # no pooled vector (model_base.Flux2 pads the context to 512 tokens), guidance 3.5 as FluxGuidance gives it
+        height, width = resolution
+        latent = torch.zeros(1, 128, height // 16, width // 16)
+        context = torch.randn(1, tokens, (spec.tiny if tiny else spec.full)["context_in_dim"], generator=generator)
+        positive = [[context, {"guidance": 3.5}]]
+    elif spec.family == "lumina2":
+        # Z-Image: EmptySD3LatentImage's 16 channels at 1/8; Qwen3 4B's hidden states (2560 wide) as the caption,
+        # no attention mask for one prompt (model_base.Lumina2 then counts the caption's tokens itself)
+        height, width = resolution
+        latent = torch.zeros(1, 16, height // 8, width // 8)
+        context = torch.randn(1, tokens, (spec.tiny if tiny else spec.full)["cap_feat_dim"], generator=generator)
+        positive = [[context, {}]]
     elif spec.family == "qwen_image21":
         # Qwen-Image 2.1's empty latent: 64 channels at 1/16, no frame axis (latent_formats.QwenImage21); Qwen3-VL
         # 8B's hidden states as the context (QwenImage21 takes c_crossattn as Qwen-Image does)

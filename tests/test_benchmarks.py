@@ -168,7 +168,8 @@ def test_checkpoint_keys_are_spelt_as_the_released_files_spell_them():
 
 # ------------------------------------------------------------------------------------------------ the models
 def test_a_tiny_model_only_loses_what_comfyuis_detection_does_not_fix():
-    assert list(models.MODELS) == ["flux-dev", "wan2.1-t2v-14b", "qwen-image", "qwen-image-2.1"]
+    assert list(models.MODELS) == ["flux-dev", "wan2.1-t2v-14b", "qwen-image", "qwen-image-2.1", "flux2-dev", "z-image",
+                                   "wan2.2-t2v-14b"]
     for spec in models.MODELS.values():
         assert spec.model_class and spec.tiny_text_tokens < spec.text_tokens
     # Qwen-Image 2.1's detection reads every argument from the weights; the head stays 128 (the default rope axes)
