@@ -1,6 +1,7 @@
-"""The parts the held root is made of: open flags, the file layer's errors and hints, bounded reads of a descriptor,
-applier's temp-file names, a replaced file's metadata copied onto its successor, fsync, and removing or pruning a tree
-from a folder's descriptor without following a link; io_failure words an OSError (exit 8)."""
+"""The parts the held root is made of: open flags, the file layer's errors and hints, applier's temp-file names, a
+replaced file's metadata copied onto its successor, fsync, and the steps at a folder's descriptor: a regular file
+opened for reading, a file created, a folder made, a tree walked, removed or pruned, never through a link;
+io_failure words an OSError (exit 8)."""
 from __future__ import annotations
 
 import errno
@@ -50,23 +51,6 @@ class FileTooLarge(IOFailure):
     """A file is larger than applier ever needs to read."""
 
 
-def read_fd(fd: int, shown, limit: int) -> bytes:
-    """The bytes of an open regular file, at most limit (FileTooLarge past it; `shown` names it)."""
-    size = os.fstat(fd).st_size
-    if size > limit:
-        raise too_large(shown, size, limit)
-    chunks, total = [], 0
-    while True:
-        chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > limit:
-            raise too_large(shown, total, limit)
-    return b"".join(chunks)
-
-
 def too_large(shown, size: int, limit: int) -> FileTooLarge:
     return FileTooLarge(f"refusing to read {shown}: {size} bytes or more, over applier's limit of {limit} bytes",
                         hint="nothing was changed; that is not a file applier wrote or patches")
@@ -81,6 +65,91 @@ SPECIAL_HINT = "nothing was changed; put a regular file in its place (or move it
 OUTSIDE_HINT = ("applier never reads or writes outside the install through a link; nothing more was changed. Put the "
                 "folder or file itself in place of the link (or move the link aside) and run again")
 
+
+
+def walk_at(top_fd: int, where: str, shown, max_depth: int, max_entries: int):
+    """(folder's relpath, [(name, lstat)]) for the held folder top_fd (at where, closed here) and every real folder
+    below it, breadth first, each opened from the one above it without following links (a link is listed, never
+    entered). Iterative; WalkLimit past max_depth or max_entries (`shown` names the top)."""
+    queue = [(top_fd, where, 0)]
+    seen = 0
+    try:
+        while queue:
+            fd, where, depth = queue.pop(0)
+            try:
+                entries = []
+                for entry in os.scandir(fd):
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    entries.append((entry.name, st))
+                    seen += 1
+                    if seen > max_entries:
+                        raise WalkLimit(f"{shown} holds more than {max_entries} entries", hint=WALK_HINT)
+                    if stat.S_ISDIR(st.st_mode):
+                        if depth + 1 > max_depth:
+                            raise WalkLimit(f"{shown} holds folders nested more than {max_depth} deep",
+                                            hint=WALK_HINT)
+                        try:
+                            child = os.open(entry.name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
+                        except OSError:
+                            continue
+                        queue.append((child, f"{where}/{entry.name}" if where else entry.name, depth + 1))
+                yield where, entries
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _, _ in queue:
+            os.close(fd)
+
+
+def open_regular_at(fd: int, name: str, shown) -> int | None:
+    """A blocking read-only fd of the regular file fd/name, looked at before it is opened: a FIFO, device or socket
+    is refused unopened (NotRegularFile; `shown` names it); the open itself never blocks and never follows a link.
+    None when a link stands there (swapped in after the walk: the caller walks again)."""
+    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(f"refusing to read {shown}: it is {kind_of(st.st_mode)}, not a regular file",
+                             hint=SPECIAL_HINT)
+    try:
+        file_fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+    st = os.fstat(file_fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(file_fd)
+        raise NotRegularFile(f"refusing to read {shown}: it is {kind_of(st.st_mode)}, not a regular file",
+                             hint=SPECIAL_HINT)
+    os.set_blocking(file_fd, True)
+    return file_fd
+
+
+def create_at(fd: int, name: str, data: bytes, mode: int) -> bool:
+    """Create fd/name with data unless something is there already (False then); no temp file, no link followed."""
+    try:
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode, dir_fd=fd)
+    except FileExistsError:
+        return False
+    try:
+        os.write(out, data)
+    finally:
+        os.close(out)
+    return True
+
+
+def make_folder_at(fd: int, name: str, mode: int, shown) -> None:
+    """Create the folder fd/name unless a folder is there already (NotADirectoryError for anything else)."""
+    try:
+        os.mkdir(name, mode, dir_fd=fd)
+    except FileExistsError:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(shown)) from None
 
 
 def temp_name(name: str) -> str:
@@ -129,52 +198,6 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def replace_at(fd: int, name: str, data: bytes, mode: int | None, shown) -> None:
-    """Give fd/name new bytes atomically: a temp file beside it (O_EXCL, never a link), written and fsynced, the
-    replaced file's metadata copied onto it (copy_metadata; `mode` when given), renamed onto the name, then the
-    folder fsynced. A special file at name is a refusal (NotRegularFile; `shown` names it), never opened."""
-    old = open_existing(fd, name, shown)
-    tmp = temp_name(name)
-    tmp_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600, dir_fd=fd)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(tmp_fd, view):]
-            os.fsync(tmp_fd)
-            copy_metadata(old, tmp_fd, mode)
-        finally:
-            os.close(tmp_fd)
-        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=fd)
-        except FileNotFoundError:
-            pass
-        raise
-    finally:
-        if old is not None:
-            os.close(old)
-    fsync_fd(fd)
-
-
-def open_existing(fd: int, name: str, shown) -> int | None:
-    """An fd of the regular file fd/name being replaced (for its metadata), None when there is none; a special file
-    there is a refusal (NotRegularFile), never opened."""
-    try:
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISLNK(st.st_mode):    # swapped in after the walk: the rename replaces the link itself
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        raise NotRegularFile(f"refusing to replace {shown}: it is {kind_of(st.st_mode)}", hint=SPECIAL_HINT)
-    try:
-        return os.open(name, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        return None
 
 
 def fsync_fd(fd: int) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from applier.errors import IOFailure
 from applier.store.fileops import (MAX_READ_BYTES, SPECIAL_HINT, TEMP_SUFFIX, FileTooLarge, LeadsOutside,
-                                   NotRegularFile, dump_json, io_failure, kind_of, read_fd)
-from applier.store.heldroot import HeldRoot, hold
+                                   NotRegularFile, dump_json, io_failure, kind_of)
+from applier.store.heldroot import HeldRoot, hold, read_fd
 from applier.store.paths import real_inside
 
 # Walks of applier's own folder and of the pack's install folders stop here (exit 7 / a refusal): applier writes

@@ -18,7 +18,7 @@ link itself or fail.
 
 Where the platform lacks `dir_fd` (Windows), `supported()` is False and `hold` gives a PathRoot instead: the same
 operations by path, each path checked right before it is used; a race there can still lead outside (the README's
-safety section says so). Beside it: fileops.py (the flags, errors and descriptor-level steps it is made of),
+safety section says so). Beside it: fileops.py (the flags, errors and the steps at a folder's descriptor),
 statefolder.py (`.applier/` opened for a command) and writer.py (a run's one writer)."""
 from __future__ import annotations
 
@@ -29,10 +29,73 @@ import stat
 from pathlib import Path, PurePosixPath
 
 from applier.errors import IOFailure
-from applier.store.fileops import (MAX_LINK_HOPS, O_CLOEXEC, O_DIRECTORY, O_NOCTTY, O_NOFOLLOW, OUTSIDE_HINT,
-                                   SPECIAL_HINT, WALK_HINT, LeadsOutside, NotRegularFile, WalkLimit, current_umask,
-                                   fsync_fd, kind_of, prune_at, read_fd, remove_tree_at, replace_at, supported,
-                                   temp_name)
+from applier.store.fileops import (MAX_LINK_HOPS, O_CLOEXEC, O_DIRECTORY, O_NOFOLLOW, OUTSIDE_HINT, SPECIAL_HINT,
+                                   WALK_HINT, LeadsOutside, NotRegularFile, WalkLimit, copy_metadata, create_at,
+                                   current_umask, fsync_fd, kind_of, make_folder_at, open_regular_at, prune_at,
+                                   remove_tree_at, supported, temp_name, too_large, walk_at)
+
+
+def read_fd(fd: int, shown, limit: int) -> bytes:
+    """The bytes of an open regular file, at most limit (FileTooLarge past it; `shown` names it)."""
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise too_large(shown, size, limit)
+    chunks, total = [], 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise too_large(shown, total, limit)
+    return b"".join(chunks)
+
+
+def replace_at(fd: int, name: str, data: bytes, mode: int | None, shown) -> None:
+    """HeldRoot.write's atomic replace of fd/name: a temp file beside it (O_EXCL, never a link), fsynced, given the
+    replaced file's metadata (copy_metadata), renamed onto the name; a special file there is refused (open_existing)."""
+    old = open_existing(fd, name, shown)
+    tmp = temp_name(name)
+    tmp_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600, dir_fd=fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(tmp_fd, view):]
+            os.fsync(tmp_fd)
+            copy_metadata(old, tmp_fd, mode)
+        finally:
+            os.close(tmp_fd)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        raise
+    finally:
+        if old is not None:
+            os.close(old)
+    fsync_fd(fd)
+
+
+def open_existing(fd: int, name: str, shown) -> int | None:
+    """An fd of the regular file fd/name being replaced (for its metadata), None when there is none; a special file
+    there is a refusal (NotRegularFile), never opened."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):    # swapped in after the walk: the rename replaces the link itself
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(f"refusing to replace {shown}: it is {kind_of(st.st_mode)}", hint=SPECIAL_HINT)
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
+
 
 
 def parts_of(relpath) -> tuple[str, ...]:
@@ -215,34 +278,16 @@ class HeldRoot:
             os.close(fd)
 
     def open_file(self, rel) -> int:
-        """A read-only fd of the regular file rel leads to (links followed inside the root). Looked at before it is
-        opened: a FIFO, device or socket is refused unopened; the open itself never blocks and never follows a link
-        swapped in meanwhile (that is walked again)."""
+        """A read-only fd of the regular file rel leads to (links followed inside the root): a special file is refused
+        unopened, a link swapped in meanwhile is walked again (open_regular_at)."""
         for _ in range(MAX_LINK_HOPS):
             fd, name, where = self.walk_to(rel)
             try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    continue        # a link swapped in after the walk: walk again
-                if not stat.S_ISREG(st.st_mode):
-                    raise NotRegularFile(f"refusing to read {self.display(where)}: it is {kind_of(st.st_mode)}, "
-                                         "not a regular file", hint=SPECIAL_HINT)
-                try:
-                    file_fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC,
-                                      dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:
-                        continue
-                    raise
+                file_fd = open_regular_at(fd, name, self.display(where))
             finally:
                 os.close(fd)
-            st = os.fstat(file_fd)
-            if not stat.S_ISREG(st.st_mode):
-                os.close(file_fd)
-                raise NotRegularFile(f"refusing to read {self.display(where)}: it is {kind_of(st.st_mode)}, not a "
-                                     "regular file", hint=SPECIAL_HINT)
-            os.set_blocking(file_fd, True)
-            return file_fd
+            if file_fd is not None:
+                return file_fd
         raise OSError(errno.ELOOP, "links keep changing", str(self.display(rel)))
 
     def read(self, rel, *, limit: int) -> bytes:
@@ -287,39 +332,7 @@ class HeldRoot:
             top = self.open_folder(rel)
         except (FileNotFoundError, NotADirectoryError):
             return
-        queue = [(top, "/".join(parts_of(rel)), 0)]
-        seen = 0
-        try:
-            while queue:
-                fd, where, depth = queue.pop(0)
-                try:
-                    entries = []
-                    for entry in os.scandir(fd):
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        entries.append((entry.name, st))
-                        seen += 1
-                        if seen > max_entries:
-                            raise WalkLimit(f"{self.display(rel)} holds more than {max_entries} entries",
-                                            hint=WALK_HINT)
-                        if stat.S_ISDIR(st.st_mode):
-                            if depth + 1 > max_depth:
-                                raise WalkLimit(f"{self.display(rel)} holds folders nested more than {max_depth} "
-                                                "deep", hint=WALK_HINT)
-                            try:
-                                child = os.open(entry.name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
-                                                dir_fd=fd)
-                            except OSError:
-                                continue
-                            queue.append((child, f"{where}/{entry.name}" if where else entry.name, depth + 1))
-                    yield where, entries
-                finally:
-                    os.close(fd)
-        finally:
-            for fd, _, _ in queue:
-                os.close(fd)
+        yield from walk_at(top, "/".join(parts_of(rel)), self.display(rel), max_depth, max_entries)
 
     # ------------------------------------------------------------------ writes
 
@@ -339,15 +352,7 @@ class HeldRoot:
         """Create rel with data unless something is there already (False then); no temp file, no link followed."""
         fd, name, _ = self.walk_to(rel, follow_last=False, create_folders=True)
         try:
-            try:
-                out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode, dir_fd=fd)
-            except FileExistsError:
-                return False
-            try:
-                os.write(out, data)
-            finally:
-                os.close(out)
-            return True
+            return create_at(fd, name, data, mode)
         finally:
             os.close(fd)
 
@@ -423,11 +428,7 @@ class HeldRoot:
             return
         fd, name, _ = self.walk_to(rel, create_folders=True)
         try:
-            os.mkdir(name, mode, dir_fd=fd)
-        except FileExistsError:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode):
-                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(self.display(rel))) from None
+            make_folder_at(fd, name, mode, self.display(rel))
         finally:
             os.close(fd)
 
@@ -519,7 +520,6 @@ class HeldRoot:
             pass
         finally:
             os.close(parent_fd)
-
 
 
 class PathRoot(HeldRoot):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from applier import __version__
@@ -24,7 +24,7 @@ from applier.store.applied import JOURNAL_FORMAT, SHA256, Pending
 from applier.store.confine import Confinement, Place, legacy_relative, missing_folders
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
 from applier.store.state import StateStore, private_mode
-from applier.store.statefolder import KEEP, RunEnds
+from applier.store.statefolder import KEEP, RunEnds, read_blob
 from applier.store.writer import Run, Write, carry_out, temp_files
 
 
@@ -111,7 +111,7 @@ def finish(confinement: Confinement, pending: Pending) -> str | None:
 
 def interrupted(confinement: Confinement, pending: Pending) -> Run:
     """The rest of an interrupted run, committed already, as data: each file of the journal with the sha256 it had
-    and will have and the journal-data/ blob of its new bytes (the writer writes those still at their old bytes,
+    and will have, only those still at their old bytes, with their new bytes from journal-data/ (still_to_write:
     every file checked first, reading only their blobs), then the run finishes; and, whether a run was pending or
     not, where temp files are swept."""
     journal = pending.journal
@@ -120,9 +120,34 @@ def interrupted(confinement: Confinement, pending: Pending) -> Run:
     sweep = confinement.sweep(pending.folder, max_depth=MAX_WALK_DEPTH, max_entries=MAX_WALK_ENTRIES)
     if journal is None:
         return Run(None, [], sweep=sweep)
-    files = [Write(place, None, None, expect=(entry["old_sha256"], entry["new_sha256"]), blob=entry["new_bytes"])
-             for place, entry in entries]
+    files = still_to_write(pending.ends, [Write(place, None, None, expect=(entry["old_sha256"], entry["new_sha256"]),
+                                                blob=entry["new_bytes"]) for place, entry in entries])
     return Run(pending.ends, files, prune=prune, sweep=sweep)
+
+
+def still_to_write(ends: RunEnds, writes: list[Write]) -> list[Write]:
+    """The files of a committed run (writes, each with its expect and blob) that still hold their old bytes, their
+    new bytes read from journal-data/; every file is checked (and its new bytes against the journal's sha256) before
+    the writer writes the first: StateCorruptError, nothing written, for one that holds neither its old nor its new
+    bytes, or whose new bytes are missing or damaged."""
+    data = ends.layout.shown / ends.layout.data_name
+    files = []
+    for write in writes:
+        old_sha, new_sha = write.expect
+        current = write.place.sha256()
+        if current == new_sha:
+            continue
+        if current != old_sha:
+            raise StateCorruptError(
+                f"interrupted run: {write.place} holds neither its old nor its new bytes (sha256 {current})",
+                hint=f"someone changed it meanwhile; compare with {data} and fix by hand, "
+                     f"then remove {ends.layout.shown / ends.layout.journal_name}")
+        new = write.new if write.blob is None else read_blob(ends, write.blob)
+        if (None if new is None else sha256_bytes(new)) != new_sha:
+            raise StateCorruptError(f"journal data for {write.place} is missing or damaged",
+                                    hint=f"see {ends.layout.shown / ends.layout.journal_name}")
+        files.append(replace(write, new=new))
+    return files
 
 
 def read_journal(confinement: Confinement, journal, path: Path) -> tuple[list[tuple[Place, dict]], list[Place]]:

@@ -17,10 +17,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from applier.errors import LockedError
+from applier.errors import LockedError, StateCorruptError
 from applier.settings import lock_timeout
 from applier.store.fsutil import io_failure
-from applier.store.fileops import supported
+from applier.store.fileops import NotRegularFile, supported
 
 try:
     import fcntl
@@ -129,8 +129,23 @@ def holder_runs(holder: dict) -> bool | None:
 def take(open_fd, lock_file: Path, *, reader: bool = False, timeout: float | None = None):
     """hold() on the descriptor open_fd() opens (the lock file, through the state folder's handle) where the lock is
     by descriptor, else filelock's lock on lock_file by path."""
-    with hold(open_fd() if by_descriptor() else None, lock_file, reader=reader, timeout=timeout):
+    with hold(open_lock_file(open_fd, lock_file) if by_descriptor() else None, lock_file, reader=reader,
+              timeout=timeout):
         yield
+
+
+def open_lock_file(open_fd, lock_file: Path) -> int:
+    """open_fd(): the lock file's descriptor, opened (created 0600 when absent) without following a link; a link or
+    a special file there is a refusal (exit 7), any other failure exit 8."""
+    try:
+        return open_fd()
+    except NotRegularFile as exc:
+        raise StateCorruptError(exc.message, hint=exc.hint) from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateCorruptError(f"{lock_file} is a symbolic link",
+                                    hint="nothing was changed; move it aside by hand") from exc
+        raise io_failure(exc, lock_file.parent, "take the lock in") from exc
 
 
 def locked_error(lock_file: Path, timeout: float, holder: dict | None = None) -> LockedError:

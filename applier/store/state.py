@@ -249,10 +249,9 @@ class StateStore:
         def take_lock(open_fd):
             stack.enter_context(lock.take(open_fd, self.lock_file, reader=reader, timeout=timeout))
 
-        opened = open_store(layout, install=self._install, install_root=self.install_root, roots=self._identities,
-                            root_paths=root_paths, create=create, take_lock=take_lock if stack is not None else None,
-                            read=read)
-        self._install, self._identities = opened.install, opened.roots
+        opened = open_store(layout, install=self.install, roots=self._identities, root_paths=root_paths,
+                            create=create, take_lock=take_lock if stack is not None else None, read=read)
+        self._identities = opened.roots
         self.adopt(opened.folder)
         if opened.folder is None or not read:
             return None

@@ -1,7 +1,7 @@
-"""The state folder (`.applier/`) opened for a command, in one pass: the install's root held and its roots'
-identities taken, the folder checked (a real folder, no link or special file anywhere in it) and created 0700 with
-its .gitignore, the lock taken, the documents read; a document the user may not read is exit 8, one that is damaged
-exit 7. check_roots stops a run whose install was moved or replaced meanwhile (exit 9).
+"""The state folder (`.applier/`) opened for a command, in one pass, through the install's root its caller holds:
+the roots' identities taken, the folder checked (a real folder, no link or special file anywhere in it) and created
+0700 with its .gitignore, the lock taken, the documents read; a document the user may not read is exit 8, one that
+is damaged exit 7. check_roots stops a run whose install was moved or replaced meanwhile (exit 9).
 
 Then a run's own files in it, each step one operation through the folder's held handle (RunEnds: what a run needs of
 the folder): the backups and journal-data/ (stage) and journal.json (the commit point) written, or nothing left on
@@ -10,7 +10,6 @@ a rolled-back run wrote removed. A link or special file met there is a refusal (
 writer.carry_out decides when each runs, and fires the failpoints between them."""
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from contextlib import contextmanager
@@ -51,16 +50,15 @@ class Opened:
     documents: dict = field(default_factory=dict)
 
 
-def open_store(layout: StoreLayout, *, install: HeldRoot | None, install_root: Path, roots: dict | None,
-               root_paths: list, create: bool = True, take_lock=None, read: bool = True) -> Opened:
-    """Open the state folder for a command that may write: the install's root held (install: held already) and its
-    roots' identities taken (roots: taken already; else those of root_paths), then checked (exit 9), the folder
-    checked (check_store) and created 0700 inside the install (never above it: a deleted install is not recreated)
-    with its .gitignore, the lock taken (take_lock(open_lock_file): the caller's context, entered on its own stack;
-    None: the caller holds it already), then, with read, the documents read; a journal-data/ without its journal (a
-    run killed before its commit point, no target file touched) is removed.
+def open_store(layout: StoreLayout, *, install: HeldRoot, roots: dict | None, root_paths: list, create: bool = True,
+               take_lock=None, read: bool = True) -> Opened:
+    """Open the state folder for a command that may write, the install's root held by the caller: its roots'
+    identities taken (roots: taken already; else those of root_paths), then checked (exit 9), the folder checked
+    (check_store) and created 0700 inside the install (never above it: a deleted install is not recreated) with its
+    .gitignore, the lock taken (take_lock(open_fd): the caller's context, entered on its own stack, lock.take words
+    a failure to open the lock file; None: the caller holds it already), then, with read, the documents read; a
+    journal-data/ without its journal (a run killed before its commit point, no target file touched) is removed.
     folder None when it does not exist and create is False."""
-    install = install if install is not None else hold_install(install_root)
     roots = roots if roots is not None else {path: identity(path) for path in root_paths}
     check_roots(roots)
     folder = check_store(install, layout, create=create)
@@ -72,7 +70,7 @@ def open_store(layout: StoreLayout, *, install: HeldRoot | None, install_root: P
     except OSError as exc:
         raise io_failure(exc, layout.shown, "create the state folder") from exc
     if take_lock is not None:
-        take_lock(lambda: open_lock_file(folder, layout))
+        take_lock(lambda: folder.open_flags(layout.lock_name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600))
     if not read:
         return Opened(install, roots, folder)
     documents = {name: read_document(lambda name=name: folder.read(name, limit=layout.document_limit),
@@ -133,19 +131,6 @@ def check_store(install: HeldRoot, layout: StoreLayout, *, create: bool = False)
         folder.close()
         raise
     return folder
-
-
-def open_lock_file(folder: HeldRoot, layout: StoreLayout) -> int:
-    """The lock file's descriptor, opened (created 0600 when absent) without following a link."""
-    try:
-        return folder.open_flags(layout.lock_name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
-    except NotRegularFile as exc:
-        raise StateCorruptError(exc.message, hint=exc.hint) from exc
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StateCorruptError(f"{layout.shown / layout.lock_name} is a symbolic link",
-                                    hint="nothing was changed; move it aside by hand") from exc
-        raise io_failure(exc, layout.shown, "take the lock in") from exc
 
 
 def read_document(read, shown: Path) -> bytes | None:

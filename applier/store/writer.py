@@ -12,11 +12,10 @@ through its handle, which refuses links anywhere inside it (exit 7); before ever
 checked to be the folders the command opened (exit 9)."""
 from __future__ import annotations
 
-import hashlib
 import stat
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from applier.errors import IOFailure, StateCorruptError
+from applier.errors import IOFailure
 from applier.store import statefolder
 from applier.store.confine import Sweep
 from applier.store.failpoints import call_hook, failpoint
@@ -29,8 +28,8 @@ from applier.store.statefolder import RunEnds, check_roots
 class Write:
     """One target file of a run: its place (a confine.Place) and the bytes it has (None: absent) and will have
     (None: removed). For a run committed already (recovery): expect, the (old, new) sha256 the journal recorded (the
-    file is written only while it still holds its old bytes), and blob, the name in journal-data/ of its new bytes
-    (read only then)."""
+    file is written only while it still holds its old bytes: journal.still_to_write), and blob, the name in
+    journal-data/ of its new bytes (read only then)."""
     place: object               # confine.Place
     old: bytes | None
     new: bytes | None
@@ -62,10 +61,11 @@ class Run:
 def carry_out(run: Run) -> Carried:
     """Write the run, or change nothing (before the commit point, and on a failure while files are replaced); a
     committed run's failure leaves its journal, which the next command finishes. A run committed already (ends set,
-    no journal: recovery) writes only the files still at their old bytes, every file checked first; a run with no
-    ends writes nothing. Then the temp files of run.sweep are removed. Caller holds the target lock."""
+    no journal: recovery) holds only the files still at their old bytes (journal.still_to_write checked every file
+    first); a run with no ends writes nothing. Then the temp files of run.sweep are removed. Caller holds the target
+    lock."""
     fresh_run = run.journal is not None
-    files = run.files if fresh_run else still_to_write(run)
+    files = run.files
     if fresh_run:       # the backups and journal-data/, then journal.json: the commit point; roots checked before each
         check_roots(run.ends.roots)
         written = statefolder.stage(run.ends, run.backups, run.blobs, run.made)
@@ -93,32 +93,6 @@ def carry_out(run: Run) -> Carried:
     if run.ends is not None:
         finish(run)
     return Carried(len(done), sweep_temp_files(run.sweep))
-
-
-def still_to_write(run: Run) -> list[Write]:
-    """The files of a committed run that still hold their old bytes, each file checked (and its new bytes against
-    the journal's sha256) before the first is written: StateCorruptError, nothing written, for one that holds
-    neither its old nor its new bytes, or whose new bytes are missing or damaged."""
-    if run.ends is None:
-        return []
-    data = run.ends.layout.shown / run.ends.layout.data_name
-    files = []
-    for write in run.files:
-        old_sha, new_sha = write.expect
-        current = write.place.sha256()
-        if current == new_sha:
-            continue
-        if current != old_sha:
-            raise StateCorruptError(
-                f"interrupted run: {write.place} holds neither its old nor its new bytes (sha256 {current})",
-                hint=f"someone changed it meanwhile; compare with {data} and fix by hand, "
-                     f"then remove {run.ends.layout.shown / run.ends.layout.journal_name}")
-        new = write.new if write.blob is None else statefolder.read_blob(run.ends, write.blob)
-        if (None if new is None else hashlib.sha256(new).hexdigest()) != new_sha:
-            raise StateCorruptError(f"journal data for {write.place} is missing or damaged",
-                                    hint=f"see {run.ends.layout.shown / run.ends.layout.journal_name}")
-        files.append(replace(write, new=new))
-    return files
 
 
 def temp_files(sweep: Sweep | None) -> list[tuple[HeldRoot, str]]:
