@@ -42,6 +42,9 @@ FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=
                 patch_size=2, qkv_bias=True, guidance_embed=True, txt_ids_dims=[])
 WAN = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, freq_dim=256, text_dim=4096, window_size=(-1, -1),
            qk_norm=True, cross_attn_norm=True, eps=1e-6)
+# Kandinsky 5's text side and patch, shared by the Lite image and video models (kandinskylab/kandinsky-5 configs)
+KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=512,
+                  patch_size=(1, 2, 2), num_text_blocks=2)
 # key -> (module, class, constructor arguments at full size, the supported_models class ComfyUI must pick, source)
 ARGUMENTS = {
     "flux-dev": ("comfy.ldm.flux.model", "Flux", FLUX_DEV, "Flux",
@@ -86,6 +89,13 @@ ARGUMENTS = {
     "wan2.2-5b": ("comfy.ldm.wan.model", "WanModel", dict(
         WAN, in_dim=48, dim=3072, ffn_dim=14336, out_dim=48, num_heads=24, num_layers=30), "WAN22_T2V",
         "Wan-AI/Wan2.2-TI2V-5B config.json"),
+    "kandinsky5-image": ("comfy.ldm.kandinsky5.model", "Kandinsky5", dict(
+        KANDINSKY5, model_dim=2560, ff_dim=10240, visual_embed_dim=64, num_visual_blocks=50, axes_dims=(32, 48, 48),
+        rope_scale_factor=(1.0, 1.0, 1.0)), "Kandinsky5Image", "kandinskylab/kandinsky-5 configs/config_t2i.yaml"),
+    "kandinsky5-video": ("comfy.ldm.kandinsky5.model", "Kandinsky5", dict(
+        KANDINSKY5, model_dim=1792, ff_dim=7168, visual_embed_dim=(16 + 16 + 1) * 4, num_visual_blocks=32,
+        axes_dims=(16, 24, 24)), "Kandinsky5",
+        "kandinskylab/kandinsky-5 configs/k5_lite_t2v_10s_sft_sd.yaml (visual_cond: latent, image and mask in)"),
 }
 
 

@@ -311,6 +311,7 @@ def comfy_class(name: str, patch, bases: tuple = (torch.nn.Module,)) -> type:
 
 Flux = comfy_class("Flux", 2)                               # comfy.ldm.flux.model.Flux
 MMDiT = comfy_class("MMDiT", 2)                             # comfy.ldm.modules.diffusionmodules.mmdit
+Kandinsky5 = comfy_class("Kandinsky5", (1, 2, 2))           # comfy.ldm.kandinsky5.model (image and video)
 
 
 @dataclass(frozen=True)
@@ -353,6 +354,11 @@ BUILT = {
                      {"image_model": "wan2.1", "dim": 5120, "model_type": "t2v"}, 16, 8, frames=3),
     "wan2.2-5b": Built(comfy_class("WanModel", (1, 2, 2)), (1, 2, 2),
                        {"image_model": "wan2.1", "dim": 3072, "out_dim": 48, "model_type": "t2v"}, 48, 16, frames=3),
+    "kandinsky5-image": Built(Kandinsky5, (1, 2, 2), {"image_model": "kandinsky5", "model_dim": 2560,
+                                                      "visual_embed_dim": 64, "num_visual_blocks": 50}, 16, 8),
+    "kandinsky5-video": Built(Kandinsky5, (1, 2, 2), {"image_model": "kandinsky5", "model_dim": 1792,
+                                                      "visual_embed_dim": 132, "num_visual_blocks": 32}, 16, 8,
+                              frames=3),
 }
 FLUX1 = BUILT["flux-dev"].unet_config, (16, 8)
 
