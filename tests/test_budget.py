@@ -851,3 +851,27 @@ def test_the_validation_compares_every_measured_stage_of_the_route_results():
 def load_pack_module_plan():
     from applier.resources import load_pack_module
     return load_pack_module("tiling.plan")
+
+
+def test_qwen_image_edit_prices_its_reference_image_in_the_image_stream(comfy):
+    """Qwen-Image-Edit is Qwen-Image with one reference image (the table's `like` entry): ComfyUI's
+    TextEncodeQwenImageEdit scales it to 1024 x 1024 pixels, and the model concatenates its patchified latent onto the
+    image tokens, so every joint attention and Linear runs over canvas + reference tokens; the Tiled Sampling node
+    gives it whole to every tile, so each tile carries those tokens too."""
+    def run(model, size):
+        return report(comfy, "--model", model, "--size", size, "--gpu", "h200", "--within", "1000h")
+    edit, plain = run("qwen-image-edit", "2048x2048"), run("qwen-image", "2048x2048")
+    reference = (1024 // 8 // 2) ** 2
+    assert edit["tokens"]["reference"] == reference and plain["tokens"]["reference"] == 0
+    assert edit["tokens"]["image"] == plain["tokens"]["image"] + reference
+    share = (plain["tokens"]["stream"] + reference) / plain["tokens"]["stream"]      # joint: image + text
+    assert edit["per_forward"]["attention_flop"] / plain["per_forward"]["attention_flop"] == pytest.approx(share ** 2)
+    assert edit["per_forward"]["gemm_flop"] / plain["per_forward"]["gemm_flop"] == pytest.approx(share)
+    edit_tiled, plain_tiled = ({r["tile_px"]: r for r in run(m, "8192x8192")["tiled_routes"]}
+                               for m in ("qwen-image-edit", "qwen-image"))
+    tile = 1024 // 8 // 2
+    for route in edit_tiled.values():
+        assert route["node"] == "Tiled Sampling" and route["tiles"] == plain_tiled[route["tile_px"]]["tiles"]
+    assert edit_tiled[1024]["tile_activation_bytes"] / plain_tiled[1024]["tile_activation_bytes"] == pytest.approx(
+        (tile * tile + reference + 115) / (tile * tile + 115), rel=1e-6)
+    assert edit_tiled[1024]["seconds_per_tile"] > plain_tiled[1024]["seconds_per_tile"]

@@ -35,8 +35,9 @@ class Tokens:
     latent_width: int
     latent_height: int
     latent_frames: int
-    image: int                   # image tokens at the model's full resolution (downsample 1)
+    image: int                   # image tokens at the model's full resolution (downsample 1), references included
     text: int
+    reference: int = 0           # of `image`: the reference images' tokens (Qwen-Image-Edit's), in the image stream
 
     @property
     def all(self) -> int:
@@ -50,17 +51,33 @@ def latent_frames(model: Model, frames: int) -> int:
     return (max(frames, 1) - 1) // model.vae.temporal_factor + 1
 
 
+def reference_tokens(model: Model, canvas: Canvas) -> int:
+    """The tokens of the model's reference images: each scaled to reference_px pixels at the canvas's aspect (as
+    ComfyUI's TextEncodeQwenImageEdit scales its image to 1024 x 1024 pixels, keeping the image's aspect), encoded by
+    the VAE (whole latent pixels) and patchified; the diffusion model concatenates them onto the canvas's image tokens
+    (comfy/ldm/qwen_image/model.py). The Tiled Sampling node gives such a reference, not of the canvas's size, whole to
+    every tile, so a tile's forward (a canvas of the tile's size here) carries them too."""
+    if not model.reference_images:
+        return 0
+    scale = math.sqrt(model.reference_px / (canvas.width * canvas.height))
+    lw = round(canvas.width * scale) // model.vae.factor
+    lh = round(canvas.height * scale) // model.vae.factor
+    return model.reference_images * math.ceil(lw / model.patch) * math.ceil(lh / model.patch)
+
+
 def token_counts(model: Model, canvas: Canvas) -> Tokens:
     lw, lh = canvas.width // model.vae.factor, canvas.height // model.vae.factor
     frames = latent_frames(model, canvas.frames)
-    image = math.ceil(lw / model.patch) * math.ceil(lh / model.patch) * frames
-    return Tokens(lw, lh, frames, image, model.text_tokens)
+    reference = reference_tokens(model, canvas)
+    image = math.ceil(lw / model.patch) * math.ceil(lh / model.patch) * frames + reference
+    return Tokens(lw, lh, frames, image, model.text_tokens, reference)
 
 
 def _group_tokens(model: Model, tokens: Tokens, group: BlockGroup) -> dict:
     """Tokens per token set at this group's level (SDXL's UNet levels halve each side)."""
     step = model.patch * group.downsample
-    image = math.ceil(tokens.latent_width / step) * math.ceil(tokens.latent_height / step) * tokens.latent_frames
+    image = (math.ceil(tokens.latent_width / step) * math.ceil(tokens.latent_height / step) * tokens.latent_frames
+             + tokens.reference // group.downsample ** 2)
     return {"image": image, "text": tokens.text, "all": image + tokens.text}
 
 
@@ -453,12 +470,14 @@ def _tiling():
 
 def tile_shape(model: Model, tile_px: int, overlap_px: int, plan_module, known) -> object:
     """The planner's ModelShape of a budget model: the node's own entry where it tiles the model, else one made of
-    the budget's numbers (batch of 1: nothing measured)."""
+    the budget's numbers (batch of 1: nothing measured). Reference images ride in every tile's stream beside the
+    text that does (the planner's text tokens, so that a tile's memory holds them)."""
     joint = bool(model.groups) and model.groups[0].stream == "all"
-    mine = next((shape for shape in known.MODELS.values() if shape.key == model.key), None)
+    mine = next((shape for shape in known.MODELS.values() if shape.key == (model.tiles_as or model.key)), None)
+    reference = reference_tokens(model, Canvas(tile_px, tile_px, 1))
     return plan_module.ModelShape(model.key, model.patch, model.vae.factor, model.hidden, model.activation_widths,
-                                  model.text_tokens, joint, tile_px, overlap_px,
-                                  mine.max_batch if mine else 1)
+                                  (model.text_tokens if joint else 0) + reference, joint or reference > 0, tile_px,
+                                  overlap_px, mine.max_batch if mine else 1)
 
 
 def tiled_routes(data: BudgetData, request: Request, era: Era, base: RouteBase | None = None,
@@ -470,7 +489,8 @@ def tiled_routes(data: BudgetData, request: Request, era: Era, base: RouteBase |
     canvas, overlap, reserve = request.canvas, data.measured.tile_overlap_px, data.measured.reserve_bytes
     tokens = token_counts(request.model, canvas)
     memory = request.memory_bytes
-    node = "Tiled Sampling" if any(shape.key == request.model.key for shape in known.MODELS.values()) else None
+    node = ("Tiled Sampling" if any(shape.key == (request.model.tiles_as or request.model.key)
+                                    for shape in known.MODELS.values()) else None)
     steps = request.route_steps
     routes = []
     for tile in request.model.tile_px:

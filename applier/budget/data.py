@@ -79,6 +79,18 @@ def _read_models(path: Path) -> dict:
     return table
 
 
+def _like(table: dict, key: str, row: dict, where: str) -> dict:
+    """An entry that is another model used another way ("like": that model's key; Qwen-Image-Edit is Qwen-Image
+    with reference images): that model's entry with this one's keys over it."""
+    like = row.get("like")
+    if like is None:
+        return row
+    base = table.get(like)
+    if not isinstance(base, dict) or "like" in base:
+        raise BudgetDataError(f"{where}[{key}]: like {like!r} is not an entry of its own")
+    return {**base, **row}
+
+
 def _gpu(key: str, row: _Reader) -> Gpu:
     major, _, minor = row.get("compute_capability", str).partition(".")
     fp8 = row.get("fp8_tflops", float, None)
@@ -131,7 +143,8 @@ def _model(key: str, row: _Reader) -> Model:
                  Vae(vae.get("factor", int), vae.get("temporal_factor", int), vae.get("channels", int),
                      vae.get("decode_bytes_per_pixel", float), vae.get("decode_bytes_per_pixel_video", float, None),
                      vae.get("source", str)),
-                 groups, sources)
+                 groups, sources, row.get("reference_images", int, 0), row.get("reference_px", int, 0),
+                 row.get("like", str, key))
 
 
 def _efficiency(row: _Reader) -> Efficiency:
@@ -207,6 +220,7 @@ def load_budget_data(folder: Path = DATA_DIR, models_path: Path = MODELS_TABLE) 
     BudgetData."""
     gpus_path, measured_path = (folder / name for name in FILES)
     gpus = {key: _gpu(key, _Reader(row, f"{gpus_path.name}[{key}]")) for key, row in _read(gpus_path).items()}
-    models = {key: _model(key, _Reader(row, f"{models_path.name}[{key}]"))
-              for key, row in _read_models(models_path).items()}
+    table = _read_models(models_path)
+    models = {key: _model(key, _Reader(_like(table, key, row, models_path.name), f"{models_path.name}[{key}]"))
+              for key, row in table.items()}
     return BudgetData(gpus, models, _measured(_read(measured_path), measured_path.name, gpus))

@@ -125,6 +125,10 @@ class Model:
     vae: Vae
     groups: tuple[BlockGroup, ...]
     sources: dict = field(default_factory=dict, compare=False)
+    # reference images whose latents ride in the image stream (Qwen-Image-Edit's), each scaled to reference_px pixels
+    reference_images: int = 0
+    reference_px: int = 0
+    tiles_as: str = ""           # the table key the Tiled Sampling node knows the model by ("": its own)
 
 
 @dataclass(frozen=True)

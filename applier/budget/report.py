@@ -94,7 +94,9 @@ def _work_lines(budget: Budget) -> list[str]:
     forwards = ("1 forward per step" if request.cfg_forwards == 1 else
                 f"{request.cfg_forwards} forwards per step (classifier-free guidance)")
     return [
-        _line("tokens", f"{tokens.image:,} image + {tokens.text:,} text (latent {latent}, "
+        _line("tokens", f"{tokens.image:,} image"
+                        + (f" ({tokens.reference:,} of them the reference image's)" if tokens.reference else "")
+                        + f" + {tokens.text:,} text (latent {latent}, "
                         f"{request.model.vae.channels} channels); per forward attention {work.attention_flop:.3g} "
                         f"FLOP, GEMMs {work.gemm_flop:.3g} FLOP; {forwards}"),
         _line("memory", f"weights {human_bytes(memory.weights_bf16_bytes)} bf16 / "
