@@ -65,7 +65,6 @@ def carry_out(run: Run) -> Carried:
     first); a run with no ends writes nothing. Then the temp files of run.sweep are removed. Caller holds the target
     lock."""
     fresh_run = run.journal is not None
-    files = run.files
     if fresh_run:       # the backups and journal-data/, then journal.json: the commit point; roots checked before each
         check_roots(run.ends.roots)
         written = statefolder.stage(run.ends, run.backups, run.blobs, run.made)
@@ -74,7 +73,7 @@ def carry_out(run: Run) -> Carried:
         statefolder.write_journal(run.ends, run.journal, written)
         failpoint("after-journal")
     done: list[Write] = []
-    for write in files:
+    for write in run.files:
         try:
             check_roots(run.ends.roots)   # a moved or deleted install: stop; its journal goes with it, finishes there
             call_hook("before-write", write.place)
@@ -84,7 +83,16 @@ def carry_out(run: Run) -> Carried:
                 if isinstance(exc, IOFailure):
                     raise
                 raise io_failure(exc, write.place.path, "finish the interrupted run on") from exc
-            roll_back(run, done, exc, write.place)
+            try:        # roll back: the files written get their old bytes back, the folders the run created go
+                for written in reversed(done):
+                    written.place.held.replace(written.place.relpath, written.old)
+                for folder in run.fresh:
+                    folder.held.remove_if_empty(folder.relpath)
+            except (OSError, IOFailure) as second:      # the journal stays: the next command finishes the run
+                raise IOFailure(f"cannot replace {write.place}: {exc}; rolling back failed too ({second})",
+                                hint=ROLLBACK_FAILED) from exc
+            statefolder.discard(run.ends, run.made)     # the journal, and the originals it backed up
+            raise rolled_back_failure(exc, write.place)
         done.append(write)
         if fresh_run and len(done) == 1:
             failpoint("after-first-file")
@@ -131,27 +139,24 @@ def sweep_temp_files(sweep: Sweep | None) -> int:
     return removed
 
 
-def roll_back(run: Run, done: list[Write], exc: BaseException, place) -> None:
-    """A write failed (disk full, permission, a link leading out swapped in): give the files already written their
-    old bytes back, remove the folders the run created, drop the journal, then raise what failed. Should the
-    rollback itself fail, the journal stays: the next command finishes the run."""
-    try:
-        for written in reversed(done):
-            written.place.held.replace(written.place.relpath, written.old)
-        for folder in run.fresh:
-            folder.held.remove_if_empty(folder.relpath)
-    except (OSError, IOFailure) as second:
-        raise IOFailure(f"cannot replace {place}: {exc}; rolling back failed too ({second})",
-                        hint="the journal in .applier/ is kept: fix the cause and run any applier command on the "
-                             "install, which finishes the run") from exc
-    statefolder.discard(run.ends, run.made)     # the journal, and the originals it backed up
+ROLLBACK_FAILED = ("the journal in .applier/ is kept: fix the cause and run any applier command on the install, which "
+                   "finishes the run")
+
+
+def rolled_back_failure(exc: BaseException, place) -> IOFailure:
+    """What a fresh run raises for exc, a failure while its files were replaced (a full disk, a permission, a link
+    leading out swapped in), once carry_out has rolled it back: the files it had replaced have their old bytes
+    again, the folders it created and its journal and new backups are gone. An IOFailure is raised as it is."""
     if isinstance(exc, NotRegularFile):
-        raise IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
-                        hint="the files this run had replaced got their old bytes back; nothing outside the install "
-                             "was touched. " + (exc.hint or "")) from exc
-    if isinstance(exc, IOFailure):
-        raise exc
-    raise io_failure(exc, place.path, "replace") from exc
+        failure = IOFailure(exc.message.replace("nothing more was changed", "").rstrip(),
+                            hint="the files this run had replaced got their old bytes back; nothing outside the "
+                                 "install was touched. " + (exc.hint or ""))
+    elif isinstance(exc, IOFailure):
+        return exc
+    else:
+        failure = io_failure(exc, place.path, "replace")
+    failure.__cause__ = exc      # as `raise failure from exc`
+    return failure
 
 
 def finish(run: Run) -> None:
