@@ -25,7 +25,7 @@ from applier.store.confine import Confinement, Place, legacy_relative, missing_f
 from applier.store.fsutil import MAX_WALK_DEPTH, MAX_WALK_ENTRIES, check_writable, dump_json, sha256_bytes
 from applier.store.state import StateStore, private_mode
 from applier.store.statefolder import KEEP, RunEnds, read_blob
-from applier.store.writer import Run, Write, carry_out, temp_files
+from applier.store.writer import Run, Write, carry_out, sweep_temp_files, temp_files
 
 
 @dataclass
@@ -102,11 +102,12 @@ def finish(confinement: Confinement, pending: Pending) -> str | None:
     written (planned here, carried out by the one writer) and the temp files removed. Returns what was done, in
     words, or None when nothing was pending."""
     run = interrupted(confinement, pending)
-    done = carry_out(run)
+    written = carry_out(run)
+    swept = sweep_temp_files(run.sweep)
     if pending.journal is None:
-        return f"removed {done.swept} temp file(s) left by an interrupted run" if done.swept else None
-    extra = f", {done.swept} temp file(s) removed" if done.swept else ""
-    return f"finished an interrupted run ({pending.journal.get('what', '?')}): {done.written} file(s) completed{extra}"
+        return f"removed {swept} temp file(s) left by an interrupted run" if swept else None
+    extra = f", {swept} temp file(s) removed" if swept else ""
+    return f"finished an interrupted run ({pending.journal.get('what', '?')}): {written} file(s) completed{extra}"
 
 
 def interrupted(confinement: Confinement, pending: Pending) -> Run:

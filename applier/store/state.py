@@ -252,7 +252,9 @@ class StateStore:
         opened = open_store(layout, install=self.install, roots=self._identities, root_paths=root_paths,
                             create=create, take_lock=take_lock if stack is not None else None, read=read)
         self._identities = opened.roots
-        self.adopt(opened.folder)
+        if self._held is not None and self._held is not opened.folder:     # as adopt: the new handle replaces it
+            self._held.close()
+        self._held = opened.folder
         if opened.folder is None or not read:
             return None
         return pending_of(opened, layout, self.confinement)

@@ -73,8 +73,14 @@ def open_store(layout: StoreLayout, *, install: HeldRoot, roots: dict | None, ro
         take_lock(lambda: folder.open_flags(layout.lock_name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600))
     if not read:
         return Opened(install, roots, folder)
-    documents = {name: read_document(lambda name=name: folder.read(name, limit=layout.document_limit),
-                                     layout.shown / name) for name in layout.documents}
+    documents = {}
+    for name in layout.documents:
+        try:
+            documents[name] = folder.read(name, limit=layout.document_limit)
+        except (FileNotFoundError, NotADirectoryError):
+            documents[name] = None
+        except (OSError, IOFailure) as exc:
+            raise document_failure(exc, layout.shown / name) from exc
     if documents.get(layout.journal_name) is None:
         with state_folder_refusals():
             if folder.lstat(layout.data_name) is not None:
@@ -140,12 +146,19 @@ def read_document(read, shown: Path) -> bytes | None:
         return read()
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except IOFailure as exc:
-        raise StateCorruptError(exc.message, hint=exc.hint) from exc
-    except PermissionError as exc:      # a right, not the document's damage: exit 8, with whose it is
-        raise denied(exc, shown, "read") from exc
-    except OSError as exc:
-        raise StateCorruptError(f"cannot read {shown}: {exc.strerror}") from exc
+    except (OSError, IOFailure) as exc:
+        raise document_failure(exc, shown) from exc
+
+
+def document_failure(exc: OSError | IOFailure, shown: Path) -> StateCorruptError | IOFailure:
+    """What a failed read of the state-folder document shown raises (exc: neither absent nor a missing folder): an
+    IOFailure's refusal (a link, a special file, too large) or a damage is StateCorruptError (exit 7); a permission
+    denied is exit 8 (denied)."""
+    if isinstance(exc, IOFailure):
+        return StateCorruptError(exc.message, hint=exc.hint)
+    if isinstance(exc, PermissionError):      # a right, not the document's damage: exit 8, with whose it is
+        return denied(exc, shown, "read")
+    return StateCorruptError(f"cannot read {shown}: {exc.strerror}")
 
 
 def denied(exc: OSError, shown: Path, action: str) -> IOFailure:

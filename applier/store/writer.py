@@ -37,13 +37,6 @@ class Write:
     blob: str | None = None
 
 
-@dataclass(frozen=True)
-class Carried:
-    """What carry_out did: the target files it wrote and the temp files it swept."""
-    written: int
-    swept: int
-
-
 @dataclass
 class Run:
     """A whole run as data: what carry_out writes, in order. journal None: committed already (recovery)."""
@@ -54,16 +47,17 @@ class Run:
     blobs: list[tuple[str, bytes]] = field(default_factory=list)          # (name in journal-data/, bytes)
     fresh: list = field(default_factory=list)     # folders the run creates: removed again on a rollback
     prune: list = field(default_factory=list)     # folders to remove where the run left them empty
-    sweep: Sweep | None = None                    # temp files to remove at the end (recovery)
+    sweep: Sweep | None = None                    # temp files recovery removes after carry_out (sweep_temp_files)
     made: list = field(default_factory=list)      # backups the run created (none was there): gone on a rollback
 
 
-def carry_out(run: Run) -> Carried:
+def carry_out(run: Run) -> int:
     """Write the run, or change nothing (before the commit point, and on a failure while files are replaced); a
     committed run's failure leaves its journal, which the next command finishes. A run committed already (ends set,
     no journal: recovery) holds only the files still at their old bytes (journal.still_to_write checked every file
-    first); a run with no ends writes nothing. Then the temp files of run.sweep are removed. Caller holds the target
-    lock."""
+    first); a run with no ends writes nothing. After the files, the folders the run emptied are removed (deepest
+    first), then finish records the run. Returns how many target files were written; run.sweep is left to the
+    caller (journal.finish sweeps right after). Caller holds the target lock."""
     fresh_run = run.journal is not None
     if fresh_run:       # the backups and journal-data/, then journal.json: the commit point; roots checked before each
         check_roots(run.ends.roots)
@@ -99,8 +93,10 @@ def carry_out(run: Run) -> Carried:
     if fresh_run:
         failpoint("after-files")
     if run.ends is not None:
+        for place in sorted(run.prune, key=lambda p: p.relpath.count("/"), reverse=True):
+            place.held.remove_if_empty(place.relpath)     # the folders the run emptied, deepest first
         finish(run)
-    return Carried(len(done), sweep_temp_files(run.sweep))
+    return len(done)
 
 
 def temp_files(sweep: Sweep | None) -> list[tuple[HeldRoot, str]]:
@@ -127,8 +123,8 @@ def temp_files(sweep: Sweep | None) -> list[tuple[HeldRoot, str]]:
 
 
 def sweep_temp_files(sweep: Sweep | None) -> int:
-    """Remove the temp files killed writes left (temp_files); the caller holds the target lock (a live run's temp
-    file is never touched). Returns how many were removed."""
+    """Remove the temp files killed writes left (temp_files); recovery (journal.finish) calls it after carry_out,
+    the caller holding the target lock (a live run's temp file is never touched). Returns how many were removed."""
     removed = 0
     for held, rel in temp_files(sweep):
         try:
@@ -160,9 +156,8 @@ def rolled_back_failure(exc: BaseException, place) -> IOFailure:
 
 
 def finish(run: Run) -> None:
-    """Remove the folders the run emptied, then record what it leaves (manifest, state) and remove the journal."""
-    for place in sorted(run.prune, key=lambda p: p.relpath.count("/"), reverse=True):
-        place.held.remove_if_empty(place.relpath)
+    """Record what the run leaves (manifest, state), then remove the journal (carry_out removed the folders the run
+    emptied first)."""
     call_hook("before-state", run.ends)
     statefolder.record(run.ends)
     failpoint("after-state")
