@@ -169,18 +169,18 @@ def route_base(data: BudgetData, model: Model) -> RouteBase | None:
     return RouteBase(Canvas(width, height), steps)
 
 
-def _priced(data: BudgetData, request: Request):
-    """(era, why, work, configs, routes) of a request: the cost model's part of a budget."""
+def _priced(data: BudgetData, request: Request, base: RouteBase | None):
+    """(era, why, work, configs, routes) of a request: the cost model's part of a budget (`base`: the model's
+    route_base, read once per plan: the alternatives the advice prices are the same model)."""
     era, era_why = era_for(data.measured, request.comfyui_version)
     work, priced = price_all(request, data, era, request.canvas)
     configs = _configs(priced, request, _basis(data, request))
-    return era, era_why, work, configs, tiled_routes(data, request, era, route_base(data, request.model),
-                                                     request.cpu_cores)
+    return era, era_why, work, configs, tiled_routes(data, request, era, base, request.cpu_cores)
 
 
-def in_reach_seconds(data: BudgetData, request: Request) -> float | None:
+def in_reach_seconds(data: BudgetData, request: Request, base: RouteBase | None) -> float | None:
     """The seconds of the request's verdict when it is native or tiled, None when out of reach (no advice)."""
-    _, _, work, configs, routes = _priced(data, request)
+    _, _, work, configs, routes = _priced(data, request, base)
     verdict = decide(request, _native(configs), routes, caps_verdict(request.canvas, None),
                      activation_bytes(request.model, work.tokens))
     return None if verdict.kind == VerdictKind.OUT_OF_REACH else verdict.seconds
@@ -189,12 +189,13 @@ def in_reach_seconds(data: BudgetData, request: Request) -> float | None:
 def plan_budget(data: BudgetData, request: Request, caps: TargetCaps | None = None) -> Budget:
     """The whole report of one request."""
     model, canvas, measured = request.model, request.canvas, data.measured
-    era, era_why, work, configs, routes = _priced(data, request)
+    base = route_base(data, model)
+    era, era_why, work, configs, routes = _priced(data, request, base)
     activations = activation_bytes(model, work.tokens)
     caps_found = caps_verdict(canvas, caps)
     others = tuple(g for g in data.gpus.values() if g.key != request.gpu.key)
     verdict = decide(request, _native(configs), routes, caps_found, activations,
-                     lambda changed: in_reach_seconds(data, changed), others)
+                     lambda changed: in_reach_seconds(data, changed, base), others)
     whole_vae = vae_decode_bytes(model, canvas)
     memory = Memory(weight_bytes(model, work, False), weight_bytes(model, work, True), activations,
                     hidden_state_bytes(model, work.tokens), measured.reserve_bytes, request.memory_bytes,
