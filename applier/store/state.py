@@ -106,10 +106,17 @@ class StateStore:
         """Refuse (exit 7) when `.applier` is not a real folder or holds a link or a special file anywhere."""
         folder = check_store(self.install, self.layout)
         if folder is not None:
-            self.adopt(folder)
+            self.handle = folder
 
-    def adopt(self, folder: HeldRoot | None) -> None:
-        """The state folder's handle from now on (one opened and checked just now; None: the folder is absent)."""
+    @property
+    def handle(self) -> HeldRoot | None:
+        """The state folder's handle as held now (None: not opened, or the folder is absent)."""
+        return self._held
+
+    @handle.setter
+    def handle(self, folder: HeldRoot | None) -> None:
+        """The state folder's handle from now on (one opened and checked just now; None: the folder is absent): the
+        one it replaces is closed."""
         if self._held is not None and self._held is not folder:
             self._held.close()
         self._held = folder
@@ -252,9 +259,7 @@ class StateStore:
         opened = open_store(layout, install=self.install, roots=self._identities, root_paths=root_paths,
                             create=create, take_lock=take_lock if stack is not None else None, read=read)
         self._identities = opened.roots
-        if self._held is not None and self._held is not opened.folder:     # as adopt: the new handle replaces it
-            self._held.close()
-        self._held = opened.folder
+        self.handle = opened.folder
         if opened.folder is None or not read:
             return None
         return pending_of(opened, layout, self.confinement)
