@@ -14,7 +14,7 @@ import click
 from applier import __version__, settings
 from applier.catalog import Patch, load_catalog
 from applier.cli.signals import (Terminated, deliver_later, exit_past_inspect, ignore_signals, quiet_broken_pipe,
-                                 raise_terminated, stopped, wants_json)
+                                 raise_terminated, signal_inside, stopped, wants_json)
 from applier.errors import EXIT_INTERNAL, EXIT_OK, ApplierError
 from applier.store.fsutil import io_failure
 from applier.target import Target
@@ -93,9 +93,7 @@ class ApplierGroup(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except (KeyboardInterrupt, Terminated) as exc:
-            ignore_signals()
-            message, code, kind = stopped(exc)
-            emit_error(ctx, message, None, code, kind)
+            self.say_stopped(ctx, exc)
         except BrokenPipeError:
             quiet_broken_pipe()
         except OSError as exc:  # the file system refused something no check foresaw: still a message, exit 8
@@ -103,10 +101,20 @@ class ApplierGroup(click.Group):
                                  hint=UNFORESEEN_IO_HINT)
             emit_error(ctx, failure.message, failure.hint, failure.exit_code, "IOFailure")
         except Exception as exc:  # a bug: say so plainly, keep the traceback for a report
+            interrupt = signal_inside(exc)
+            if interrupt is not None:   # a Ctrl-C or SIGTERM that Python wrapped: the signal ended the command
+                return self.say_stopped(ctx, interrupt)
             import traceback
             traceback.print_exc()
             emit_error(ctx, f"internal error: {type(exc).__name__}: {exc}", "please report this with the "
                        "traceback above", EXIT_INTERNAL, "InternalError")
+
+
+    @staticmethod
+    def say_stopped(ctx, exc: BaseException) -> None:
+        ignore_signals()
+        message, code, kind = stopped(exc)
+        emit_error(ctx, message, None, code, kind)
 
 
 def say_usage_error(exc: click.ClickException, as_json: bool) -> int:

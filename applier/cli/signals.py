@@ -56,6 +56,19 @@ def stopped(exc: BaseException) -> tuple[str, int, str]:
     return f"{what}: {INTERRUPTED_HINT}", code, kind
 
 
+def signal_inside(exc: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM an exception carries as its cause or context, None if none: Python wraps one raised
+    inside some hooks (a RuntimeError "Error calling __set_name__" when it lands while a module defines a dataclass),
+    and the command still ended by that signal."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (KeyboardInterrupt, Terminated)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def wants_json(argv) -> bool:
     """--json among the arguments (before a `--`): errors Click finds before any command runs are JSON too."""
     argv = list(argv)

@@ -180,3 +180,29 @@ def test_a_signal_that_lands_in_a_finalizer_still_ends_the_command(signum):
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.returncode == CODES[signum], proc
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "ignored" not in proc.stderr, proc
+
+
+def test_a_ctrl_c_that_python_wrapped_while_a_module_loads_is_still_130_and_one_line():
+    """A SIGINT landing while a module defines a dataclass reaches the command as RuntimeError("Error calling
+    __set_name__ ...") from KeyboardInterrupt (seen once in a random-signal run: exit 1, 'internal error'); the
+    command ended by the signal all the same."""
+    import click
+    from click.testing import CliRunner
+
+    from applier.cli.group import ApplierGroup
+
+    @click.group(cls=ApplierGroup)
+    def group():
+        pass
+
+    @group.command()
+    def loads():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'x' in 'Y'") from exc
+
+    result = CliRunner().invoke(group, ["loads"])
+    assert result.exit_code == 130
+    assert result.output.count("\n") == 1 and "interrupted (Ctrl-C)" in result.output
+    assert "internal error" not in result.output
