@@ -14,6 +14,8 @@ Prompts of ComfyUI's own nodes, in its API format, in this order:
   peer      at --peer-size, the refinement with TiledDiffusion (MultiDiffusion) and with TiledSampling, both given the
             same tile, overlap and batch (--peer-tile/--peer-overlap/--peer-batch), each at LOW and HIGH steps:
             seconds per step = the difference of the KSampler node's seconds over the difference of steps;
+  native    stock ComfyUI untiled at --native WxH (UNETLoader -> KSampler, no FusedDiTOps, denoise 1.0) at LOW and
+            HIGH steps: the native stock step a tile-step is held against (issue 48: at most 0.70x of it);
   memory    the refinement at --memory-check WxH (EmptySD3LatentImage -> KSampler with the TiledSampling model,
             denoise --denoise) at LOW and HIGH steps: its peaks against the largest route's, and a clean seconds per
             tile and step;
@@ -24,6 +26,7 @@ Prompts of ComfyUI's own nodes, in its API format, in this order:
               cfg 1.0, denoise 1.0) -> VAEDecode -> ImageScale (WxH, bilinear, crop disabled) -> VAEEncodeTiled
               (1024, 64, 64, 8) -> KSampler (the TiledSampling model, --steps, --denoise) -> VAEDecodeTiled
               (1024, 64, 64, 8) -> SaveImage
+            and the peer's route at the --peer-sizes canvases (default every one of --sizes);
             then LoadImage of that PNG -> GetImageSize -> PreviewAny (width, height): the PNG reads back at WxH.
 KSampler with denoise d < 1 builds int(steps / d) schedule steps and runs the last `steps`: --steps is what runs.
 
@@ -76,7 +79,7 @@ SAMPLER = {"sampler_name": "euler", "scheduler": "simple", "cfg": 1.0}
 PEERS = {"tiled-diffusion": {"folder": "ComfyUI-TiledDiffusion", "class_type": "TiledDiffusion",
                              "method": "MultiDiffusion"}}
 TINY = {"sizes": "512x512,768x512", "base": "256x256", "memory_check": "384x384", "peer_size": "512x512",
-        "tile": (256, 64, 2)}
+        "native": "256x256", "tile": (256, 64, 2)}
 PEER_DEFAULT_TILE = (1024, 128, 4)   # the peer needs numbers: where ours is planned (0/-1/0), these for both
 MEMORY_FRACTION_ENV = "GENERATION_PROBE_MEMORY_FRACTION"
 # node ids of the prompts: the model chain, then each part
@@ -190,6 +193,21 @@ def refine_prompt(size: tuple, checkpoint: str, weight_dtype: str, fused: dict |
         ID["latent"]: {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height,
                                                                        "batch_size": 1}},
         ID["refine"]: ksampler(tiled_model, [ID["latent"], 0], steps, denoise, seed),
+        ID["save_latent"]: {"class_type": "SaveLatent", "inputs": {"samples": [ID["refine"], 0],
+                                                                   "filename_prefix": prefix}}})
+    return nodes
+
+
+def native_prompt(size: tuple, checkpoint: str, weight_dtype: str, steps: int, seed: int, prefix: str) -> dict:
+    """Stock ComfyUI untiled: EmptySD3LatentImage WxH -> KSampler (the loader's model, denoise 1.0) -> SaveLatent;
+    its KSampler has the refinement's id, so per_step reads it as it reads a refinement."""
+    width, height = size
+    nodes, untiled, _ = model_chain(checkpoint, weight_dtype, None, {})
+    nodes.pop(ID["tiled"])
+    nodes.update({
+        ID["latent"]: {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height,
+                                                                       "batch_size": 1}},
+        ID["refine"]: ksampler(untiled, [ID["latent"], 0], steps, 1.0, seed),
         ID["save_latent"]: {"class_type": "SaveLatent", "inputs": {"samples": [ID["refine"], 0],
                                                                    "filename_prefix": prefix}}})
     return nodes
@@ -354,6 +372,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=DIR",
                         help=f"a peer custom node folder, copied into custom_nodes/ ({', '.join(PEERS)})")
     parser.add_argument("--peer-size", default=None, help="WxH of the side-by-side (default 4096x4096)")
+    parser.add_argument("--peer-sizes", default=None, metavar="WxH,...",
+                        help="the --sizes canvases the peer's route runs at (default every one)")
+    parser.add_argument("--native", default=None, metavar="WxH",
+                        help="the stock untiled step a tile-step is held against (default 1024x1024; '' none)")
     parser.add_argument("--peer-tile", type=int, default=None, help="tile px of both, side by side")
     parser.add_argument("--peer-overlap", type=int, default=None, help="overlap px of both, side by side")
     parser.add_argument("--peer-batch", type=int, default=None, help="tile batch of both, side by side")
@@ -393,6 +415,9 @@ def settings(options, parser) -> dict:
             "memory_check": (lambda s: parse_size(s) if s else None)(pick(options.memory_check, "8192x8192",
                                                                           TINY["memory_check"])),
             "peer_size": parse_size(pick(options.peer_size, "4096x4096", TINY["peer_size"])),
+            "native": (lambda s: parse_size(s) if s else None)(pick(options.native, "1024x1024", TINY["native"])),
+            "peer_sizes": None if options.peer_sizes is None else
+            [parse_size(s) for s in options.peer_sizes.split(",") if s],
             "tiled": {"tile_px": pick(options.tile_px, tile[0], tile[0]),
                       "overlap_px": pick(options.overlap_px, tile[1], tile[1]),
                       "tile_batch": pick(options.tile_batch, tile[2], tile[2])}}
@@ -418,6 +443,8 @@ def settings(options, parser) -> dict:
         parser.error(f"--node-config: {error}")
     if not found["sizes"]:
         parser.error("--sizes names no canvas")
+    if found["peer_sizes"] is not None and not set(found["peer_sizes"]) <= set(found["sizes"]):
+        parser.error("--peer-sizes names a canvas --sizes does not")
     low, high = options.timing_steps
     if not 1 <= low < high:
         parser.error("--timing-steps LOW HIGH needs 1 <= LOW < HIGH")
@@ -475,7 +502,10 @@ def run(options, parser) -> int:
                         "vae_tiling": VAE_TILING, "tiled_sampling": setup["tiled"]},
               "timing_steps": [low, high], "memory_check_size": "%dx%d" % setup["memory_check"]
               if setup["memory_check"] else None,
-              "peer_size": "%dx%d" % setup["peer_size"], "peer_tiled": setup["peer_tiled"], "servers": {}}
+              "peer_size": "%dx%d" % setup["peer_size"], "peer_tiled": setup["peer_tiled"],
+              "native_size": "%dx%d" % setup["native"] if setup["native"] else None,
+              "peer_sizes": None if setup["peer_sizes"] is None else ["%dx%d" % s for s in setup["peer_sizes"]],
+              "servers": {}}
     work = options.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
 
@@ -606,6 +636,11 @@ def run(options, parser) -> int:
                 one(f"ours {steps}", refine_prompt(peer_size, checkpoint_name, dtype, fused, peer_tiled, steps, denoise,
                                                    seed, f"tiled_route/ours_{steps}"),
                     role="ours beside the peer", size="%dx%d" % peer_size, steps=steps)
+        if setup["native"]:
+            for steps in (low, high):
+                one(f"native {steps}", native_prompt(setup["native"], checkpoint_name, dtype, steps, seed + 4,
+                                                     f"tiled_route/native_{steps}"),
+                    role="native stock", size="%dx%d" % setup["native"], steps=steps)
         if setup["memory_check"]:
             for steps in (low, high):
                 one(f"memory {steps}", refine_prompt(setup["memory_check"], checkpoint_name, dtype, fused, tiled, steps,
@@ -631,7 +666,7 @@ def run(options, parser) -> int:
                     write()
                 for done in (path, tree / "input" / path.name):   # a 32K PNG is large, the disk is not
                     done.unlink(missing_ok=True)
-            for name, spec in peer_routes:
+            for name, spec in (peer_routes if setup["peer_sizes"] is None or size in setup["peer_sizes"] else ()):
                 # the user's alternative: the peer over stock ComfyUI (no FusedDiTOps), ComfyUI's tiled VAE and
                 # SaveImage, the same fp8-stored weights, tile, overlap and batch
                 theirs = one(f"peer route {name} {label}",
@@ -678,8 +713,15 @@ def summarise(report: dict, options) -> dict:
     tiles and batch, the peaks, the PNG read back; the memory check; the peer side by side; the memory limit."""
     prompts = report["servers"].get("route", {}).get("prompts", [])
     cond = report.get("conditions") or conditions(report)
-    out: dict = {"conditions": cond, "routes": [], "memory_check": None, "peer": {}, "limit": None}
+    out: dict = {"conditions": cond, "routes": [], "memory_check": None, "peer": {}, "native": None, "limit": None}
     low, high = report["timing_steps"]
+    native = [p for p in prompts if p.get("role") == "native stock"]
+    native_s = per_step(native[0], native[-1], low, high) if len(native) == 2 else None
+    if native:
+        out["native"] = {"conditions": conditions({**report, "fused_dit_ops": None}) + ", untiled",
+                         "size": native[-1]["size"], "s_per_step": native_s,
+                         "error": next((p.get("failed_at") or p.get("refused_by") for p in native
+                                        if p.get("status") != "success"), None)}
 
     def tiled_log(record):
         lines = [t for t in record.get("tiled_sampling_log", []) if "tiles" in t]
@@ -705,6 +747,7 @@ def summarise(report: dict, options) -> dict:
             "tiles": logged and logged.get("tiles"), "tile_px": logged and logged.get("tile_px"),
             "overlap_px": logged and logged.get("overlap_px"), "batch": logged and logged.get("batch"),
             "s_per_tile_step": ratio(step_s, logged and logged.get("tiles")),
+            "tile_step_vs_native": ratio(ratio(step_s, logged and logged.get("tiles")), native_s),
             "refine_peaks": peaks(route, ID["refine"]),
             "peaks": {"torch_peak_reserved_gib": _top(route, "torch_peak_reserved_gib"),
                       "device_peak_used_gib": _top(route, "peak_gpu_used_gib"),
@@ -730,7 +773,8 @@ def summarise(report: dict, options) -> dict:
                                tiled_log(largest) if largest else None)},
             "ratio": {key: ratio(theirs.get(key), mine.get(key)) for key in mine if key != "peak_rss_gib"},
             "s_per_step": step_s, "tiles": logged and logged.get("tiles"),
-            "s_per_tile_step": ratio(step_s, logged and logged.get("tiles"))}
+            "s_per_tile_step": ratio(step_s, logged and logged.get("tiles")),
+            "tile_step_vs_native": ratio(ratio(step_s, logged and logged.get("tiles")), native_s)}
         out["memory_check"]["within_10_percent"] = {
             key: None if value is None else abs(value - 1.0) <= 0.10
             for key, value in out["memory_check"]["ratio"].items()}

@@ -307,3 +307,35 @@ def test_on_an_emulated_card_the_device_peaks_are_the_servers_share():
     report = {"comfyui": {"comfyui_version": "0.33.0"}, "server": {"vram_mode": "dynamic"},
               "card": {"card_gib": 22.0, "held_gib": 58.5}}
     assert "a 22.0 GiB card (another process held 58.5 GiB" in tiled_route.conditions(report)
+
+
+def test_the_native_step_is_stock_comfyui_untiled_and_each_tile_step_is_held_against_it():
+    native = tiled_route.native_prompt((1024, 1024), "f", "fp8_e4m3fn", 3, 0, "n")
+    links(native)
+    kinds = {spec["class_type"] for spec in native.values()}
+    assert not kinds & {"FusedDiTOps", "TiledSampling", "TiledDiffusion"}
+    assert native[ID["refine"]]["inputs"]["model"] == [ID["unet"], 0]
+    assert native[ID["refine"]]["inputs"]["denoise"] == 1.0 and native[ID["refine"]]["inputs"]["steps"] == 3
+    assert native[ID["latent"]]["inputs"] == {"width": 1024, "height": 1024, "batch_size": 1}
+    refine = ID["refine"]
+    prompts = [
+        {"role": "native stock", "size": "1024x1024", "steps": 1, "status": "success", "nodes": [node(refine, 1.0)]},
+        {"role": "native stock", "size": "1024x1024", "steps": 3, "status": "success", "nodes": [node(refine, 1.4)]},
+        {"role": "route", "size": "16384x16384", "steps": 1, "status": "success", "nodes": [node(refine, 20.0)],
+         "tiled_sampling_log": [{"tiles": 200, "tile_px": 1024, "overlap_px": 128, "batch": 4}]}]
+    report = {"servers": {"route": {"prompts": prompts}}, "timing_steps": [1, 3], "peer_size": "4096x4096",
+              "peer_tiled": TILED, "peers": {}, "memory_fraction": None, "server_args": "",
+              "fused_dit_ops": {"fp8_linear": True}, "comfyui": {"comfyui_version": "0.33.0"}}
+    summary = tiled_route.summarise(report, argparse.Namespace(limit_gib=24.0))
+    assert summary["native"]["s_per_step"] == 0.2 and summary["native"]["size"] == "1024x1024"
+    assert "FusedDiTOps none" in summary["native"]["conditions"]
+    assert summary["routes"][0]["tile_step_vs_native"] == round(0.1 / 0.2, 4)
+
+
+def test_the_peers_route_runs_at_the_canvases_named_and_native_defaults_to_1024():
+    found = tiled_route.settings(*options())
+    assert found["native"] == (1024, 1024) and found["peer_sizes"] is None
+    found = tiled_route.settings(*options("--peer-sizes", "16384x16384", "--native", ""))
+    assert found["peer_sizes"] == [(16384, 16384)] and found["native"] is None
+    with pytest.raises(SystemExit):
+        tiled_route.settings(*options("--peer-sizes", "8192x8192"))
