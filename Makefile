@@ -13,7 +13,10 @@ export XDG_CACHE_HOME   := $(CURDIR)/.cache
 export PIP_CACHE_DIR    := $(CURDIR)/.cache/pip
 export TRITON_CACHE_DIR := $(CURDIR)/.cache/triton
 export TMPDIR           := $(CURDIR)/.cache/tmp
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+# The tests run on two cores: two pytest-xdist workers, each taking whole files (a file's tests and module fixtures
+# stay in one process), each with its own popen-gwN folder under the run's pytest-N. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-fast clean-sandbox clean
 
