@@ -288,6 +288,21 @@ def test_weights_that_do_not_fit_beside_the_activations_stream_and_fp8_weights_m
     assert roomy["streamed_weights_bytes"] == 0 and roomy["seconds_per_forward"]["weight_streaming"] == 0
 
 
+def test_a_tiled_route_whose_weights_do_not_fit_beside_a_tile_streams_them_as_native_does(comfy):
+    """FLUX.2 [dev]'s 32B weights exceed a 24 GiB card in any precision: natively ComfyUI streams what does not fit
+    from the host every forward, and the tiled route is priced the same way (a tile's activations are what must fit),
+    saying how much streams, never 'no tile size fits' while a 2048 canvas is priced as fitting."""
+    out = report(comfy, "--model", "flux2-dev", "--size", "8192x8192", "--gpu", "rtx-4090", "--within", "1000h")
+    memory = out["gpu"]["memory_bytes"]
+    routes = [r for r in out["tiled_routes"] if r["fits"]]
+    assert routes and all(r["streamed_weights_bytes"] > 0 and r["peak_bytes"] <= memory for r in routes)
+    assert all(r["tile_activation_bytes"] < memory for r in routes)
+    assert out["verdict"]["kind"] == "tiled"
+    assert any("stream from the host every forward" in reason for reason in out["verdict"]["reasons"])
+    roomy = report(comfy, "--model", "flux-dev", "--size", "8192x8192", "--gpu", KNOWN_GPU, "--within", "1000h")
+    assert all(r["streamed_weights_bytes"] == 0 for r in roomy["tiled_routes"] if r["fits"])
+
+
 def test_a_video_model_takes_its_own_frames_unless_told():
     model = DATA.models["wan-14b"]
     result = budget.plan_budget(DATA, budget.Request(model, DATA.gpus[KNOWN_GPU], budget.Canvas(832, 480, model.frames),

@@ -439,6 +439,7 @@ class TiledRoute:
     stock_seconds: float | None = None        # the whole route with a stock refinement
     refine_seconds: float | None = None
     stages: tuple[Stage, ...] = ()
+    streamed_bytes: int = 0                   # weights beyond the card, streamed from the host every forward
 
     @property
     def settings(self) -> dict:
@@ -453,7 +454,8 @@ class TiledRoute:
     def as_json(self) -> dict:
         out = {"node": self.node, "tile_px": self.tile_px, "overlap_px": self.overlap_px, "tiles": self.tiles,
                "batch": self.batch, "tile_activation_bytes": self.tile_activation_bytes,
-               "peak_bytes": self.peak_bytes, "fits": self.fits, "settings": self.settings, "steps": self.steps}
+               "peak_bytes": self.peak_bytes, "fits": self.fits, "settings": self.settings, "steps": self.steps,
+               "streamed_weights_bytes": self.streamed_bytes}
         if self.fits:
             out.update({"config": self.config, "words": config_words(self.config),
                         "seconds_per_tile": self.seconds_per_tile, "seconds": self.seconds,
@@ -505,7 +507,11 @@ def tiled_routes(data: BudgetData, request: Request, era: Era, base: RouteBase |
         settings = plan_module.choose(shape, tokens.latent_height, tokens.latent_width,
                                       max(0, memory - weights - reserve), frames=tokens.latent_frames)
         count = settings.plan.count
-        fits = best is not None and weights + settings.tile_bytes + reserve <= memory
+        # a tile's activations must fit; weights beyond what is left stream from the host every forward, as
+        # ComfyUI's partial loading does (DynamicVRAM), and the config's price holds that stream
+        fits = best is not None and settings.tile_bytes + reserve <= memory
+        needed = weights + settings.batch * settings.tile_bytes + reserve
+        streamed = max(0, needed - memory) if fits else 0
         cost = {}
         if fits:
             per_tile = best.forward_s * request.cfg_forwards * steps
@@ -520,5 +526,6 @@ def tiled_routes(data: BudgetData, request: Request, era: Era, base: RouteBase |
                                       if stock in can_run else None),
                     "refine_seconds": per_tile * count, "stages": stages}
         routes.append(TiledRoute(node, tile, overlap, count, settings.batch, settings.tile_bytes,
-                                 weights + settings.batch * settings.tile_bytes + reserve, fits, steps, **cost))
+                                 min(needed, memory) if fits else needed, fits, steps, **cost,
+                                 streamed_bytes=streamed))
     return routes

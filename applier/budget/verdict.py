@@ -71,8 +71,8 @@ def duration_option(seconds: float) -> str:
 def route_words(route: TiledRoute) -> str:
     """How a tiled route is run: the node and the settings it would plan, or that no node of the pack tiles it."""
     if route.node is None:
-        return (f"{route.tiles} tiles of {route.tile_px} px (no node of the pack tiles this model: Tiled Sampling "
-                "knows Flux, Qwen-Image and Wan 2.1)")
+        return (f"{route.tiles} tiles of {route.tile_px} px (no node of the pack tiles this model: the pack's model "
+                "table has no entry for it)")
     return (f"Tiled Sampling, tile_px {route.tile_px}, overlap_px {route.overlap_px}, tile_batch {route.batch}: "
             f"{route.tiles} tiles")
 
@@ -80,6 +80,9 @@ def route_words(route: TiledRoute) -> str:
 def route_cost_words(route: TiledRoute) -> str:
     """A fitting route's time: the whole route's, and its refinement's where other stages are priced."""
     refine = f"{config_words(route.config)}, {route.steps} steps"
+    if route.streamed_bytes:
+        refine += (f"; {human_bytes(route.streamed_bytes)} of the weights do not fit beside a tile and stream from "
+                   "the host every forward")
     if route.fixed_seconds <= 0:
         return f"{human_seconds(route.seconds)} ({refine})"
     return (f"{human_seconds(route.seconds)} end to end ({len(route.stages)} stages; the refinement "
