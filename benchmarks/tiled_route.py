@@ -412,10 +412,9 @@ def settings(options, parser) -> dict:
             "sizes": [parse_size(s) for s in pick(options.sizes, "16384x16384,32768x18432", TINY["sizes"]).split(",")
                       if s],
             "base": parse_size(pick(options.base, "2048x2048", TINY["base"])),
-            "memory_check": (lambda s: parse_size(s) if s else None)(pick(options.memory_check, "8192x8192",
-                                                                          TINY["memory_check"])),
+            "memory_check": optional_size(pick(options.memory_check, "8192x8192", TINY["memory_check"])),
             "peer_size": parse_size(pick(options.peer_size, "4096x4096", TINY["peer_size"])),
-            "native": (lambda s: parse_size(s) if s else None)(pick(options.native, "1024x1024", TINY["native"])),
+            "native": optional_size(pick(options.native, "1024x1024", TINY["native"])),
             "peer_sizes": None if options.peer_sizes is None else
             [parse_size(s) for s in options.peer_sizes.split(",") if s],
             "tiled": {"tile_px": pick(options.tile_px, tile[0], tile[0]),
@@ -451,6 +450,11 @@ def settings(options, parser) -> dict:
     if not 0.0 < options.denoise <= 1.0 or options.steps < 1 or options.base_steps < 1:
         parser.error("--steps and --base-steps need 1 or more, --denoise 0 < d <= 1")
     return found
+
+
+def optional_size(text: str) -> tuple | None:
+    """WxH as (W, H); '' (the option given empty): None, that part of the run left out."""
+    return parse_size(text) if text else None
 
 
 def node_defaults(info: dict, node: str) -> dict:
@@ -666,7 +670,8 @@ def run(options, parser) -> int:
                     write()
                 for done in (path, tree / "input" / path.name):   # a 32K PNG is large, the disk is not
                     done.unlink(missing_ok=True)
-            for name, spec in (peer_routes if setup["peer_sizes"] is None or size in setup["peer_sizes"] else ()):
+            beside = setup["peer_sizes"] is None or size in setup["peer_sizes"]
+            for name, spec in (peer_routes if beside else ()):
                 # the user's alternative: the peer over stock ComfyUI (no FusedDiTOps), ComfyUI's tiled VAE and
                 # SaveImage, the same fp8-stored weights, tile, overlap and batch
                 theirs = one(f"peer route {name} {label}",
@@ -733,6 +738,7 @@ def summarise(report: dict, options) -> dict:
         logged = tiled_log(route)
         seconds = refine.get("seconds")
         step_s = round(seconds / route["steps"], 3) if seconds is not None else None
+        tile_step = ratio(step_s, logged and logged.get("tiles"))
         out["routes"].append({
             "size": route["size"], "conditions": cond, "status": route.get("status"),
             "every_node_ran": bool(route.get("nodes")) and route.get("status") == "success"
@@ -746,8 +752,7 @@ def summarise(report: dict, options) -> dict:
                                       "included; loading and FP8 quantisation were paid by the warm-up",
             "tiles": logged and logged.get("tiles"), "tile_px": logged and logged.get("tile_px"),
             "overlap_px": logged and logged.get("overlap_px"), "batch": logged and logged.get("batch"),
-            "s_per_tile_step": ratio(step_s, logged and logged.get("tiles")),
-            "tile_step_vs_native": ratio(ratio(step_s, logged and logged.get("tiles")), native_s),
+            "s_per_tile_step": tile_step, "tile_step_vs_native": ratio(tile_step, native_s),
             "refine_peaks": peaks(route, ID["refine"]),
             "peaks": {"torch_peak_reserved_gib": _top(route, "torch_peak_reserved_gib"),
                       "device_peak_used_gib": _top(route, "peak_gpu_used_gib"),
@@ -765,6 +770,7 @@ def summarise(report: dict, options) -> dict:
         theirs = peaks(largest, ID["refine"]) if largest else {}
         logged = tiled_log(memory[-1])
         step_s = per_step(memory[0], memory[-1], low, high) if len(memory) == 2 else None
+        tile_step = ratio(step_s, logged and logged.get("tiles"))
         out["memory_check"] = {
             "conditions": cond, "size": memory[-1]["size"], "against": largest and largest["size"],
             "peaks": mine, "against_peaks": theirs,
@@ -773,8 +779,7 @@ def summarise(report: dict, options) -> dict:
                                tiled_log(largest) if largest else None)},
             "ratio": {key: ratio(theirs.get(key), mine.get(key)) for key in mine if key != "peak_rss_gib"},
             "s_per_step": step_s, "tiles": logged and logged.get("tiles"),
-            "s_per_tile_step": ratio(step_s, logged and logged.get("tiles")),
-            "tile_step_vs_native": ratio(ratio(step_s, logged and logged.get("tiles")), native_s)}
+            "s_per_tile_step": tile_step, "tile_step_vs_native": ratio(tile_step, native_s)}
         out["memory_check"]["within_10_percent"] = {
             key: None if value is None else abs(value - 1.0) <= 0.10
             for key, value in out["memory_check"]["ratio"].items()}

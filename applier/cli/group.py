@@ -109,7 +109,6 @@ class ApplierGroup(click.Group):
             emit_error(ctx, f"internal error: {type(exc).__name__}: {exc}", "please report this with the "
                        "traceback above", EXIT_INTERNAL, "InternalError")
 
-
     @staticmethod
     def say_stopped(ctx, exc: BaseException) -> None:
         ignore_signals()
