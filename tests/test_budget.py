@@ -248,6 +248,18 @@ def test_flux2_is_priced_at_its_own_latent_and_tokens(comfy):
     assert tiled[1024]["tiles"] == 81 and tiled[1024]["node"] == "Tiled Sampling"
 
 
+def test_flux2_stock_holds_the_fp8_file_users_load_not_bf16(comfy):
+    """Users load Comfy-Org's FLUX.2 [dev] file, its matrices in FP8, and stock ComfyUI keeps them so: the stock
+    config is priced at that size (about half of bf16), FLUX.1's (a bf16 file) at bf16."""
+    flux2 = report(comfy, "--model", "flux2-dev", "--size", "2048x2048", "--gpu", "h200", "--within", "1000h")
+    memory = flux2["memory"]
+    assert memory["weights_stock_bytes"] == memory["weights_fp8_bytes"] < 0.6 * memory["weights_bf16_bytes"]
+    stock = next(c for c in flux2["configs"] if c["config"] == "stock")
+    assert stock["weights_bytes"] == memory["weights_stock_bytes"]
+    flux1 = report(comfy, "--model", "flux-dev", "--size", "2048x2048", "--gpu", "h200", "--within", "1000h")
+    assert flux1["memory"]["weights_stock_bytes"] == flux1["memory"]["weights_bf16_bytes"]
+
+
 def test_fp8_is_not_offered_where_the_gpu_has_no_fp8_tensor_cores(comfy):
     configs = {c["config"]: c for c in report(comfy, "--model", "flux-dev", "--size", "1024x1024",
                                               "--gpu", "rtx-3090")["configs"]}

@@ -121,8 +121,9 @@ def forward_work(model: Model, canvas: Canvas) -> Work:
 
 
 def weight_bytes(model: Model, work: Work, fp8: bool) -> int:
-    """The weights in memory: bf16, or with FP8 linears replacing theirs (the node's default fp8_weights=replace)."""
-    if not fp8:
+    """The weights in memory: bf16, or with FP8 linears replacing theirs (the node's default fp8_weights=replace);
+    a model whose file stores its matrices in FP8 holds them so in stock ComfyUI too."""
+    if not fp8 and not model.stored_fp8:
         return model.parameters * BF16_BYTES
     return work.fp8_parameters * FP8_BYTES + (model.parameters - work.fp8_parameters) * BF16_BYTES
 

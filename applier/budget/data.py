@@ -134,6 +134,9 @@ def _model(key: str, row: _Reader) -> Model:
     if fp8_path not in ("blocks", "generic"):
         raise BudgetDataError(f"{row.where}: fp8_path must be 'blocks' or 'generic', got {fp8_path!r}")
     video = row.get("video", bool)
+    stored = row.get("stored_weights", str, "bf16")
+    if stored not in ("bf16", "fp8"):
+        raise BudgetDataError(f"{row.where}: stored_weights must be 'bf16' or 'fp8', got {stored!r}")
     sources = {k: v for k, v in row.table.items() if k == "source" or k.endswith("_source")}
     return Model(key, row.get("name", str), tuple(a.lower() for a in row.get("aliases", list)),
                  row.get("parameters", int), row.get("hidden", int), row.get("patch", int),
@@ -144,7 +147,7 @@ def _model(key: str, row: _Reader) -> Model:
                      vae.get("decode_bytes_per_pixel", float), vae.get("decode_bytes_per_pixel_video", float, None),
                      vae.get("source", str)),
                  groups, sources, row.get("reference_images", int, 0), row.get("reference_px", int, 0),
-                 row.get("like", str, key))
+                 row.get("like", str, key), stored == "fp8")
 
 
 def _efficiency(row: _Reader) -> Efficiency:

@@ -12,7 +12,8 @@ from applier.budget.cost import (Priced, RouteBase, TiledRoute, Work, activation
                                  output_image_bytes, price_all, text_in_stream, tiled_routes, vae_decode_bytes,
                                  weight_bytes)
 from applier.budget.inputs import era_for
-from applier.budget.records import FAMILY_WORDS, BudgetData, Canvas, Era, Model, Request, TargetCaps, config_words
+from applier.budget.records import (BF16_BYTES, FAMILY_WORDS, BudgetData, Canvas, Era, Model, Request, TargetCaps,
+                                    config_words)
 from applier.budget.template import template_for
 from applier.budget.verdict import CapsVerdict, NativeOption, Verdict, VerdictKind, caps_verdict, decide
 
@@ -54,6 +55,7 @@ class ConfigCost:
 @dataclass(frozen=True)
 class Memory:
     weights_bf16_bytes: int
+    weights_stock_bytes: int     # what stock ComfyUI holds: bf16, or FP8 matrices where the file stores them so
     weights_fp8_bytes: int
     activation_peak_bytes: int
     hidden_state_bytes: int
@@ -197,8 +199,8 @@ def plan_budget(data: BudgetData, request: Request, caps: TargetCaps | None = No
     verdict = decide(request, _native(configs), routes, caps_found, activations,
                      lambda changed: in_reach_seconds(data, changed, base), others)
     whole_vae = vae_decode_bytes(model, canvas)
-    memory = Memory(weight_bytes(model, work, False), weight_bytes(model, work, True), activations,
-                    hidden_state_bytes(model, work.tokens), measured.reserve_bytes, request.memory_bytes,
+    memory = Memory(model.parameters * BF16_BYTES, weight_bytes(model, work, False), weight_bytes(model, work, True),
+                    activations, hidden_state_bytes(model, work.tokens), measured.reserve_bytes, request.memory_bytes,
                     configs[0].priced.fits)
     vae = VaeDecode(whole_vae, whole_vae + measured.reserve_bytes <= request.memory_bytes,
                     vae_decode_bytes(model, canvas, measured.vae_tile_px), measured.vae_tile_px,

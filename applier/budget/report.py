@@ -99,7 +99,10 @@ def _work_lines(budget: Budget) -> list[str]:
                         + f" + {tokens.text:,} text (latent {latent}, "
                         f"{request.model.vae.channels} channels); per forward attention {work.attention_flop:.3g} "
                         f"FLOP, GEMMs {work.gemm_flop:.3g} FLOP; {forwards}"),
-        _line("memory", f"weights {human_bytes(memory.weights_bf16_bytes)} bf16 / "
+        _line("memory", f"weights {human_bytes(memory.weights_bf16_bytes)} bf16"
+                        + (f" (stock holds {human_bytes(memory.weights_stock_bytes)}: the file users load stores "
+                           "its matrices in FP8)" if memory.weights_stock_bytes != memory.weights_bf16_bytes else "")
+                        + " / "
                         f"{human_bytes(memory.weights_fp8_bytes)} with FP8 linears; activations "
                         f"{human_bytes(memory.activation_peak_bytes)} peak (one hidden state "
                         f"{human_bytes(memory.hidden_state_bytes)}); GPU {human_bytes(memory.gpu_bytes)}"),
