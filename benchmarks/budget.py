@@ -205,9 +205,10 @@ def compare_efficiencies(derived: dict, stated: dict) -> list[str]:
 # ---------------------------------------------------------------- validation
 
 def predict(data: budget.BudgetData, model_name: str, resolution: str, config: str, version: str,
-            cfg_forwards: int = 1) -> tuple[budget.Priced, budget.Work]:
+            cfg_forwards: int = 1, gpu: budget.Gpu | None = None) -> tuple[budget.Priced, budget.Work]:
+    """The budget's price of one forward (gpu: the calibrated H200 unless named)."""
     model = budget.find_model(data, model_name)
-    gpu = data.gpus[data.measured.gpu]
+    gpu = gpu or data.gpus[data.measured.gpu]
     era, _ = budget.era_for(data.measured, version)
     work = budget.forward_work(model, canvas_of(resolution))
     priced = budget.price(config, model, gpu, data.measured, era, work, memory_bytes=gpu.memory_mib * 1024 * 1024)
@@ -264,9 +265,10 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
             config = SAME_AS.get(run.get("config"), run.get("config"))
             if run.get("s_per_step") is None:
                 continue
-            if not on_calibrated_gpu(run):
+            card = None if on_calibrated_gpu(run) else _gpu_of(data, run["gpu"])
+            if not on_calibrated_gpu(run) and card is None:
                 skipped.append({"results_key": key, "config": run.get("config"),
-                                "why": f"measured on the {run['gpu']}; the budget's figures are the {CALIBRATED_GPU}'s"})
+                                "why": f"measured on the {run['gpu']}, a card the budget does not know"})
                 continue
             if config not in budget.CONFIGS or run.get("weights") != "bf16":
                 skipped.append({"results_key": key, "config": run.get("config"),
@@ -277,9 +279,10 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
                                 "why": "an early run that did not record how ComfyUI was started (vram_mode)"})
                 continue
             priced, work = predict(data, run["model"], run["resolution"], config, run["comfyui_version"],
-                                   1 if cfg == 1.0 else 2)
+                                   1 if cfg == 1.0 else 2, card)
             row = {"results_key": key, "model": run["model"], "resolution": run["resolution"],
                    "config": run["config"], "comfyui": run["comfyui_version"], "vram_mode": run["vram_mode"],
+                   "gpu": run.get("gpu", CALIBRATED_GPU),
                    "tokens": work.tokens.image + work.tokens.text, "measured_s_per_step": run["s_per_step"]}
             if not priced.predicted:
                 row.update({"predicted_s_per_step": None, "in_scope": False, "why": priced.reason})
@@ -296,7 +299,8 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
                             "attention_backend": priced.attention_backend})
                 if outside:
                     row["why"] = outside
-            row["fit"] = fit_of(run)
+            row["fit"] = (fit_of(run) if card is None else
+                          f"projected: the {card.name}'s published peaks with the {CALIBRATED_GPU}'s efficiencies")
             if index in again:
                 row["spread"] = spread(row, again[index])
             rows.append(row)
@@ -329,8 +333,12 @@ def summary(rows: list[dict]) -> dict:
                 "mean_abs_error_pct": round(sum(errors) / len(errors), 1) if errors else None,
                 "misses": [f"{r['results_key']} {r['model']} {r['resolution']} {r['config']}: {r['error_pct']}%"
                            for r in selected if not r["within_target"]]}
-    compared = [r for r in rows if r.get("predicted_s_per_step") is not None]
+    every = [r for r in rows if r.get("predicted_s_per_step") is not None]
+    compared = [r for r in every if r["gpu"] == CALIBRATED_GPU]
     out = {}
+    projected = [r for r in every if r["gpu"] != CALIBRATED_GPU and r["in_scope"]]
+    if projected:
+        out["projected_to_other_cards"] = stats(projected)
     for release in sorted({r["comfyui"] for r in compared}):
         inside = [r for r in compared if r["comfyui"] == release and r["in_scope"]]
         out[release] = {"in_scope": stats(inside),

@@ -902,3 +902,19 @@ def test_qwen_image_edit_prices_its_reference_image_in_the_image_stream(comfy):
     assert edit_tiled[1024]["tile_activation_bytes"] / plain_tiled[1024]["tile_activation_bytes"] == pytest.approx(
         (tile * tile + reference + 115) / (tile * tile + 115), rel=1e-6)
     assert edit_tiled[1024]["seconds_per_tile"] > plain_tiled[1024]["seconds_per_tile"]
+
+
+def test_a_gpu_of_the_measured_architecture_keeps_its_attention_kernels(comfy):
+    """The H100 runs the H200's attention kernels (both sm_90): every config's attention is priced at the H200's
+    measured fraction of the same peak, the attention family's gain with it; an Ada card is projected, no gain."""
+    h200, h100, ada = (report(comfy, "--model", "flux-dev", "--size", "4096x4096", "--gpu", gpu, "--within", "1000h")
+                       for gpu in ("h200", "h100-sxm", "rtx-4090"))
+
+    def configs(out):
+        return {c["config"]: c for c in out["configs"]}
+    for name in ("stock", "overlay_attention"):
+        assert (configs(h100)[name]["seconds_per_forward"]["attention"]
+                == pytest.approx(configs(h200)[name]["seconds_per_forward"]["attention"]))
+        assert configs(h100)[name]["attention_backend"] == configs(h200)[name]["attention_backend"]
+    assert "none predicted" not in configs(h100)["overlay_attention"]["note"]
+    assert "none predicted" in configs(ada)["overlay_attention"]["note"]

@@ -181,7 +181,7 @@ def config_available(config: str, model: Model, gpu: Gpu) -> tuple[bool, str]:
 
 
 def _attention_efficiency(measured: Measured, gpu: Gpu, backend: str) -> Efficiency:
-    if gpu.key == measured.gpu:
+    if gpu.key == measured.gpu or gpu.key in measured.same_kernels:
         return measured.attention[backend]
     return measured.attention[measured.projection_attention]
 
@@ -230,8 +230,9 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
         else:
             notes.append(f"the pack's {FAMILY_WORDS['elementwise']} are Flux's and Wan's: this model's blocks stay "
                          "ComfyUI's own")
-    if "attention" in families and gpu.key != measured.gpu:
-        notes.append(f"{FAMILY_WORDS['attention']}'s gain is measured on {measured.gpu} only: none predicted here")
+    if "attention" in families and gpu.key != measured.gpu and gpu.key not in measured.same_kernels:
+        notes.append(f"{FAMILY_WORDS['attention']}'s gain is measured on {measured.gpu}'s architecture only: none "
+                     "predicted here")
     weights = weight_bytes(model, work, fp8)
     room = memory_bytes - activation_bytes(model, work.tokens) - measured.reserve_bytes
     streamed = max(0, weights - room) if room > 0 else 0

@@ -215,7 +215,8 @@ def _measured(table: dict, where: str, gpus: dict) -> Measured:
                     int(reserve.get("gib", float) * GIB), reserve.get("from", str), tiling.get("overlap_px", int),
                     tiling.get("source", str), vae_tiled.get("tile_px", int), vae_tiled.get("overlap_px", int),
                     vae_tiled.get("source", str), pillow.get("max_image_pixels", int), pillow.get("source", str),
-                    _route(top.sub("route"), gpus) if "route" in table else None)
+                    _route(top.sub("route"), gpus) if "route" in table else None,
+                    tuple(k for k, g in gpus.items() if g.compute_capability == gpus[gpu].compute_capability))
 
 
 def load_budget_data(folder: Path = DATA_DIR, models_path: Path = MODELS_TABLE) -> BudgetData:

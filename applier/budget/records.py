@@ -221,6 +221,9 @@ class Measured:
     pillow_max_image_pixels: int
     pillow_source: str
     route: RouteStages | None = None     # the route's other stages; None: the refinement only
+    # the GPUs of the measured one's compute capability (itself among them): the same attention kernels, so its
+    # per-backend efficiencies and the attention family's gain hold there too
+    same_kernels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
