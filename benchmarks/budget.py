@@ -25,6 +25,8 @@ from applier import budget
 from applier.budget import cost
 from applier.budget.data import DATA_DIR, load_budget_data
 
+from .generation_configs import is_tiled, untiled
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -389,6 +391,51 @@ def tiled_rows(data: budget.BudgetData) -> list[dict]:
     return rows
 
 
+def tiled_generation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
+    """Issue 50's tiled refinements in generation-0.33.0.json (the Tiled Sampling node on a whole card, each model
+    at its table's tile): the node's plan [measured, predicted] (tiles, batch), the device's peak against the
+    route's, and seconds per step (tiles x the tile's forward) where the budget prices the run's config."""
+    rows, skipped = [], []
+    name = "generation-0.33.0.json"
+    for index, run in enumerate(load(name)["runs"]):
+        if not is_tiled(run.get("config", "")) or not run.get("s_per_step") or not run.get("tiles"):
+            continue
+        key, card = f"{name}: runs[{index}]", _gpu_of(data, run.get("gpu"))
+        if card is None:
+            skipped.append({"results_key": key, "why": f"measured on {run.get('gpu')}, a card the budget does not know"})
+            continue
+        model, canvas = budget.find_model(data, run["model"]), canvas_of(run["resolution"])
+        era, _ = budget.era_for(data.measured, run["comfyui_version"])
+        request = budget.Request(model, card, canvas, 1, 1, comfyui_version=run["comfyui_version"])
+        route = next((r for r in budget.tiled_routes(data, request, era) if r.tile_px == run["tile_px"]), None)
+        if route is None:
+            skipped.append({"results_key": key, "why": f"the budget has no {run['tile_px']} px route for {model.key}"})
+            continue
+        config = SAME_AS.get(untiled(run["config"]), untiled(run["config"]))
+        row = {"results_key": key, "model": run["model"], "canvas": run["resolution"], "config": run["config"],
+               "gpu": card.name, "comfyui": run["comfyui_version"], "vram_mode": run.get("vram_mode"),
+               "tile_px": run["tile_px"], "tiles": [run["tiles"], route.tiles],
+               "batch": [run.get("tile_batch"), route.batch], "measured_s_per_step": run["s_per_step"],
+               "device_peak_gib": run.get("device_used_peak_gib"),
+               "predicted_peak_gib": round(route.peak_bytes / 2 ** 30, 2)}
+        if config not in budget.CONFIGS:
+            row.update({"predicted_s_per_step": None,
+                        "why": f"{untiled(run['config'])} is not a config the budget prices (the fp8 attention mode)"})
+        else:
+            tile = budget.Canvas(min(route.tile_px, canvas.width), min(route.tile_px, canvas.height), canvas.frames)
+            priced = budget.price(config, model, card, data.measured, era, budget.forward_work(model, tile),
+                                  memory_bytes=request.memory_bytes)
+            if not priced.predicted:
+                row.update({"predicted_s_per_step": None, "why": priced.reason})
+            else:
+                seconds = priced.forward_s * run["tiles"]
+                error = (seconds - run["s_per_step"]) / run["s_per_step"]
+                row.update({"predicted_s_per_step": round(seconds, 3), "error_pct": round(100 * error, 1),
+                            "within_target": abs(error) <= TARGET_ERROR})
+        rows.append(row)
+    return rows, skipped
+
+
 def measured_stages(document, where: str = "", gpu: str | None = None):
     """Every measurement of the route's stages in a results document, however it is nested: (where, gpu string,
     size, {stage: seconds}, the route's end to end or None). A whole route is an entry with `end_to_end.ours` (its
@@ -499,6 +546,18 @@ def route_report(data: budget.BudgetData) -> dict:
             "rows": rows}
 
 
+def tiled_generation_report(data: budget.BudgetData) -> dict:
+    rows, skipped = tiled_generation_rows(data)
+    timed = [r for r in rows if r.get("predicted_s_per_step") is not None]
+    return {"about": "issue 50's tiled refinements (generation-0.33.0.json, the Tiled Sampling node at each model's "
+                     "table tile on a whole card) against the budget's tiled route on the run's own card: "
+                     "[measured, predicted] tiles and batch, the device's peak against the predicted, and seconds per "
+                     "step where the budget prices the run's config",
+            "points_timed": len(timed), "within_15pct": sum(r["within_target"] for r in timed),
+            "tiles_agree": sum(r["tiles"][0] == r["tiles"][1] for r in rows), "points": len(rows),
+            "rows": rows, "not_compared": skipped}
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="only recompute efficiency.toml's figures; exit 1 where they disagree")
@@ -547,6 +606,7 @@ def run(args, parser=None) -> int:
                            "against the tiled-route results: [measured, predicted] tiles and batch, seconds per "
                            "step, the device's peak during the refinement against the predicted peak",
                   "rows": tiled_rows(data)},
+        "tiled_generation": tiled_generation_report(data),
         "route": route_report(data),
         "rows": rows,
         "missing": missing_points(data, rows),
