@@ -25,7 +25,7 @@ from applier import budget
 from applier.budget import cost
 from applier.budget.data import DATA_DIR, load_budget_data
 
-from .generation_configs import is_tiled, untiled
+from benchmarks.generation_configs import is_tiled, untiled
 
 if sys.version_info >= (3, 11):
     import tomllib
