@@ -42,7 +42,8 @@ FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=
                 patch_size=2, qkv_bias=True, guidance_embed=True, txt_ids_dims=[])
 WAN = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, freq_dim=256, text_dim=4096, window_size=(-1, -1),
            qk_norm=True, cross_attn_norm=True, eps=1e-6)
-# Kandinsky 5's text side and patch, shared by the Lite image and video models (kandinskylab/kandinsky-5 configs)
+# Kandinsky 5's text side and patch, shared by the Lite image and video models (kandinskylab/kandinsky-5 configs);
+# Video Pro's time_dim and text blocks are its own
 KANDINSKY5 = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=512,
                   patch_size=(1, 2, 2), num_text_blocks=2)
 # key -> (module, class, constructor arguments at full size, the supported_models class ComfyUI must pick, source)
@@ -96,6 +97,10 @@ ARGUMENTS = {
         KANDINSKY5, model_dim=1792, ff_dim=7168, visual_embed_dim=(16 + 16 + 1) * 4, num_visual_blocks=32,
         axes_dims=(16, 24, 24)), "Kandinsky5",
         "kandinskylab/kandinsky-5 configs/k5_lite_t2v_10s_sft_sd.yaml (visual_cond: latent, image and mask in)"),
+    "kandinsky5-video-pro": ("comfy.ldm.kandinsky5.model", "Kandinsky5", dict(
+        KANDINSKY5, time_dim=1024, num_text_blocks=4, model_dim=4096, ff_dim=16384,
+        visual_embed_dim=(16 + 16 + 1) * 4, num_visual_blocks=60, axes_dims=(32, 48, 48)), "Kandinsky5",
+        "kandinskylab/kandinsky-5 configs/k5_pro_t2v_5s_sft_sd.yaml (visual_cond: latent, image and mask in)"),
 }
 
 

@@ -430,6 +430,28 @@ def test_model_names_and_gpu_names_match_their_aliases():
     assert budget.find_gpu(DATA, "NVIDIA H200 NVL") is None      # another board: other clocks, not guessed
 
 
+def test_kandinsky5_video_pro_is_its_own_model_and_each_family_runs_or_stays_comfyuis_own(comfy):
+    """Kandinsky 5.0 Video Pro (19B, 4096 wide) answers to its own names, not Lite's. At ComfyUI's default 768x512
+    and 121 frames on a 24 GiB card its bf16 weights stream; the pack's fused blocks stay ComfyUI's own (its blocks
+    are neither Flux's nor Wan's), FP8 Linears give memory but no time, and Tiled Sampling tiles it at 512 px."""
+    for name in ("kandinsky5-video-pro", "kandinsky5-pro", "kandinsky5pro-t2v", "Kandinsky-5.0-T2V-Pro"):
+        assert budget.find_model(DATA, name).key == "kandinsky5-video-pro", name
+    assert budget.find_model(DATA, "kandinsky5-lite").key == "kandinsky5-video"
+    out = report(comfy, "--model", "kandinsky5-pro", "--size", "768x512", "--gpu", "rtx-4090", "--within", "1000h")
+    assert out["model"]["key"] == "kandinsky5-video-pro"
+    assert out["tokens"]["latent"] == {"width": 96, "height": 64, "frames": 31, "channels": 16}
+    assert out["tokens"]["image"] == 48 * 32 * 31 and out["forwards_per_step"] == 2
+    configs = {c["config"]: c for c in out["configs"]}
+    stock, fused, fp8 = configs["stock"], configs["overlay"], configs["fp8"]
+    assert stock["weights_bytes"] == 2 * DATA.models["kandinsky5-video-pro"].parameters
+    assert stock["streamed_weights_bytes"] > 0
+    assert "this model's blocks stay ComfyUI's own" in fused["note"]
+    assert fused["seconds_per_step"] == stock["seconds_per_step"]
+    assert not fp8["predicted"] and fp8["weights_bytes"] < 0.6 * stock["weights_bytes"]
+    (route,) = out["tiled_routes"]                       # 1024 and 768 px tiles are no smaller than the canvas
+    assert (route["node"], route["tile_px"], route["fits"]) == ("Tiled Sampling", 512, True)
+
+
 @pytest.mark.parametrize("args", [("--size", "32768x"), ("--size", "1024x1024", "--within", "soon"),
                                   ("--size", "1024x1024", "--frames", "33")])
 def test_malformed_values_are_usage_errors(comfy, args):

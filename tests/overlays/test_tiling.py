@@ -359,6 +359,9 @@ BUILT = {
     "kandinsky5-video": Built(Kandinsky5, (1, 2, 2), {"image_model": "kandinsky5", "model_dim": 1792,
                                                       "visual_embed_dim": 132, "num_visual_blocks": 32}, 16, 8,
                               frames=3),
+    "kandinsky5-video-pro": Built(Kandinsky5, (1, 2, 2), {"image_model": "kandinsky5", "model_dim": 4096,
+                                                          "visual_embed_dim": 132, "num_visual_blocks": 60}, 16, 8,
+                                  frames=3),
 }
 FLUX1 = BUILT["flux-dev"].unet_config, (16, 8)
 
@@ -417,6 +420,21 @@ def test_flux2_on_fluxs_class_is_tiled_with_its_own_numbers_and_klein_is_not():
     no_config = FakeModelPatcher(Flux())
     no_config.load_device = "cpu"
     assert node_pack.NODE_CLASS_MAPPINGS["TiledSampling"]().patch(no_config)[0] is no_config   # which Flux? untiled
+
+
+def test_kandinsky5s_three_models_on_one_class_are_told_apart_by_model_dim():
+    """Kandinsky 5.0 Image Lite, Video Lite and Video Pro: one class (Kandinsky5), image_model kandinsky5, 16 latent
+    channels at 1/8, patch 2; model_dim alone (comfy/model_detection.py's kandinsky5 branch) says which, and each is
+    tiled with its own width and tile (Video Pro, 4096 wide, is an entry of its own)."""
+    found = {}
+    for key in ("kandinsky5-image", "kandinsky5-video", "kandinsky5-video-pro"):
+        shape, reason = models.recognise(wrappers.model_facts(BUILT[key].patcher()))
+        assert reason == "", reason
+        found[BUILT[key].unet_config["model_dim"]] = (shape.key, shape.hidden, shape.tile_px)
+    assert found == {2560: ("kandinsky5-image", 2560, 1024), 1792: ("kandinsky5-video", 1792, 512),
+                     4096: ("kandinsky5-video-pro", 4096, 512)}
+    pro = models.MODELS["kandinsky5-video-pro"]
+    assert pro.tile_bytes(512, frames=31) > 2 * models.MODELS["kandinsky5-video"].tile_bytes(512, frames=31)
 
 
 def test_the_node_wraps_a_known_model_and_hands_back_an_unknown_one(caplog):
