@@ -521,6 +521,11 @@ def combine(reports: list[dict]) -> dict:
     # a report that is itself combined brings its own calls along
     combined["calls"] = [call for r in reports for call in (r.get("calls") or [
         {"environment": r.get("environment"), "settings": r.get("settings"), "setup": r.get("setup")}])]
+    # what a maintainer wrote into any of them (notes, later calls of the same runs) is kept, never the last one's only
+    for key in ("notes", "repeats"):
+        kept = [item for r in reports for item in r.get(key) or []]
+        if kept:
+            combined[key] = list({json.dumps(item, sort_keys=True): item for item in kept}.values())
     return combined
 
 
@@ -652,13 +657,13 @@ def add_arguments(parser) -> None:
                         help="start no run after this many seconds (the runs left are recorded as skipped), so a "
                              "call under a time limit ends with its JSON written")
     parser.add_argument("--combine", type=Path, nargs="+", help="merge these reports into --out and exit")
-    parser.add_argument("--note", action="append", default=[], help="with --combine: a sentence for the notes")
+    parser.add_argument("--note", action="append", default=[], help="with --combine: a sentence added to the notes")
 
 
 def run(options, parser) -> int:
     if options.combine:
         combined = combine([json.loads(path.read_text()) for path in options.combine])
-        combined["notes"] = options.note
+        combined["notes"] = combined.get("notes", []) + options.note     # the files' notes, then the new ones
         results.write_json(combined, options.out)
         print(f"wrote {options.out}")
         return 0

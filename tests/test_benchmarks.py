@@ -346,6 +346,16 @@ def test_every_committed_generation_run_is_one_the_kit_can_run_and_combine_again
     assert again == {generation.run_key(r): r["speedup_vs_stock"] for r in report["runs"]}
 
 
+def test_combining_a_new_call_into_the_current_file_keeps_its_notes():
+    run = {"model": "flux-dev", "resolution": "1024x1024", "weights": "bf16", "config": "stock",
+           "model_mode": "as loaded", "s_per_step": 0.2, "comfyui_version": "0.33.0"}
+    current = {"runs": [run], "notes": ["how the first call ran"], "repeats": [{"repeat_of": "runs[0]"}]}
+    new_call = {"runs": [{**run, "resolution": "2048x2048", "s_per_step": 0.8}]}
+    combined = generation.combine([current, new_call])
+    assert combined["notes"] == ["how the first call ran"] and combined["repeats"] == [{"repeat_of": "runs[0]"}]
+    assert generation.combine([combined, new_call])["notes"] == ["how the first call ran"]
+
+
 def test_a_speedup_is_against_the_stock_of_its_own_call():
     def run(config, s, date):
         return {"model": "flux-dev", "resolution": "1024x1024", "weights": "bf16", "config": config,
