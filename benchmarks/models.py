@@ -54,6 +54,10 @@ class ModelSpec:
     # how the checkpoint stores its matrices (the other tensors are bf16): FLUX.2 [dev]'s 32B in bf16 (64 GB) fits
     # neither the card's route nor the machine's disk beside another model, so its file is fp8 as Comfy-Org's is
     storage: str = "bfloat16"
+    # the matrices in ComfyUI's quantized-checkpoint format (each Linear's weight with its `weight_scale` and a
+    # `comfy_quant` JSON naming the format, as Comfy-Org's fp8mixed files are): ComfyUI then builds its mixed-precision
+    # ops, which multiply in FP8 on a card with FP8 compute; without it a fp8 file is cast to bf16 per layer
+    quantized: bool = False
 
 
 FLUX_DEV = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=3072,
@@ -129,7 +133,7 @@ MODELS = {
                            {**FLUX2_DEV, "hidden_size": 256, "num_heads": 2, "depth": 1, "depth_single_blocks": 1,
                             "context_in_dim": 256},
                            ((1024, 1024), (2048, 2048)), ((64, 64),), 512, 8, "Flux2", (), "flux2-dev",
-                           TILED_CANVASES, TINY_TILED_CANVASES, storage="float8_e4m3fn"),
+                           TILED_CANVASES, TINY_TILED_CANVASES, storage="float8_e4m3fn", quantized=True),
     # Z-Image is named only at its full width (see Z_IMAGE): the tiny one keeps it and loses depth (one block
     # beside the two noise and two context refiners)
     "z-image": ModelSpec("z-image", "lumina2", Z_IMAGE, {**Z_IMAGE, "n_layers": 1}, ((1024, 1024), (2048, 2048)),
@@ -300,13 +304,16 @@ def checkpoint_shapes(spec: ModelSpec, tiny: bool) -> dict:
 
 def random_state_dict(spec: ModelSpec, tiny: bool, seed: int, device: str) -> dict:
     """Seeded random weights with the names and shapes of the release's checkpoint (checkpoint_shapes): bf16, the
-    matrices in the spec's storage dtype (FLUX.2: float8_e4m3fn, which ComfyUI's loader keeps as the weights'
-    storage on a card with FP8 compute and casts per layer, as it does Comfy-Org's fp8 file)."""
-    return random_tensors(checkpoint_shapes(spec, tiny), seed, device, matrices=spec.storage)
+    matrices in the spec's storage dtype (FLUX.2: float8_e4m3fn in ComfyUI's quantized format, as Comfy-Org's
+    fp8mixed file: ComfyUI's mixed-precision ops multiply them in FP8 on a card with FP8 compute)."""
+    return random_tensors(checkpoint_shapes(spec, tiny), seed, device, matrices=spec.storage,
+                          quantized=spec.quantized)
 
 
-def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16", matrices: str = "") -> dict:
-    """Seeded random weights of these names and shapes (2-D ones in `matrices` where given).
+def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16", matrices: str = "",
+                   quantized: bool = False) -> dict:
+    """Seeded random weights of these names and shapes (2-D ones in `matrices` where given; `quantized`: each such
+    weight scaled to the format's range, with its `weight_scale` and `comfy_quant` beside it, ComfyUI's format).
 
     Scales keep activations finite through the whole depth: matrices and convolutions ~ N(0, 1/fan_in), norm
     scales near 1, biases and Wan's modulation tables small. Tensors are drawn on `device` and returned on the CPU."""
@@ -326,6 +333,13 @@ def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16"
         else:
             noise *= 0.05
         stored = matrices if matrices and len(shape) == 2 else dtype
+        if quantized and stored == matrices and leaf == "weight":
+            prefix = name[:-len("weight")]
+            scale = noise.abs().amax().clamp(min=1e-12) / torch.finfo(getattr(torch, matrices)).max
+            noise /= scale
+            state[prefix + "weight_scale"] = scale.float().cpu().reshape(())
+            state[prefix + "comfy_quant"] = torch.tensor(list(json.dumps({"format": matrices}).encode("utf-8")),
+                                                         dtype=torch.uint8)
         state[name] = noise.to(getattr(torch, stored)).cpu().contiguous()
         del noise
     return state
@@ -334,7 +348,7 @@ def random_tensors(shapes: dict, seed: int, device: str, dtype: str = "bfloat16"
 def checkpoint_path(directory: Path, spec: ModelSpec, tiny: bool, seed: int) -> Path:
     """The file's name carries a tag of its key format, so releases that spell keys alike share one file."""
     tag = comfy_release.key_format_tag(checkpoint_shapes(spec, tiny))
-    stored = "" if spec.storage == "bfloat16" else f"-{spec.storage}"
+    stored = ("" if spec.storage == "bfloat16" else f"-{spec.storage}") + ("-quantized" if spec.quantized else "")
     return directory / f"{spec.key}{'-tiny' if tiny else ''}{stored}-random-seed{seed}-keys{tag}.safetensors"
 
 
