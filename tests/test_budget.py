@@ -940,3 +940,19 @@ def test_a_gpu_of_the_measured_architecture_keeps_its_attention_kernels(comfy):
         assert configs(h100)[name]["attention_backend"] == configs(h200)[name]["attention_backend"]
     assert "none predicted" not in configs(h100)["overlay_attention"]["note"]
     assert "none predicted" in configs(ada)["overlay_attention"]["note"]
+
+
+def test_flux2s_fp8_file_multiplies_in_fp8_in_stock_comfyui_where_the_card_can(comfy):
+    """Comfy-Org's FLUX.2 file carries ComfyUI's quantization metadata: on a card with FP8 compute ComfyUI's own
+    mixed-precision ops multiply its matrices in FP8, so stock's GEMMs are priced as FP8 and the pack's FP8 Linears
+    add nothing (said); on a card without FP8 the same file multiplies in bf16."""
+    def configs(gpu):
+        out = report(comfy, "--model", "flux2-dev", "--size", "2048x2048", "--gpu", gpu, "--within", "1000h")
+        return {c["config"]: c for c in out["configs"]}
+    hopper, ampere = configs("h200"), configs("rtx-3090")
+    assert hopper["stock"]["seconds_per_forward"]["gemm"] == pytest.approx(hopper["fp8"]["seconds_per_forward"]["gemm"])
+    assert hopper["fp8"]["predicted"] and "already multiply in FP8" in hopper["fp8"]["note"]
+    assert hopper["stock"]["seconds_per_forward"]["fp8_quantize"] > 0
+    assert ampere["stock"]["seconds_per_forward"]["fp8_quantize"] == 0
+    flux1 = report(comfy, "--model", "flux-dev", "--size", "2048x2048", "--gpu", "h200", "--within", "1000h")
+    assert next(c for c in flux1["configs"] if c["config"] == "stock")["seconds_per_forward"]["fp8_quantize"] == 0

@@ -180,6 +180,14 @@ def config_available(config: str, model: Model, gpu: Gpu) -> tuple[bool, str]:
     return True, ""
 
 
+def file_fp8_matmul(model: Model, gpu: Gpu) -> bool:
+    """Whether stock ComfyUI already multiplies this model's matrices in FP8: its file stores them in FP8 with
+    ComfyUI's quantization metadata (comfy_quant), and the card has FP8 compute, so ComfyUI's mixed-precision ops
+    run them as FP8 matmuls (0.33.0 comfy/ops.py pick_operations)."""
+    return (model.stored_fp8 and bool(gpu.fp8_tflops)
+            and gpu.compute_capability >= FAMILY_MIN_CAPABILITY["fp8"])
+
+
 def _attention_efficiency(measured: Measured, gpu: Gpu, backend: str) -> Efficiency:
     if gpu.key == measured.gpu or gpu.key in measured.same_kernels:
         return measured.attention[backend]
@@ -211,11 +219,12 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
     if not available:
         return Priced(config, families, False, reason)
     fp8 = "fp8" in families
+    fp8_gemm = fp8 or file_fp8_matmul(model, gpu)
     stock_backend = era.stock_attention_windows if windows else era.stock_attention
     attention_s, backend = attention_seconds(work, measured, gpu, None if "attention" in families else stock_backend)
     bf16 = gpu.bf16_tflops * 1e12
     bandwidth = gpu.bandwidth_gbs * 1e9
-    if fp8:
+    if fp8_gemm:
         gemm_s = (work.fp8_gemm_flop / (gpu.fp8_tflops * 1e12 * measured.gemm_fp8.value)
                   + (work.gemm_flop - work.fp8_gemm_flop) / (bf16 * measured.gemm_bf16.value))
         quantize_s = (work.quantize_elements * measured.quantize_bytes_per_element
@@ -237,8 +246,11 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
     room = memory_bytes - activation_bytes(model, work.tokens) - measured.reserve_bytes
     streamed = max(0, weights - room) if room > 0 else 0
     stream_s = streamed / (gpu.host_link_gbs * 1e9)
-    predicted = not (fp8 and model.fp8_path != "blocks")
-    if not predicted:
+    predicted = not (fp8 and model.fp8_path != "blocks" and not file_fp8_matmul(model, gpu))
+    if fp8 and file_fp8_matmul(model, gpu):
+        notes.append(f"the file's FP8 matrices already multiply in FP8 in ComfyUI's own ops: the pack's "
+                     f"{FAMILY_WORDS['fp8']} leave them as they are")
+    elif not predicted:
         notes.append(f"{FAMILY_WORDS['fp8']} outside Flux's and Wan's blocks (through ComfyUI's Linear ops) were "
                      "measured host-bound, slower than stock on Qwen-Image (generation-0.33.0.json): memory only, "
                      "no time predicted")
