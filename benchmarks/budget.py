@@ -264,7 +264,7 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
         cfg = document["settings"].get("cfg", 1.0) if "settings" in document else 1.0
         for index, run in enumerate(document["runs"]):
             key = f"{name}: runs[{index}]"
-            config = SAME_AS.get(run.get("config"), run.get("config"))
+            config = priced_as(run, run.get("config") or "")
             if run.get("s_per_step") is None:
                 continue
             card = None if on_calibrated_gpu(run) else _gpu_of(data, run["gpu"])
@@ -391,6 +391,20 @@ def tiled_rows(data: budget.BudgetData) -> list[dict]:
     return rows
 
 
+# the attention family's fp8 mode picks, per shape, the lossy kernel only where it is faster; its log line says which
+FP8_MODE_PICKED = re.compile(r"Fused DiT Ops: attention fp8 for .*?: (\w+) \(")
+
+
+def priced_as(run: dict, config: str) -> str:
+    """The budget's config a run is compared as: an fp8-alongside run as its config, and a run of the fp8 attention
+    mode whose log says every shape ran the exact kernel as the same families in the exact mode."""
+    config = SAME_AS.get(config, config)
+    picked = {m.group(1) for line in run.get("overlay_log") or [] for m in [FP8_MODE_PICKED.search(line)] if m}
+    if config.endswith("_fp8_attn") and picked == {"exact"}:
+        return config[:-len("_attn")]
+    return config
+
+
 def tiled_generation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
     """Issue 50's tiled refinements in generation-0.33.0.json (the Tiled Sampling node on a whole card, each model
     at its table's tile): the node's plan [measured, predicted] (tiles, batch), the device's peak against the
@@ -406,25 +420,30 @@ def tiled_generation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dic
             continue
         model, canvas = budget.find_model(data, run["model"]), canvas_of(run["resolution"])
         era, _ = budget.era_for(data.measured, run["comfyui_version"])
-        request = budget.Request(model, card, canvas, 1, 1, comfyui_version=run["comfyui_version"])
+        request = budget.Request(model, card, canvas, 1, 1, comfyui_version=run["comfyui_version"],
+                                 dynamic_vram=run.get("vram_mode") == "dynamic")
         route = next((r for r in budget.tiled_routes(data, request, era) if r.tile_px == run["tile_px"]), None)
         if route is None:
             skipped.append({"results_key": key, "why": f"the budget has no {run['tile_px']} px route for {model.key}"})
             continue
-        config = SAME_AS.get(untiled(run["config"]), untiled(run["config"]))
+        config = priced_as(run, untiled(run["config"]))
         row = {"results_key": key, "model": run["model"], "canvas": run["resolution"], "config": run["config"],
                "gpu": card.name, "comfyui": run["comfyui_version"], "vram_mode": run.get("vram_mode"),
                "tile_px": run["tile_px"], "tiles": [run["tiles"], route.tiles],
                "batch": [run.get("tile_batch"), route.batch], "measured_s_per_step": run["s_per_step"],
                "device_peak_gib": run.get("device_used_peak_gib"),
                "predicted_peak_gib": round(route.peak_bytes / 2 ** 30, 2)}
+        if run.get("device_used_peak_gib"):
+            row["peak_error_pct"] = round(100 * (route.peak_bytes / 2 ** 30 / run["device_used_peak_gib"] - 1), 1)
+        if config != untiled(run["config"]):
+            row["priced_as"] = f"{config} (the fp8 attention mode ran the exact kernel for every shape, its log says)"
         if config not in budget.CONFIGS:
             row.update({"predicted_s_per_step": None,
                         "why": f"{untiled(run['config'])} is not a config the budget prices (the fp8 attention mode)"})
         else:
             tile = budget.Canvas(min(route.tile_px, canvas.width), min(route.tile_px, canvas.height), canvas.frames)
             priced = budget.price(config, model, card, data.measured, era, budget.forward_work(model, tile),
-                                  memory_bytes=request.memory_bytes)
+                                  memory_bytes=request.memory_bytes, dynamic_vram=request.dynamic_vram)
             if not priced.predicted:
                 row.update({"predicted_s_per_step": None, "why": priced.reason})
             else:
@@ -555,6 +574,9 @@ def tiled_generation_report(data: budget.BudgetData) -> dict:
                      "step where the budget prices the run's config",
             "points_timed": len(timed), "within_15pct": sum(r["within_target"] for r in timed),
             "tiles_agree": sum(r["tiles"][0] == r["tiles"][1] for r in rows), "points": len(rows),
+            "peaks_within_15pct": sum(abs(r["peak_error_pct"]) <= 100 * TARGET_ERROR for r in rows
+                                      if "peak_error_pct" in r),
+            "peak_errors_pct": [r["peak_error_pct"] for r in rows if "peak_error_pct" in r],
             "rows": rows, "not_compared": skipped}
 
 

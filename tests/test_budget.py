@@ -956,3 +956,22 @@ def test_flux2s_fp8_file_multiplies_in_fp8_in_stock_comfyui_where_the_card_can(c
     assert ampere["stock"]["seconds_per_forward"]["fp8_quantize"] == 0
     flux1 = report(comfy, "--model", "flux-dev", "--size", "2048x2048", "--gpu", "h200", "--within", "1000h")
     assert next(c for c in flux1["configs"] if c["config"] == "stock")["seconds_per_forward"]["fp8_quantize"] == 0
+
+
+def test_under_dynamic_vram_the_fp8_linears_save_no_weight_memory(tmp_path):
+    """A ComfyUI whose main.py starts DynamicVRAM (comfy-aimdo) streams the weights per call and the pack's FP8
+    Linears quantise each for its call: the budget holds stock's weights for them there, and says why."""
+    comfy = build_comfy_tree(tmp_path / "ComfyUI", era="latest", layout="plain")
+    before = report(comfy, "--model", "wan-14b", "--size", "832x480", "--frames", "81", "--gpu", "rtx-4090")
+    assert before["memory"]["weights_fp8_bytes"] < 0.6 * before["memory"]["weights_bf16_bytes"]
+    assert before["comfyui"]["dynamic_vram"] is False
+    main_py = comfy / "main.py"
+    main_py.write_text((main_py.read_text() if main_py.exists() else "") + "\nimport comfy_aimdo.control\n")
+    after = report(comfy, "--model", "wan-14b", "--size", "832x480", "--frames", "81", "--gpu", "rtx-4090")
+    assert after["comfyui"]["dynamic_vram"] is True and "DynamicVRAM" in after["comfyui"]["vram"]
+    assert after["memory"]["weights_fp8_bytes"] == after["memory"]["weights_bf16_bytes"]
+    fp8 = next(c for c in after["configs"] if c["config"] == "fp8")
+    assert fp8["weights_bytes"] == after["memory"]["weights_bf16_bytes"] and "codes per call" in fp8["note"]
+    text = invoke("--target", str(comfy), "--model", "wan-14b", "--size", "832x480", "--frames", "81",
+                  "--gpu", "rtx-4090").output
+    assert "vram" in text and "(codes per call under DynamicVRAM)" in text

@@ -120,9 +120,11 @@ def forward_work(model: Model, canvas: Canvas) -> Work:
                 tuple(sorted(calls.items())))
 
 
-def weight_bytes(model: Model, work: Work, fp8: bool) -> int:
+def weight_bytes(model: Model, work: Work, fp8: bool, dynamic_vram: bool = False) -> int:
     """The weights in memory: bf16, or with FP8 linears replacing theirs (the node's default fp8_weights=replace);
-    a model whose file stores its matrices in FP8 holds them so in stock ComfyUI too."""
+    a model whose file stores its matrices in FP8 holds them so in stock ComfyUI too. Under DynamicVRAM the FP8
+    Linears make their codes per call: the weights ComfyUI holds are stock's."""
+    fp8 = fp8 and not dynamic_vram
     if not fp8 and not model.stored_fp8:
         return model.parameters * BF16_BYTES
     return work.fp8_parameters * FP8_BYTES + (model.parameters - work.fp8_parameters) * BF16_BYTES
@@ -212,7 +214,7 @@ def attention_seconds(work: Work, measured: Measured, gpu: Gpu, backend: str | N
 
 
 def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, work: Work, *,
-          memory_bytes: int, windows: bool = False) -> Priced:
+          memory_bytes: int, windows: bool = False, dynamic_vram: bool = False) -> Priced:
     """Seconds per forward of one config, and whether it fits."""
     families = CONFIGS[config]
     available, reason = config_available(config, model, gpu)
@@ -242,7 +244,9 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
     if "attention" in families and gpu.key != measured.gpu and gpu.key not in measured.same_kernels:
         notes.append(f"{FAMILY_WORDS['attention']}'s gain is measured on {measured.gpu}'s architecture only: none "
                      "predicted here")
-    weights = weight_bytes(model, work, fp8)
+    weights = weight_bytes(model, work, fp8, dynamic_vram)
+    if fp8 and dynamic_vram:
+        notes.append(f"under DynamicVRAM the {FAMILY_WORDS['fp8']} make their codes per call: no weight memory saved")
     room = memory_bytes - activation_bytes(model, work.tokens) - measured.reserve_bytes
     streamed = max(0, weights - room) if room > 0 else 0
     stream_s = streamed / (gpu.host_link_gbs * 1e9)
@@ -283,7 +287,7 @@ def price_all(request: Request, data: BudgetData, era: Era, canvas: Canvas) -> t
     """One forward's work at `canvas`, and every config priced on the request's GPU."""
     work = forward_work(request.model, canvas)
     return work, [price(name, request.model, request.gpu, data.measured, era, work, memory_bytes=request.memory_bytes,
-                        windows=request.windows) for name in CONFIGS]
+                        windows=request.windows, dynamic_vram=request.dynamic_vram) for name in CONFIGS]
 
 
 def runnable(priced: list[Priced]) -> list[Priced]:
@@ -516,7 +520,7 @@ def tiled_routes(data: BudgetData, request: Request, era: Era, base: RouteBase |
         work, priced = price_all(request, data, era, tile_canvas)
         can_run = runnable(priced)
         best = min(can_run, key=lambda p: p.forward_s) if can_run else None
-        weights = best.weights_bytes if best else weight_bytes(request.model, work, True)
+        weights = best.weights_bytes if best else weight_bytes(request.model, work, True, request.dynamic_vram)
         shape = tile_shape(request.model, tile, overlap, plan_module, known)
         settings = plan_module.choose(shape, tokens.latent_height, tokens.latent_width,
                                       max(0, memory - weights - reserve), frames=tokens.latent_frames)

@@ -112,7 +112,8 @@ class Budget:
             "canvas": {"width": canvas.width, "height": canvas.height, "frames": canvas.frames,
                        "pixels": canvas.width * canvas.height * canvas.frames},
             "comfyui": {"version": request.comfyui_version, "era": self.era.name, "why": self.era_why,
-                        "stock_attention": self.stock_attention},
+                        "stock_attention": self.stock_attention, "dynamic_vram": request.dynamic_vram,
+                        "vram": request.vram_how},
             "steps": request.steps, "tiled_steps": request.route_steps,
             "steps_source": {"native": request.steps_how, "tiled": request.tiled_steps_how or request.steps_how},
             "forwards_per_step": request.cfg_forwards, "within_seconds": request.within_s,
@@ -199,7 +200,8 @@ def plan_budget(data: BudgetData, request: Request, caps: TargetCaps | None = No
     verdict = decide(request, _native(configs), routes, caps_found, activations,
                      lambda changed: in_reach_seconds(data, changed, base), others)
     whole_vae = vae_decode_bytes(model, canvas)
-    memory = Memory(model.parameters * BF16_BYTES, weight_bytes(model, work, False), weight_bytes(model, work, True),
+    memory = Memory(model.parameters * BF16_BYTES, weight_bytes(model, work, False),
+                    weight_bytes(model, work, True, request.dynamic_vram),
                     activations, hidden_state_bytes(model, work.tokens), measured.reserve_bytes, request.memory_bytes,
                     configs[0].priced.fits)
     vae = VaeDecode(whole_vae, whole_vae + measured.reserve_bytes <= request.memory_bytes,

@@ -281,6 +281,8 @@ class Request:
     steps_how: str = ""                  # where the steps come from, in words ("--steps", the model's sampler)
     tiled_steps_how: str = ""            # likewise for the tiled route (the pack's template)
     cpu_cores: int | None = None         # the host's cores for a route's host stages; None: the measuring host's
+    dynamic_vram: bool = False           # the target's main.py starts DynamicVRAM (budget.vram): FP8 codes per call
+    vram_how: str = ""                  # how that was told, in words
 
     @property
     def route_steps(self) -> int:

@@ -30,6 +30,8 @@ def report_lines(budget: Budget, verbose: bool = False) -> list[str]:
     lines.append(_line("steps", _steps_words(budget)))
     lines.append(_line("basis", budget.basis))
     lines.append(_line("comfyui", f"{budget.era_why}: priced as {budget.era.name}"))
+    if request.vram_how:
+        lines.append(_line("vram", request.vram_how))
     lines += _work_lines(budget)
     lines += _config_lines(budget, verbose)
     for route in budget.routes:
@@ -103,7 +105,8 @@ def _work_lines(budget: Budget) -> list[str]:
                         + (f" (stock holds {human_bytes(memory.weights_stock_bytes)}: the file users load stores "
                            "its matrices in FP8)" if memory.weights_stock_bytes != memory.weights_bf16_bytes else "")
                         + " / "
-                        f"{human_bytes(memory.weights_fp8_bytes)} with FP8 linears; activations "
+                        f"{human_bytes(memory.weights_fp8_bytes)} with FP8 linears"
+                        + (" (codes per call under DynamicVRAM)" if request.dynamic_vram else "") + "; activations "
                         f"{human_bytes(memory.activation_peak_bytes)} peak (one hidden state "
                         f"{human_bytes(memory.hidden_state_bytes)}); GPU {human_bytes(memory.gpu_bytes)}"),
         _line("vae decode", f"whole {human_bytes(vae.whole_bytes)}"

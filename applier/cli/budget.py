@@ -86,6 +86,7 @@ def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, withi
     from applier.budget.caps import read_target_caps
     from applier.budget.data import load_budget_data
     from applier.budget.template import template_for
+    from applier.budget.vram import dynamic_vram_of
     width, height = size
     data = load_budget_data()
     model = budget.find_model(data, model_name)
@@ -95,11 +96,13 @@ def budget_cmd(invocation, model_name, size, frames, gpu_name, steps, cfg, withi
     gpu, how, memory_mib = budget.choose_gpu(data, gpu_name, [(g.name, g.memory_mib) for g in found.gpus],
                                              found.gpu_problem)
     template = None if steps else template_for(data, model)
+    dynamic_vram, vram_how = dynamic_vram_of(found)
     request = budget.Request(
         model, gpu, budget.Canvas(width, height, frames or model.frames), steps or model.steps,
         model.cfg_forwards if cfg is None else (1 if cfg == 1.0 else 2), within, found.comfyui_version,
         sys.platform.startswith("win"), memory_mib, how, template.steps if template else None,
-        "--steps" if steps else "the model's reference sampler", template.words() if template else "", cpu_cores)
+        "--steps" if steps else "the model's reference sampler", template.words() if template else "", cpu_cores,
+        dynamic_vram, vram_how)
     caps = read_target_caps(found, max(width, height), data.measured.pillow_max_image_pixels)
     report = budget.plan_budget(data, request, caps)
     if invocation.as_json:
