@@ -84,8 +84,9 @@ MODEL_FAMILIES = (
 BLOCKS_OF = {"DoubleStreamBlock": "Flux", "WanAttentionBlock": "Wan"}     # whose blocks a block forward copies
 RUNS, STOCK = "runs", "stays ComfyUI's own"
 NO_BLOCKS_SAYS = "the pack's fused blocks are Flux's and Wan's only"
-GENERIC_FP8_SAYS = "on Qwen-Image for memory, not speed"   # the node's line, registry._on_unknown_model
-GENERIC_FP8_UNTIMED = "timed on Qwen-Image only: memory, not speed"      # on another model's line
+GENERIC_FP8_SAYS = "faster from 2048 px, slower at 1024 px"   # the node's line, registry._on_unknown_model
+GENERIC_FP8_UNTIMED = "timed on Qwen-Image and Z-Image only"   # on another model's line
+GENERIC_FP8_TIMED = ("Qwen-Image", "Z-Image")
 LABEL_WIDTH = 28
 LEGEND = ("What the node Fused DiT Ops runs with each toggle on (FP8 Linears is off by default), or why a part "
           "stays ComfyUI's own:")
@@ -408,7 +409,7 @@ def _generic_fp8(tree: SourceTree, model: ModelFamily, seams: dict) -> dict:
                 "short": "no variant for this model's blocks, and no stack of blocks",
                 "says": f"{STOCK}: {model.model_file} builds no stack of blocks for FP8 to reach"}
     says = _fp8_says(seam, " in its blocks")
-    measured = GENERIC_FP8_SAYS if model.shown == "Qwen-Image" else GENERIC_FP8_UNTIMED
+    measured = GENERIC_FP8_SAYS if model.shown in GENERIC_FP8_TIMED else GENERIC_FP8_UNTIMED
     return _verdict_of(seam, f"{says}; {measured}" if seam["matched"] else says)
 
 

@@ -194,7 +194,8 @@ FP8_WEIGHTS: dict[str, WeightMechanism] = {m.name: m for m in (
 PER_CALL_EVIDENCE = Evidence("generation-0.33.0.json", "runs[model=flux-dev, "
                              "config=overlay_fp8|overlay_fp8_alongside|overlay_all_fp8|overlay_all_fp8_alongside]")
 GENERIC_FP8_EVIDENCE = Evidence("generation-0.33.0.json",
-                                "runs[model=qwen-image, config=stock|overlay_all_fp8|overlay_all_fp8_alongside]")
+                                "runs[model=qwen-image|z-image, config=stock|overlay_all|overlay_all_fp8|"
+                                "overlay_all_fp8_attn]")
 
 
 def fp8_weight_policy(value: str) -> str:

@@ -127,7 +127,7 @@ def test_the_node_runs_fp8_on_it_and_says_once_that_the_block_families_stay_stoc
     assert any(line.startswith("Fused DiT Ops: norm_rope, adaln, gate: stock") for line in lines)
     assert any(line.startswith("Fused DiT Ops: fp8_linear:") and "blocks the other families do not know" in line
                for line in lines)
-    assert sum(families.GENERIC_FP8_EVIDENCE.cite() in line and "for memory, not speed" in line
+    assert sum(families.GENERIC_FP8_EVIDENCE.cite() in line and "Turn it on for large canvases" in line
                for line in lines) == 1
     [wrapper] = patched.wrappers["apply_model"][node_pack.WRAPPER_KEY]
 
