@@ -245,7 +245,7 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
         notes.append(f"{FAMILY_WORDS['attention']}'s gain is measured on {measured.gpu}'s architecture only: none "
                      "predicted here")
     weights = weight_bytes(model, work, fp8, dynamic_vram)
-    if fp8 and dynamic_vram:
+    if fp8 and dynamic_vram and not model.stored_fp8:
         notes.append(f"under DynamicVRAM the {FAMILY_WORDS['fp8']} make their codes per call: no weight memory saved")
     room = memory_bytes - activation_bytes(model, work.tokens) - measured.reserve_bytes
     streamed = max(0, weights - room) if room > 0 else 0
