@@ -84,9 +84,10 @@ MODEL_FAMILIES = (
 BLOCKS_OF = {"DoubleStreamBlock": "Flux", "WanAttentionBlock": "Wan"}     # whose blocks a block forward copies
 RUNS, STOCK = "runs", "stays ComfyUI's own"
 NO_BLOCKS_SAYS = "the pack's fused blocks are Flux's and Wan's only"
-GENERIC_FP8_SAYS = "faster from 2048 px, slower at 1024 px"   # the node's line, registry._on_unknown_model
+# FP8 on a model the block families do not know, where it was timed (the node's line, registry._on_unknown_model)
+GENERIC_FP8_SAYS = {"Qwen-Image": "faster from 2048 px, slower at 1024 px",
+                    "Z-Image": "faster from 2048 px (1024 untimed)"}
 GENERIC_FP8_UNTIMED = "timed on Qwen-Image and Z-Image only"   # on another model's line
-GENERIC_FP8_TIMED = ("Qwen-Image", "Z-Image")
 LABEL_WIDTH = 28
 LEGEND = ("What the node Fused DiT Ops runs with each toggle on (FP8 Linears is off by default), or why a part "
           "stays ComfyUI's own:")
@@ -409,7 +410,7 @@ def _generic_fp8(tree: SourceTree, model: ModelFamily, seams: dict) -> dict:
                 "short": "no variant for this model's blocks, and no stack of blocks",
                 "says": f"{STOCK}: {model.model_file} builds no stack of blocks for FP8 to reach"}
     says = _fp8_says(seam, " in its blocks")
-    measured = GENERIC_FP8_SAYS if model.shown in GENERIC_FP8_TIMED else GENERIC_FP8_UNTIMED
+    measured = GENERIC_FP8_SAYS.get(model.shown, GENERIC_FP8_UNTIMED)
     return _verdict_of(seam, f"{says}; {measured}" if seam["matched"] else says)
 
 

@@ -363,8 +363,8 @@ def _on_unknown_model(model, ops: tuple[str, ...], unknown: UnsupportedModelErro
         stock["fp8_linear"] = f"{UNKNOWN_MODEL}, and no stack of blocks of one class"
         return (), lines, stock
     lines.append("fp8_linear on a model the block families do not know was measured on Qwen-Image and Z-Image: "
-                 "faster from 2048 px, slower at 1024 px, where the text stream's short Linears cost more than FP8 "
-                 f"saves ({GENERIC_FP8_EVIDENCE.cite()}). Turn it on for large canvases")
+                 "faster from 2048 px on both; slower at 1024 px on Qwen-Image, where its text stream's short Linears "
+                 f"cost more than FP8 saves ({GENERIC_FP8_EVIDENCE.cite()}). Turn it on for large canvases")
     return ("fp8_linear",), lines, stock
 
 
