@@ -206,14 +206,16 @@ def compare_efficiencies(derived: dict, stated: dict) -> list[str]:
 
 # ---------------------------------------------------------------- validation
 
-def predict(data: budget.BudgetData, model_name: str, resolution: str, config: str, version: str,
-            cfg_forwards: int = 1, gpu: budget.Gpu | None = None) -> tuple[budget.Priced, budget.Work]:
-    """The budget's price of one forward (gpu: the calibrated H200 unless named)."""
+def predict(data: budget.BudgetData, model_name: str, canvas: budget.Canvas, config: str, version: str,
+            cfg_forwards: int = 1, gpu: budget.Gpu | None = None,
+            dynamic_vram: bool = False) -> tuple[budget.Priced, budget.Work]:
+    """The budget's price of one forward at `canvas` (gpu: the calibrated H200 unless named)."""
     model = budget.find_model(data, model_name)
     gpu = gpu or data.gpus[data.measured.gpu]
     era, _ = budget.era_for(data.measured, version)
-    work = budget.forward_work(model, canvas_of(resolution))
-    priced = budget.price(config, model, gpu, data.measured, era, work, memory_bytes=gpu.memory_mib * 1024 * 1024)
+    work = budget.forward_work(model, canvas)
+    priced = budget.price(config, model, gpu, data.measured, era, work, memory_bytes=gpu.memory_mib * 1024 * 1024,
+                          dynamic_vram=dynamic_vram)
     return priced, work
 
 
@@ -268,7 +270,7 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
             if run.get("s_per_step") is None:
                 continue
             card = None if on_calibrated_gpu(run) else _gpu_of(data, run["gpu"])
-            if not on_calibrated_gpu(run) and card is None:
+            if card is None and not on_calibrated_gpu(run):
                 skipped.append({"results_key": key, "config": run.get("config"),
                                 "why": f"measured on the {run['gpu']}, a card the budget does not know"})
                 continue
@@ -280,8 +282,8 @@ def validation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dict]]:
                 skipped.append({"results_key": key, "config": run["config"],
                                 "why": "an early run that did not record how ComfyUI was started (vram_mode)"})
                 continue
-            priced, work = predict(data, run["model"], run["resolution"], config, run["comfyui_version"],
-                                   1 if cfg == 1.0 else 2, card)
+            priced, work = predict(data, run["model"], canvas_of(run["resolution"]), config, run["comfyui_version"],
+                                   1 if cfg == 1.0 else 2, card, run["vram_mode"] == "dynamic")
             row = {"results_key": key, "model": run["model"], "resolution": run["resolution"],
                    "config": run["config"], "comfyui": run["comfyui_version"], "vram_mode": run["vram_mode"],
                    "gpu": run.get("gpu", CALIBRATED_GPU),
@@ -318,7 +320,7 @@ def missing_points(data: budget.BudgetData, rows: list[dict]) -> list[dict]:
             continue
         predictions = {}
         for config in ("stock", "overlay_attention", "overlay_all", "overlay_all_fp8"):
-            priced, _ = predict(data, model, resolution, config, "0.33.0")
+            priced, _ = predict(data, model, canvas_of(resolution), config, "0.33.0")
             predictions[config] = round(priced.forward_s, 4)
         missing.append({"model": model, "resolution": resolution, "comfyui": "0.33.0",
                         "predicted_s_per_step": predictions,
@@ -442,8 +444,8 @@ def tiled_generation_rows(data: budget.BudgetData) -> tuple[list[dict], list[dic
                         "why": f"{untiled(run['config'])} is not a config the budget prices (the fp8 attention mode)"})
         else:
             tile = budget.Canvas(min(route.tile_px, canvas.width), min(route.tile_px, canvas.height), canvas.frames)
-            priced = budget.price(config, model, card, data.measured, era, budget.forward_work(model, tile),
-                                  memory_bytes=request.memory_bytes, dynamic_vram=request.dynamic_vram)
+            priced, _ = predict(data, run["model"], tile, config, run["comfyui_version"], 1, card,
+                                request.dynamic_vram)
             if not priced.predicted:
                 row.update({"predicted_s_per_step": None, "why": priced.reason})
             else:

@@ -191,7 +191,7 @@ def file_fp8_matmul(model: Model, gpu: Gpu) -> bool:
 
 
 def _attention_efficiency(measured: Measured, gpu: Gpu, backend: str) -> Efficiency:
-    if gpu.key == measured.gpu or gpu.key in measured.same_kernels:
+    if gpu.key in measured.same_kernels:
         return measured.attention[backend]
     return measured.attention[measured.projection_attention]
 
@@ -220,13 +220,12 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
     available, reason = config_available(config, model, gpu)
     if not available:
         return Priced(config, families, False, reason)
-    fp8 = "fp8" in families
-    fp8_gemm = fp8 or file_fp8_matmul(model, gpu)
+    fp8, file_fp8 = "fp8" in families, file_fp8_matmul(model, gpu)
     stock_backend = era.stock_attention_windows if windows else era.stock_attention
     attention_s, backend = attention_seconds(work, measured, gpu, None if "attention" in families else stock_backend)
     bf16 = gpu.bf16_tflops * 1e12
     bandwidth = gpu.bandwidth_gbs * 1e9
-    if fp8_gemm:
+    if fp8 or file_fp8:
         gemm_s = (work.fp8_gemm_flop / (gpu.fp8_tflops * 1e12 * measured.gemm_fp8.value)
                   + (work.gemm_flop - work.fp8_gemm_flop) / (bf16 * measured.gemm_bf16.value))
         quantize_s = (work.quantize_elements * measured.quantize_bytes_per_element
@@ -241,7 +240,7 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
         else:
             notes.append(f"the pack's {FAMILY_WORDS['elementwise']} are Flux's and Wan's: this model's blocks stay "
                          "ComfyUI's own")
-    if "attention" in families and gpu.key != measured.gpu and gpu.key not in measured.same_kernels:
+    if "attention" in families and gpu.key not in measured.same_kernels:
         notes.append(f"{FAMILY_WORDS['attention']}'s gain is measured on {measured.gpu}'s architecture only: none "
                      "predicted here")
     weights = weight_bytes(model, work, fp8, dynamic_vram)
@@ -250,14 +249,14 @@ def price(config: str, model: Model, gpu: Gpu, measured: Measured, era: Era, wor
     room = memory_bytes - activation_bytes(model, work.tokens) - measured.reserve_bytes
     streamed = max(0, weights - room) if room > 0 else 0
     stream_s = streamed / (gpu.host_link_gbs * 1e9)
-    predicted = not (fp8 and model.fp8_path != "blocks" and not file_fp8_matmul(model, gpu))
-    if fp8 and file_fp8_matmul(model, gpu):
+    predicted = not (fp8 and model.fp8_path != "blocks" and not file_fp8)
+    if fp8 and file_fp8:
         notes.append(f"the file's FP8 matrices already multiply in FP8 in ComfyUI's own ops: the pack's "
                      f"{FAMILY_WORDS['fp8']} leave them as they are")
     elif not predicted:
         notes.append(f"{FAMILY_WORDS['fp8']} outside Flux's and Wan's blocks (through ComfyUI's Linear ops) were "
-                     "measured host-bound, slower than stock on Qwen-Image (generation-0.33.0.json): memory only, "
-                     "no time predicted")
+                     "measured slower than stock at 1024 px on Qwen-Image (host-bound) and faster from 2048 px on "
+                     "Qwen-Image and Z-Image (generation-0.33.0.json): no time predicted")
     return Priced(config, families, True, "; ".join(notes), predicted, attention_s, gemm_s, quantize_s,
                   elementwise_s, era.host_gap_s.value, stream_s, weights, streamed, room > 0, backend)
 

@@ -129,8 +129,8 @@ class Model:
     reference_images: int = 0
     reference_px: int = 0
     tiles_as: str = ""           # the table key the Tiled Sampling node knows the model by ("": its own)
-    # the file users load stores its matrices in FP8 (FLUX.2 [dev]: Comfy-Org's fp8 file): stock ComfyUI keeps them
-    # so on the card and casts per layer, so the stock config holds the FP8-linears size, not bf16
+    # the file users load stores its matrices in FP8 with ComfyUI's quantization metadata (FLUX.2 [dev]: Comfy-Org's
+    # fp8mixed file): stock ComfyUI holds the FP8-linears size, not bf16, and multiplies in FP8 where the card can
     stored_fp8: bool = False
 
 
