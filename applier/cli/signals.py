@@ -39,11 +39,17 @@ def raise_pending(signum, frame):
 
 
 def ignore_signals() -> None:
-    """The process is ending (or saying why): a second Ctrl-C or SIGTERM changes nothing and prints nothing."""
-    if hasattr(signal, "setitimer"):
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    """The process is ending (or saying why): a second Ctrl-C or SIGTERM changes nothing and prints nothing, also
+    one that lands while the handlers are being switched off (it is raised there, and dropped: the switch is redone)."""
+    while True:
+        try:
+            if hasattr(signal, "setitimer"):
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+            return
+        except (KeyboardInterrupt, Terminated):
+            continue
 
 
 INTERRUPTED_HINT = "a run cut short is finished or rolled back by the next applier command on the install"

@@ -24,6 +24,7 @@ from reltools import REPO, CATALOG_IDS, assert_clean, child_env, classify, cli, 
 pytestmark = pytest.mark.slow
 
 CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SITE_WENT_ON = "Remainder of file ignored"     # site.addpackage's words after an exception in a .pth line
 SAMPLES = int(os.environ.get("APPLIER_SIGNAL_SAMPLES", 24))
 
 
@@ -59,8 +60,11 @@ def judge(proc: subprocess.Popen, signum: int, normal: tuple[int, ...]) -> tuple
         if "Traceback" in err or len(lines) != 1:
             return "failed", f"exit {proc.returncode} but stderr is {len(lines)} lines:\n{err[-800:]}"
         return "held", lines[0]
-    if not applier_frames(err) and (
-            proc.returncode == -signum or ("Traceback" in err and proc.returncode in (1, -signum))):
+    # Python's site module, interrupted while it reads a .pth file (the editable install's), prints the traceback,
+    # says "Remainder of file ignored" and runs the command all the same, to its own ending: before applier
+    site_went_on = SITE_WENT_ON in err and proc.returncode in normal
+    if not applier_frames(err) and (proc.returncode == -signum or site_went_on
+                                    or ("Traceback" in err and proc.returncode in (1, -signum))):
         return "before applier", err.strip().splitlines()[-1] if err.strip() else f"killed by signal {signum}"
     last = err.strip().splitlines()[-1] if err.strip() else "nothing printed"
     return "failed", f"exit {proc.returncode}, {last!r}, applier frames {applier_frames(err)}:\n{err[-1200:]}"
